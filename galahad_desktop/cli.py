@@ -1,0 +1,438 @@
+"""The `galahad` command: the same core as the app, scriptable.
+
+Every command takes --data-dir, --model and --json (exactly one JSON object on stdout).
+Errors print one clear message on stderr and exit non-zero; with --json an {"error": ...}
+object is printed on stdout as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from galahad_desktop import __version__
+from galahad_desktop.engine.engine import Progress
+from galahad_desktop.errors import GalahadError, InputError
+from galahad_desktop.paths import default_data_dir
+
+
+def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default(None),
+        help="data directory (default: $GALAHAD_DATA_DIR or the user data dir)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=default(None),
+        help="GGUF model file (default: the embedded Gemma 3 270M)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="print exactly one JSON object on stdout",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=default([]),
+        help="override a setting for this run (e.g. --set n_ctx=4096)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="galahad",
+        description="Private local chat with encrypted, provable KV-cache grafts.",
+    )
+    parser.add_argument("--version", action="version", version=f"galahad {__version__}")
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="deposit, resume and prove a small document in a temp data dir",
+    )
+    _common(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _common(p, suppress=True)
+        return p
+
+    p = add("deposit", "read a document once and store its KV block")
+    p.add_argument("file", type=Path)
+    p = add("ask", "answer a question on a stored document without re-reading it")
+    p.add_argument("document_id")
+    p.add_argument("question")
+    _sampling_args(p)
+    p = add("chat", "streaming chat in the terminal, or one turn with --message")
+    p.add_argument("--conversation", help="continue this conversation")
+    p.add_argument("--document", help="start a conversation on this document")
+    p.add_argument("--message", help="send one message and exit")
+    _sampling_args(p)
+    p = add("resume", "graft a stored conversation and report what it cost")
+    p.add_argument("conversation_id")
+    add("list", "list conversations and documents")
+    p = add("show", "print a conversation's messages")
+    p.add_argument("conversation_id")
+    p = add("verify", "re-run the graft proof of a conversation, document or block")
+    p.add_argument("id", nargs="?")
+    p.add_argument("--all", action="store_true")
+    p = add("audit", "check every block file against the catalog")
+    p.add_argument("--repair", action="store_true", help="remove orphan and unfinished files")
+    p = add("forget", "delete a conversation or document with its blocks and keys")
+    p.add_argument("id")
+    p = add("keys", "master key: where it lives, rotate it")
+    p.add_argument("action", choices=["status", "rotate"])
+    p = add("settings", "show settings, or change them with KEY=VALUE")
+    p.add_argument("changes", nargs="*", metavar="KEY=VALUE")
+    add("info", "model, runtime fingerprint and backend")
+    p = add("gui", "open the desktop window")
+    return parser
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--seed", type=int)
+
+
+def _parse_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InputError(f"'{pair}' is not KEY=VALUE.")
+        out[key.strip()] = value.strip()
+    return out
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def info(self, text: str) -> None:
+        """Human progress and status: stderr, so stdout stays clean for --json."""
+        print(text, file=sys.stderr, flush=True)
+
+    def result(self, obj: dict[str, Any], text: str) -> None:
+        if self.as_json:
+            print(json.dumps(obj, default=str))
+        else:
+            print(text)
+
+
+def _progress(out: Output, label: str) -> Callable[[Progress], None]:
+    def report(p: Progress) -> None:
+        eta = f"{p.eta_s:.0f}s" if p.eta_s != float("inf") else "?"
+        end = "\n" if p.done >= p.total else ""
+        print(
+            f"\r{label}: {p.done:,}/{p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s · "
+            f"ETA {eta}   ",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
+@contextmanager
+def _cancel_on_sigint() -> Iterator[threading.Event]:
+    """Ctrl-C stops generation between tokens instead of killing the process mid-write."""
+    cancel = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from galahad_desktop.memory.service import Galahad
+
+    return Galahad(
+        args.data_dir or default_data_dir(), model_path=args.model, overrides=_parse_pairs(args.set)
+    )
+
+
+def _turn_text(result: Any) -> str:
+    parts = []
+    if result.graft is not None:
+        parts.append(result.graft.describe())
+    c = result.counters
+    parts.append(
+        f"{c.generated_tokens} tokens at {result.tokens_per_s:.1f} tok/s · "
+        f"context {result.context_tokens:,} tokens"
+    )
+    return " · ".join(parts)
+
+
+def _run_turn(
+    core: Any, out: Output, conversation_id: str, message: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    params = core.sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    stream = None if out.as_json else (lambda piece: print(piece, end="", flush=True))
+    with _cancel_on_sigint() as cancel:
+        result = core.send(
+            conversation_id,
+            message,
+            on_text=stream,
+            cancel=cancel,
+            params=params,
+            progress=_progress(out, "re-reading"),
+        )
+    if result.graft and result.graft.fallback_reason:
+        out.info(f"Note: re-read the conversation because {result.graft.fallback_reason}.")
+    if not out.as_json:
+        print()
+        out.info(_turn_text(result))
+    return dict(result.as_dict())
+
+
+def cmd_chat(core: Any, out: Output, args: argparse.Namespace) -> int:
+    conversation_id = args.conversation or core.new_conversation(document_id=args.document)
+    if args.message is not None:
+        obj = _run_turn(core, out, conversation_id, args.message, args)
+        if out.as_json:
+            out.result(obj, "")
+        return 0
+    if args.conversation:
+        report = core.resume(conversation_id, progress=_progress(out, "re-reading"))
+        out.info(report.describe())
+        for message in core.messages(conversation_id)[-6:]:
+            out.info(f"{message.role}> {message.text}")
+    out.info(f"Conversation {conversation_id}. Type /quit to leave; Ctrl-C stops a reply.")
+    while True:
+        try:
+            line = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            break
+        if line.strip() in ("/quit", "/exit"):
+            break
+        if not line.strip():
+            continue
+        print("model> ", end="", flush=True)
+        try:
+            _run_turn(core, out, conversation_id, line, args)
+        except GalahadError as exc:
+            out.info(f"error: {exc}")
+    return 0
+
+
+def cmd_self_test(args: argparse.Namespace, out: Output) -> int:
+    """Deposit a small document, resume it in a fresh engine, require an exact proof."""
+    import tempfile
+
+    from galahad_desktop.memory.service import Galahad
+    from galahad_desktop.vault.keys import MemoryKeyStore
+
+    keystore = MemoryKeyStore()  # a throwaway key: the self-test must not touch the keyring
+    with tempfile.TemporaryDirectory(prefix="galahad-self-test-") as tmp:
+        doc = Path(tmp) / "self-test.txt"
+        doc.write_text("Galahad self-test. The access code of the vault is 4711.\n" * 20)
+        data = Path(tmp) / "data"
+        first = Galahad(
+            data, model_path=args.model, keystore=keystore, overrides=_parse_pairs(args.set)
+        )
+        try:
+            deposited = first.deposit(doc)
+            backend = first.engine.fingerprint_details["system_info"]
+        finally:
+            first.close()
+        second = Galahad(
+            data, model_path=args.model, keystore=keystore, overrides=_parse_pairs(args.set)
+        )
+        try:
+            conversation = second.new_conversation(document_id=deposited.document_id)
+            report = second.resume(conversation)
+        finally:
+            second.close()
+    ok = report.proof.verdict == "exact" and report.recomputed_tokens == 0
+    out.result(
+        {
+            "ok": ok,
+            "tokens": deposited.tokens,
+            "restored_tokens": report.restored_tokens,
+            "recomputed_tokens": report.recomputed_tokens,
+            "proof": report.proof.verdict,
+            "restore_ms": report.restore_ms,
+            "prefill_ms": deposited.prefill_ms,
+            "backend": backend,
+        },
+        f"self-test {'passed' if ok else 'FAILED'}: {deposited.tokens} tokens, {report.describe()}",
+    )
+    return 0 if ok else 1
+
+
+def dispatch(args: argparse.Namespace, out: Output) -> int:
+    if args.self_test:
+        return cmd_self_test(args, out)
+    command = args.command or "gui"
+    if command == "gui":
+        from galahad_desktop.ui.app import run_app
+
+        return run_app(data_dir=args.data_dir, model_path=args.model)
+    if command == "settings" and not args.changes:
+        from galahad_desktop.settings import SETTINGS, Settings
+
+        settings = Settings(args.data_dir or default_data_dir())
+        values = settings.as_dict()
+        out.result(
+            {"settings": values},
+            "\n".join(f"{s.key} = {values[s.key]!r}  # {s.description}" for s in SETTINGS),
+        )
+        return 0
+    core = _open(args)
+    try:
+        return _dispatch_core(core, command, args, out)
+    finally:
+        core.close()
+
+
+def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Output) -> int:
+    if command == "deposit":
+        result = core.deposit(args.file, progress=_progress(out, "reading"))
+        obj = result.as_dict()
+        out.result(
+            obj,
+            f"Stored document {result.document_id} '{result.name}': "
+            f"{result.tokens:,} tokens read in {result.prefill_ms / 1e3:.1f} s, "
+            f"block {result.block_bytes / 1e6:.1f} MB",
+        )
+        return 0
+    if command == "ask":
+        conversation_id = core.new_conversation(document_id=args.document_id)
+        obj = _run_turn(core, out, conversation_id, args.question, args)
+        if out.as_json:
+            out.result(obj, "")
+        return 0
+    if command == "chat":
+        return cmd_chat(core, out, args)
+    if command == "resume":
+        report = core.resume(args.conversation_id, progress=_progress(out, "re-reading"))
+        obj = report.as_dict()
+        obj["conversation_id"] = args.conversation_id
+        out.result(obj, report.describe())
+        return 0
+    if command == "list":
+        conversations = [c.__dict__ for c in core.list_conversations()]
+        documents = [d.__dict__ for d in core.list_documents()]
+        lines = [
+            f"{c['id']}  {c['n_tokens']:>7,} tok  {c['title'] or '(untitled)'}"
+            for c in conversations
+        ]
+        lines += [f"{d['id']}  {d['n_tokens']:>7,} tok  {d['name']}" for d in documents]
+        out.result(
+            {"conversations": conversations, "documents": documents},
+            "\n".join(lines) or "Nothing stored yet.",
+        )
+        return 0
+    if command == "show":
+        messages = [m.__dict__ for m in core.messages(args.conversation_id)]
+        out.result(
+            {"conversation_id": args.conversation_id, "messages": messages},
+            "\n".join(f"{m['role']}> {m['text']}" for m in messages),
+        )
+        return 0
+    if command == "verify":
+        if not args.all and not args.id:
+            raise InputError("Give an id to verify, or --all.")
+        results = core.verify(None if args.all else args.id)
+        ok = all(r["proof"] in ("exact", "close") for r in results)
+        out.result(
+            {"results": results, "ok": ok, "fingerprint": core.engine.fingerprint},
+            "\n".join(
+                f"{r['block_id']} ({r['kind']} {r['owner_id']}, {r['tokens']:,} "
+                f"tokens): {r['proof']}"
+                for r in results
+            )
+            or "No blocks.",
+        )
+        return 0 if ok else 1
+    if command == "audit":
+        report = core.vault.audit(repair=args.repair)
+        obj = report.as_dict()
+        text = (
+            f"{report.ok}/{report.blocks} blocks ok"
+            + "".join(f"\nproblem: {p}" for p in report.problems)
+            + "".join(f"\nrepaired: {r}" for r in report.repaired)
+        )
+        out.result(obj, text)
+        return 0 if not report.problems else 1
+    if command == "forget":
+        obj = core.forget(args.id)
+        out.result(obj, f"Forgot {obj['kind']} {args.id} ({obj['blocks']} blocks deleted).")
+        return 0
+    if command == "keys":
+        if args.action == "rotate":
+            blocks = len(core.vault.catalog.rows("blocks"))
+            key_id = core.vault.rotate_master_key()
+            out.result(
+                {"rotated": True, "key_id": key_id, "blocks_rewrapped": blocks},
+                f"Rotated the master key; re-wrapped {blocks} block keys.",
+            )
+        else:
+            out.result(
+                {"backend": core.vault.keystore.backend_name, "key_id": core.vault.key_id},
+                f"Master key {core.vault.key_id} in {core.vault.keystore.backend_name}",
+            )
+        return 0
+    if command == "settings":
+        changed = core.settings.update(_parse_pairs(args.changes))
+        note = " Stored blocks will be re-read on next use." if changed else ""
+        out.result(
+            {"settings": core.settings.as_dict(), "runtime_changed": changed}, f"Saved.{note}"
+        )
+        return 0
+    if command == "info":
+        engine = core.engine
+        info = engine.model_info().__dict__
+        out.result(
+            {
+                "model": info,
+                "fingerprint": engine.fingerprint,
+                "fingerprint_details": engine.fingerprint_details,
+                "gpu_layers": engine.gpu_layers,
+            },
+            f"{info['description']} ({info['n_params'] / 1e6:.0f}M params) · "
+            f"fingerprint {engine.fingerprint[:16]} · GPU layers {engine.gpu_layers}",
+        )
+        return 0
+    raise InputError(f"Unknown command '{command}'.")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Output(bool(args.json))
+    try:
+        return dispatch(args, out)
+    except GalahadError as exc:
+        print(f"galahad: {exc}", file=sys.stderr)
+        if out.as_json:
+            print(json.dumps({"error": str(exc), "kind": type(exc).__name__}))
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

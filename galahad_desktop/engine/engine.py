@@ -1,0 +1,391 @@
+"""One llama.cpp context and everything done to it: evaluate, generate, capture, restore.
+
+One thread owns an Engine (llama.cpp contexts are not thread-safe). `tokens` mirrors what the
+context holds in sequence 0; it is the ledger the conversation is built from, so history is
+never re-rendered or re-tokenized. Counters distinguish tokens restored from a block, tokens
+recomputed (re-read because a block could not be used) and tokens newly evaluated.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from galahad_desktop.engine import fingerprint as fp
+from galahad_desktop.engine.chat_format import GEMMA_TURNS, TurnFormat, derive_turn_format
+from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.errors import CancelledError, InputError, ModelError
+
+_LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
+
+
+@llama_cpp.llama_log_callback
+def _llama_log(level: int, text: bytes, user_data: Any) -> None:
+    # llama.cpp writes to stderr even with verbose=False; keep the CLI's stderr for our
+    # own messages unless asked (GALAHAD_LLAMA_LOG=1).
+    if _LOG_TO_STDERR:
+        print(text.decode("utf-8", "replace"), end="", file=__import__("sys").stderr)
+
+
+llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+
+KV_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+}
+GGUF_MAGIC = b"GGUF"
+
+ProgressFn = Callable[["Progress"], None]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 8192
+    n_gpu_layers: int = -1
+    n_threads: int = 2
+    n_batch: int = 512
+    n_ubatch: int = 512
+    flash_attn: bool = False
+    kv_type: str = "f16"
+    swa_full: bool = True
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float:
+        rate = self.tokens_per_s
+        return (self.total - self.done) / rate if rate > 0 else float("inf")
+
+
+@dataclass
+class Counters:
+    """Per-request token accounting (what the JSON output and the status line report)."""
+
+    restored_tokens: int = 0
+    recomputed_tokens: int = 0
+    new_tokens: int = 0
+    generated_tokens: int = 0
+    restore_ms: float = 0.0
+    proof_ms: float = 0.0
+    prefill_ms: float = 0.0
+    generate_ms: float = 0.0
+    persist_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    stop_reason: str  # end | length | cancelled | context_full
+    elapsed_ms: float
+    tokens_per_s: float = field(default=0.0)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    architecture: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_layers: int
+    has_chat_template: bool
+    quantization: str
+
+
+def _check_model_file(path: Path) -> None:
+    if not path.is_file():
+        raise ModelError(f"The model file {path} does not exist.")
+    with open(path, "rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise ModelError(f"{path} is not a GGUF model file.")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, hash_cache: Path | None = None) -> None:
+        _check_model_file(config.model_path)
+        if config.kv_type not in KV_TYPES:
+            raise InputError(f"Unknown KV cache type '{config.kv_type}'.")
+        self.config = config
+        gpu = bool(llama_cpp.llama_supports_gpu_offload())
+        self.gpu_layers = (config.n_gpu_layers if config.n_gpu_layers >= 0 else 999) if gpu else 0
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(config.model_path),
+                n_ctx=config.n_ctx,
+                n_batch=config.n_batch,
+                n_ubatch=config.n_ubatch,
+                n_threads=config.n_threads,
+                n_threads_batch=config.n_threads,
+                n_gpu_layers=self.gpu_layers,
+                flash_attn=config.flash_attn,
+                swa_full=config.swa_full,
+                type_k=KV_TYPES[config.kv_type],
+                type_v=KV_TYPES[config.kv_type],
+                logits_all=False,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
+        self._ctx = self.llm._ctx.ctx
+        self.n_vocab = int(self.llm.n_vocab())
+        self.n_ctx = int(self.llm.n_ctx())
+        self.turns = self._turn_format()
+        self.tokens: list[int] = []
+        self.model_sha256 = fp.model_sha256(config.model_path, hash_cache)
+        self.fingerprint_details = self._fingerprint_details()
+        self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details)
+        self.stop_ids = self._stop_ids()
+        self.probe_tokens = self.encode_template(self.turns.user_open)
+        self.decoded_tokens = 0
+        self._count_decodes()
+
+    # -- identity ------------------------------------------------------------------------
+    def _fingerprint_details(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "model_sha256": self.model_sha256,
+            "llama_cpp_python": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
+            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            "n_gpu_layers": self.gpu_layers,
+            "n_ctx": self.n_ctx,
+            "n_batch": c.n_batch,
+            "n_ubatch": c.n_ubatch,
+            "n_threads": c.n_threads,
+            "flash_attn": c.flash_attn,
+            "kv_type": c.kv_type,
+            "swa_full": c.swa_full,
+            "turn_format": self.turns.as_dict(),
+        }
+
+    def _turn_format(self) -> TurnFormat:
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if template:
+            bos = self.llm.detokenize([self.llm.token_bos()], special=True).decode(
+                "utf-8", "replace"
+            )
+            eos = self.llm.detokenize([self.llm.token_eos()], special=True).decode(
+                "utf-8", "replace"
+            )
+            derived = derive_turn_format(template, bos, eos)
+            if derived is not None:
+                return derived
+        return GEMMA_TURNS
+
+    def _stop_ids(self) -> set[int]:
+        stops = {int(self.llm.token_eos())}
+        close = self.encode_template(self.turns.model_close)
+        if close:
+            stops.add(close[0])
+        eot = int(llama_cpp.llama_vocab_eot(self.llm._model.vocab))
+        if eot >= 0:
+            stops.add(eot)
+        return stops
+
+    def model_info(self) -> ModelInfo:
+        meta = self.llm.metadata
+        arch = meta.get("general.architecture", "unknown")
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.llm._model.model, buf, 256)
+        return ModelInfo(
+            path=str(self.config.model_path),
+            name=meta.get("general.name", self.config.model_path.stem),
+            architecture=arch,
+            description=buf.value.decode("utf-8", "replace"),
+            n_params=int(llama_cpp.llama_model_n_params(self.llm._model.model)),
+            size_bytes=self.config.model_path.stat().st_size,
+            n_ctx_train=int(meta.get(f"{arch}.context_length", 0) or 0),
+            n_layers=int(meta.get(f"{arch}.block_count", 0) or 0),
+            has_chat_template=bool(meta.get("tokenizer.chat_template")),
+            quantization=buf.value.decode("utf-8", "replace").split()[-1] if buf.value else "",
+        )
+
+    # -- tokens --------------------------------------------------------------------------
+    def encode_template(self, text: str) -> list[int]:
+        """Tokenize template text: control tokens like <start_of_turn> are honoured."""
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize user or document text: control tokens typed by a user stay plain text."""
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def bos(self) -> list[int]:
+        return [int(self.llm.token_bos())]
+
+    def user_turn(self, text: str, with_open: bool) -> list[int]:
+        """Tokens of a user turn and the model's opening; `with_open=False` when the turn's
+        opening tokens (the proof probe) are already in the context."""
+        opening = self.encode_template(self.turns.user_open) if with_open else []
+        return (
+            opening
+            + self.encode_text(text)
+            + self.encode_template(self.turns.user_close_model_open)
+        )
+
+    def model_close(self) -> list[int]:
+        return self.encode_template(self.turns.model_close)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return bytes(self.llm.detokenize(list(tokens))).decode("utf-8", "replace")
+
+    # -- evaluation ----------------------------------------------------------------------
+    def _count_decodes(self) -> None:
+        """Count every token handed to llama_decode, below all of our own bookkeeping: an
+        independent check that a restore recomputed nothing. (llama.cpp's perf counters
+        report at least 1, so they cannot show a true zero.)"""
+        context = self.llm._ctx
+        decode = context.decode
+
+        def counting_decode(batch: Any) -> Any:
+            self.decoded_tokens += int(batch.batch.n_tokens)
+            return decode(batch)
+
+        context.decode = counting_decode
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
+        self.llm.n_tokens = 0
+        self.tokens = []
+
+    def room(self) -> int:
+        return self.n_ctx - len(self.tokens)
+
+    def evaluate(
+        self,
+        tokens: Sequence[int],
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> float:
+        """Evaluate tokens after what the context holds, in n_batch slices; return ms."""
+        if len(tokens) > self.room():
+            raise InputError(
+                f"That needs {len(tokens)} more tokens but only {self.room()} of the "
+                f"{self.n_ctx}-token context are left."
+            )
+        start = time.perf_counter()
+        step = self.config.n_batch
+        for offset in range(0, len(tokens), step):
+            if cancel is not None and cancel.is_set():
+                raise CancelledError("Cancelled; nothing was stored.")
+            piece = list(tokens[offset : offset + step])
+            self.llm.eval(piece)
+            self.tokens.extend(piece)
+            if progress is not None:
+                progress(Progress(offset + len(piece), len(tokens), time.perf_counter() - start))
+        return (time.perf_counter() - start) * 1e3
+
+    def last_logits(self) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def generate(
+        self,
+        params: SamplingParams,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Sample a reply token by token; stop at end of turn, max_tokens, cancel, or a full
+        context (leaving room to close the turn). The stop token itself is not evaluated:
+        the caller closes the turn with the canonical closing tokens."""
+        sampler = Sampler(params)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        reserve = len(self.model_close()) + len(self.probe_tokens) + 1
+        generated: list[int] = []
+        pieces: list[str] = []
+        stop_reason = "length"
+        start = time.perf_counter()
+        for _ in range(params.max_tokens):
+            if cancel is not None and cancel.is_set():
+                stop_reason = "cancelled"
+                break
+            if self.room() <= reserve:
+                stop_reason = "context_full"
+                break
+            token = sampler.sample(self.last_logits())
+            if token in self.stop_ids:
+                stop_reason = "end"
+                break
+            self.llm.eval([token])
+            self.tokens.append(token)
+            generated.append(token)
+            piece = decoder.decode(bytes(self.llm.detokenize([token])))
+            if piece:
+                pieces.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            pieces.append(tail)
+            if on_text is not None:
+                on_text(tail)
+        elapsed = time.perf_counter() - start
+        return Generation(
+            generated,
+            "".join(pieces),
+            stop_reason,
+            elapsed * 1e3,
+            len(generated) / elapsed if elapsed > 0 else 0.0,
+        )
+
+    # -- state capture / restore ---------------------------------------------------------
+    def capture(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
+        """Serialize sequence 0 into one buffer: (buffer, bytes used, ms)."""
+        start = time.perf_counter()
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        used = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        if used == 0:
+            raise ModelError("llama.cpp could not serialize the sequence state.")
+        return buf, int(used), (time.perf_counter() - start) * 1e3
+
+    def restore(self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int]) -> float:
+        """Graft a captured state at its own positions into a cleared context; return ms."""
+        if len(tokens) > self.n_ctx:
+            raise InputError(
+                f"The stored state holds {len(tokens)} tokens, more than the "
+                f"{self.n_ctx}-token context."
+            )
+        start = time.perf_counter()
+        self.reset()  # also puts the cache's cell cursor back at 0, as in a fresh context
+        size = ctypes.sizeof(payload)
+        if llama_cpp.llama_state_seq_set_data(self._ctx, payload, size, 0) != size:
+            self.reset()
+            raise ModelError("llama.cpp refused the stored state (layout does not match).")
+        self.llm.input_ids[: len(tokens)] = tokens
+        self.llm.n_tokens = len(tokens)
+        self.tokens = list(tokens)
+        return (time.perf_counter() - start) * 1e3
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def default_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))

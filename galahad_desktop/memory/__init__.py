@@ -1,0 +1,1 @@
+"""Conversations, documents and the service that grafts their blocks."""

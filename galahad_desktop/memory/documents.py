@@ -1,0 +1,165 @@
+"""Text extraction for deposited documents: plain text and source files, Markdown, PDF, DOCX.
+
+Every failure is an InputError naming the file and the problem. Work is bounded: files over
+MAX_FILE_BYTES are refused before reading, DOCX archives whose unpacked size is out of
+proportion (zip bombs) are refused before parsing, and extracted text is capped.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from galahad_desktop.errors import InputError
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_TEXT_CHARS = 8 * 1024 * 1024
+MAX_DOCX_UNPACKED = 256 * 1024 * 1024
+TEXT_SUFFIXES = frozenset(
+    [
+        ".txt",
+        ".md",
+        ".markdown",
+        ".rst",
+        ".org",
+        ".csv",
+        ".tsv",
+        ".log",
+        ".json",
+        ".jsonl",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".ini",
+        ".cfg",
+        ".xml",
+        ".html",
+        ".htm",
+        ".css",
+        ".py",
+        ".pyi",
+        ".js",
+        ".ts",
+        ".tsx",
+        ".jsx",
+        ".c",
+        ".h",
+        ".cc",
+        ".cpp",
+        ".hpp",
+        ".rs",
+        ".go",
+        ".java",
+        ".kt",
+        ".swift",
+        ".rb",
+        ".php",
+        ".sh",
+        ".bash",
+        ".zsh",
+        ".sql",
+        ".r",
+        ".m",
+        ".scala",
+        ".lua",
+        ".pl",
+        ".tex",
+        ".ipynb",
+        ".vue",
+        ".svelte",
+    ]
+)
+SUPPORTED = "text and source files, .md, .pdf and .docx"
+
+
+def _decode_text(data: bytes, name: str) -> str:
+    if b"\x00" in data[:65536]:
+        raise InputError(f"'{name}' looks like a binary file, not text ({SUPPORTED}).")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"'{name}' is not valid UTF-8 text (bad byte at offset {exc.start})."
+        ) from None
+
+
+def _pdf_text(path: Path) -> str:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(path, strict=False)
+        if reader.is_encrypted:
+            raise InputError(f"'{path.name}' is an encrypted PDF; decrypt it first.")
+        pages = []
+        total = 0
+        for page in reader.pages:
+            text = page.extract_text() or ""
+            total += len(text)
+            if total > MAX_TEXT_CHARS:
+                raise InputError(f"'{path.name}' holds more text than one document may.")
+            pages.append(text)
+    except InputError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        raise InputError(f"'{path.name}' is not a readable PDF: {exc}") from None
+    return "\n\n".join(pages)
+
+
+def _docx_text(path: Path) -> str:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+            if unpacked > MAX_DOCX_UNPACKED:
+                raise InputError(
+                    f"'{path.name}' unpacks to {unpacked / 1e6:.0f} MB; refused as a "
+                    "possible zip bomb."
+                )
+    except zipfile.BadZipFile:
+        raise InputError(f"'{path.name}' is not a readable .docx (not a zip archive).") from None
+    import docx
+
+    try:
+        document = docx.Document(str(path))
+    except Exception as exc:  # python-docx raises many types on malformed input
+        raise InputError(f"'{path.name}' is not a readable .docx: {exc}") from None
+    parts = [paragraph.text for paragraph in document.paragraphs]
+    for table in document.tables:
+        for row in table.rows:
+            parts.append(" | ".join(cell.text for cell in row.cells))
+    return "\n".join(parts)
+
+
+def extract_text(path: Path) -> str:
+    """The document's text, or an InputError that names the file and the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"'{path}' does not exist.")
+    if not path.is_file():
+        raise InputError(f"'{path}' is not a file.")
+    size = path.stat().st_size
+    if size == 0:
+        raise InputError(f"'{path.name}' is empty.")
+    if size > MAX_FILE_BYTES:
+        raise InputError(
+            f"'{path.name}' is {size / 1e6:.0f} MB; documents may be at most "
+            f"{MAX_FILE_BYTES / 1e6:.0f} MB."
+        )
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".pdf":
+            text = _pdf_text(path)
+        elif suffix == ".docx":
+            text = _docx_text(path)
+        elif suffix in TEXT_SUFFIXES or suffix == "":
+            text = _decode_text(path.read_bytes(), path.name)
+        else:
+            raise InputError(f"'{path.name}': the type '{suffix}' is not supported ({SUPPORTED}).")
+    except PermissionError:
+        raise InputError(f"'{path.name}' cannot be read (permission denied).") from None
+    text = text.replace("\r\n", "\n").strip()
+    if not text:
+        raise InputError(f"'{path.name}' contains no text.")
+    if len(text) > MAX_TEXT_CHARS:
+        raise InputError(f"'{path.name}' holds more text than one document may.")
+    return text

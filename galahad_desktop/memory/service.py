@@ -1,0 +1,793 @@
+"""The headless core: conversations and documents over one engine and one vault.
+
+What the context holds is always a prefix of some stored ledger plus the opening tokens of
+the next user turn (the proof probe). Each finished turn is persisted as a block captured at
+the turn boundary; grafting a block restores exactly that boundary, evaluates the probe (the
+next turn needs those tokens anyway) and compares the logits with those recorded at capture.
+
+A block is used only when its runtime fingerprint matches and its proof is not `diverged`;
+otherwise the ledger is re-read (re-prefilled) with progress, the block is stored again, and
+the report says why. A block that fails authentication is refused with an IntegrityError and
+never reaches llama.cpp.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.engine import proof as proofs
+from galahad_desktop.engine.engine import Counters, Engine, EngineConfig, ProgressFn
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.memory.documents import extract_text
+from galahad_desktop.paths import default_model_path
+from galahad_desktop.settings import Settings
+from galahad_desktop.vault.keys import KeyStore
+from galahad_desktop.vault.vault import Vault, crashpoint, new_id, tokens_digest
+
+# Checkpoints kept per conversation (head included): regenerate needs the head's parent.
+CHECKPOINTS_KEPT = 3
+# Room kept free after a document for a question and its answer.
+ANSWER_RESERVE = 512
+TITLE_CHARS = 60
+
+
+@dataclass
+class GraftReport:
+    owner_id: str
+    block_id: str
+    tokens: int
+    restored_tokens: int
+    recomputed_tokens: int
+    restore_ms: float
+    proof: proofs.ProofResult
+    fallback_reason: str | None = None
+
+    def describe(self) -> str:
+        if self.fallback_reason:
+            return f"re-read {self.tokens:,} tokens: {self.fallback_reason}"
+        return (
+            f"Resumed {self.restored_tokens:,} tokens in {self.restore_ms:.0f} ms · "
+            f"{self.proof.describe()}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["proof"] = self.proof.verdict
+        out["proof_detail"] = self.proof.as_dict()
+        out["proof_ms"] = self.proof.proof_ms
+        return out
+
+
+@dataclass
+class TurnResult:
+    conversation_id: str
+    reply: str
+    stop_reason: str
+    counters: Counters
+    proof: proofs.ProofResult
+    graft: GraftReport | None
+    context_tokens: int
+    tokens_per_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "reply": self.reply,
+            "stop_reason": self.stop_reason,
+            **self.counters.as_dict(),
+            "proof": self.proof.verdict,
+            "proof_detail": self.proof.as_dict(),
+            "fallback_reason": self.graft.fallback_reason if self.graft else None,
+            "context_tokens": self.context_tokens,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+@dataclass
+class DepositResult:
+    document_id: str
+    name: str
+    tokens: int
+    prefill_ms: float
+    capture_ms: float
+    persist_ms: float
+    block_bytes: int
+    block_id: str
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["bytes_per_token"] = self.block_bytes / max(1, self.tokens)
+        out["tokens_per_s"] = self.tokens / (self.prefill_ms / 1e3) if self.prefill_ms else 0.0
+        return out
+
+
+@dataclass
+class Message:
+    id: str
+    role: str
+    text: str
+    created_at: float
+    tok_start: int
+    tok_end: int
+    block_id: str | None
+
+
+@dataclass
+class ConversationSummary:
+    id: str
+    title: str
+    document_id: str | None
+    n_tokens: int
+    n_messages: int
+    updated_at: float
+
+
+@dataclass
+class DocumentSummary:
+    id: str
+    name: str
+    n_tokens: int
+    block_bytes: int
+    source_bytes: int
+    created_at: float
+    status: str
+
+
+@dataclass
+class _Live:
+    """What the context holds: an owner's ledger up to `block_id`, plus the probe."""
+
+    owner_id: str
+    block_id: str | None
+
+
+@dataclass
+class Stats:
+    restored_tokens: int = 0
+    recomputed_tokens: int = 0
+    grafts: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
+    chosen = model_path or (
+        Path(settings.get("model_path")) if settings.get("model_path") else None
+    )
+    return EngineConfig(
+        model_path=chosen or default_model_path(),
+        n_ctx=settings.get("n_ctx"),
+        n_gpu_layers=settings.get("n_gpu_layers"),
+        n_threads=settings.get("n_threads"),
+        n_batch=settings.get("n_batch"),
+        n_ubatch=settings.get("n_ubatch"),
+        flash_attn=settings.get("flash_attn"),
+        kv_type=settings.get("kv_type"),
+        swa_full=settings.get("swa_full"),
+    )
+
+
+class Galahad:
+    """One data directory and one engine. Not thread-safe: one worker thread owns it."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        model_path: Path | None = None,
+        keystore: KeyStore | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.vault = Vault(self.data_dir, keystore)
+        try:
+            self.settings = Settings(self.data_dir)
+            if overrides:
+                from galahad_desktop.settings import coerce
+
+                for key, value in overrides.items():
+                    self.settings._values[key] = coerce(key, value)
+        except BaseException:
+            self.vault.close()
+            raise
+        self.model_path = model_path
+        self._engine: Engine | None = None
+        self._live: _Live | None = None
+        self.stats = Stats()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(
+                engine_config(self.settings, self.model_path),
+                hash_cache=self.data_dir / "model-hashes.json",
+            )
+        return self._engine
+
+    def reload_engine(self) -> None:
+        """Drop the engine so the next use loads it with the current settings."""
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+        self._live = None
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        self.vault.close()
+
+    def lock(self) -> None:
+        """Drop keys and decrypted state from memory until unlock()."""
+        self._live = None
+        if self._engine is not None:
+            self._engine.reset()
+        self.vault.lock()
+
+    def unlock(self) -> None:
+        self.vault.unlock()
+
+    def sampling(self, **changes: Any) -> SamplingParams:
+        s = self.settings
+        params = {
+            "temperature": s.get("temperature"),
+            "top_p": s.get("top_p"),
+            "top_k": s.get("top_k"),
+            "max_tokens": s.get("max_tokens"),
+            "seed": s.get("seed"),
+        }
+        params.update({k: v for k, v in changes.items() if v is not None})
+        return SamplingParams(**params)
+
+    # -- catalog reads -------------------------------------------------------------------
+    def _conversation_row(self, conversation_id: str) -> dict[str, Any]:
+        row = self.vault.catalog.get("conversations", conversation_id)
+        if row is None:
+            raise NotFoundError(f"No conversation has the id '{conversation_id}'.")
+        return row
+
+    def _document_row(self, document_id: str) -> dict[str, Any]:
+        row = self.vault.catalog.get("documents", document_id)
+        if row is None:
+            raise NotFoundError(f"No document has the id '{document_id}'.")
+        return row
+
+    def conversation_title(self, row: dict[str, Any]) -> str:
+        return self.vault.fields.decrypt_text(row["title_enc"], "conversations", "title", row["id"])
+
+    def document_name(self, row: dict[str, Any]) -> str:
+        return self.vault.fields.decrypt_text(row["name_enc"], "documents", "name", row["id"])
+
+    def document_text(self, document_id: str) -> str:
+        row = self._document_row(document_id)
+        return self.vault.fields.decrypt_text(row["text_enc"], "documents", "text", row["id"])
+
+    def list_conversations(self) -> list[ConversationSummary]:
+        rows = self.vault.catalog.rows("conversations", order_by="updated_at desc")
+        return [
+            ConversationSummary(
+                r["id"],
+                self.conversation_title(r),
+                r["document_id"],
+                r["n_tokens"] or 0,
+                r["n_messages"] or 0,
+                r["updated_at"],
+            )
+            for r in rows
+        ]
+
+    def list_documents(self) -> list[DocumentSummary]:
+        out = []
+        for r in self.vault.catalog.rows("documents", order_by="created_at desc"):
+            block = self.vault.catalog.get("blocks", r["block_id"])
+            out.append(
+                DocumentSummary(
+                    r["id"],
+                    self.document_name(r),
+                    r["n_tokens"],
+                    block["file_bytes"] if block else 0,
+                    r["source_bytes"],
+                    r["created_at"],
+                    "stored" if block else "missing block",
+                )
+            )
+        return out
+
+    def messages(self, conversation_id: str) -> list[Message]:
+        self._conversation_row(conversation_id)
+        rows = self.vault.catalog.rows(
+            "messages", "conversation_id = ?", [conversation_id], order_by="seq"
+        )
+        return [
+            Message(
+                r["id"],
+                r["role"],
+                self.vault.fields.decrypt_text(r["text_enc"], "messages", "text", r["id"]),
+                r["created_at"],
+                r["tok_start"],
+                r["tok_end"],
+                r["block_id"],
+            )
+            for r in rows
+        ]
+
+    def kind_of(self, item_id: str) -> str:
+        for table, kind in (
+            ("conversations", "conversation"),
+            ("documents", "document"),
+            ("blocks", "block"),
+        ):
+            if self.vault.catalog.get(table, item_id) is not None:
+                return kind
+        raise NotFoundError(f"Nothing stored has the id '{item_id}'.")
+
+    # -- grafting ------------------------------------------------------------------------
+    def _persist_state(
+        self, kind: str, owner_id: str, parent_id: str | None, generation: int
+    ) -> tuple[dict[str, Any], proofs.ProofRecord]:
+        """Capture the context at a turn boundary, evaluate the probe, write the block file.
+
+        Returns the catalog row (the caller inserts it in its transaction) and the proof.
+        """
+        engine = self.engine
+        ledger = list(engine.tokens)
+        payload, used, capture_ms = engine.capture()
+        engine.evaluate(engine.probe_tokens)
+        record = proofs.make_record(engine.probe_tokens, engine.last_logits())
+        row = self.vault.write_block(
+            kind=kind,
+            owner_id=owner_id,
+            parent_id=parent_id,
+            tokens=ledger,
+            generation=generation,
+            fingerprint=engine.fingerprint,
+            payload=memoryview(payload).cast("B")[:used],
+            sealed_meta={
+                "tokens_sha256": tokens_digest(ledger),
+                "proof": record.as_dict(),
+                "state_format": "llama_state_seq/llama-cpp-python-0.3.36",
+            },
+            capture_ms=capture_ms,
+        )
+        del payload
+        return row, record
+
+    def _graft(
+        self,
+        block_id: str,
+        owner_id: str,
+        counters: Counters,
+        progress: ProgressFn | None = None,
+    ) -> GraftReport:
+        engine = self.engine
+        row = self.vault.block_row(block_id)
+        if row["owner_id"] != owner_id:
+            from galahad_desktop.errors import IntegrityError
+
+            raise IntegrityError(
+                f"Block {block_id} belongs to {row['owner_id']}, not {owner_id}; refused."
+            )
+        if row["fingerprint"] != engine.fingerprint:
+            return self._reprefill(
+                row, "the model or its runtime settings changed", counters, progress
+            )
+        stored = self.vault.read_block(block_id, expected_owner=owner_id)
+        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens)
+        del stored.payload
+        record = proofs.ProofRecord.from_dict(stored.meta["proof"])
+        start = time.perf_counter()
+        engine.evaluate(record.probe_tokens)
+        result = proofs.compare(record, engine.last_logits(), (time.perf_counter() - start) * 1e3)
+        if result.verdict == "diverged":
+            return self._reprefill(
+                row, f"the graft proof diverged (KL {result.kl:.2e})", counters, progress
+            )
+        counters.restored_tokens += len(stored.tokens)
+        counters.restore_ms += restore_ms
+        counters.proof_ms += result.proof_ms
+        counters.new_tokens += len(record.probe_tokens)
+        self.stats.restored_tokens += len(stored.tokens)
+        self.stats.grafts += 1
+        self._live = _Live(owner_id, block_id)
+        return GraftReport(
+            owner_id, block_id, len(stored.tokens), len(stored.tokens), 0, restore_ms, result
+        )
+
+    def _reprefill(
+        self,
+        row: dict[str, Any],
+        reason: str,
+        counters: Counters,
+        progress: ProgressFn | None,
+    ) -> GraftReport:
+        """Re-read a block's ledger from scratch, store it again, and say why."""
+        engine = self.engine
+        tokens = self.vault.block_tokens(row)
+        engine.reset()
+        self._live = None
+        prefill_ms = engine.evaluate(tokens, progress=progress)
+        new_row, record = self._persist_state(
+            row["kind"], row["owner_id"], row["parent_id"], row["generation"] + 1
+        )
+        with self.vault.transaction():
+            self.vault.catalog.insert("blocks", new_row)
+            for table, column in (("conversations", "head_block_id"), ("documents", "block_id")):
+                self.vault.catalog.db.execute(
+                    f"UPDATE {table} SET {column} = ? WHERE {column} = ?",
+                    [new_row["id"], row["id"]],
+                )
+            self.vault.catalog.db.execute(
+                "UPDATE messages SET block_id = ? WHERE block_id = ?", [new_row["id"], row["id"]]
+            )
+            self.vault.delete_block_rows([row["id"]])
+        self.vault.unlink_block_files([row["id"]])
+        counters.recomputed_tokens += len(tokens)
+        counters.prefill_ms += prefill_ms
+        counters.new_tokens += len(record.probe_tokens)
+        self.stats.recomputed_tokens += len(tokens)
+        self._live = _Live(row["owner_id"], new_row["id"])
+        return GraftReport(
+            row["owner_id"],
+            new_row["id"],
+            len(tokens),
+            0,
+            len(tokens),
+            0.0,
+            proofs.NO_PROOF,
+            fallback_reason=reason,
+        )
+
+    def _ensure_live(
+        self, conv: dict[str, Any], counters: Counters, progress: ProgressFn | None = None
+    ) -> GraftReport | None:
+        """Make the context hold this conversation's head plus the probe."""
+        engine = self.engine
+        live = self._live
+        if conv["head_block_id"]:
+            if live and live.owner_id == conv["id"] and live.block_id == conv["head_block_id"]:
+                return None
+            return self._graft(conv["head_block_id"], conv["id"], counters, progress)
+        if conv["document_id"]:
+            doc = self._document_row(conv["document_id"])
+            if live and live.owner_id == doc["id"] and live.block_id == doc["block_id"]:
+                return None
+            return self._graft(doc["block_id"], doc["id"], counters, progress)
+        engine.reset()
+        start = engine.bos() + engine.probe_tokens
+        counters.prefill_ms += engine.evaluate(start)
+        counters.new_tokens += len(start)
+        self._live = _Live(conv["id"], None)
+        return None
+
+    # -- conversations -------------------------------------------------------------------
+    def new_conversation(self, document_id: str | None = None, title: str = "") -> str:
+        if document_id is not None:
+            self._document_row(document_id)
+        conversation_id = new_id("c")
+        now = time.time()
+        with self.vault.transaction():
+            self.vault.catalog.insert(
+                "conversations",
+                {
+                    "id": conversation_id,
+                    "title_enc": self.vault.fields.encrypt_text(
+                        title, "conversations", "title", conversation_id
+                    ),
+                    "document_id": document_id,
+                    "head_block_id": None,
+                    "n_tokens": 0,
+                    "n_messages": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+        return conversation_id
+
+    def resume(self, conversation_id: str, progress: ProgressFn | None = None) -> GraftReport:
+        """Graft a conversation's latest checkpoint into the context (always from disk)."""
+        conv = self._conversation_row(conversation_id)
+        self._live = None
+        counters = Counters()
+        report = self._ensure_live(conv, counters, progress)
+        if report is None:
+            return GraftReport(conversation_id, "", 0, 0, 0, 0.0, proofs.NO_PROOF)
+        return report
+
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+    ) -> TurnResult:
+        """Run one turn: user text in, streamed reply out, checkpoint persisted.
+
+        Cancelling stops generation between tokens; what was generated is kept and stored.
+        """
+        if not text.strip():
+            raise InputError("The message is empty.")
+        conv = self._conversation_row(conversation_id)
+        engine = self.engine
+        counters = Counters()
+        graft = self._ensure_live(conv, counters, progress)
+        user_tokens = engine.encode_text(text) + engine.encode_template(
+            engine.turns.user_close_model_open
+        )
+        if len(user_tokens) + 64 > engine.room():
+            raise InputError(
+                f"This conversation has {len(engine.tokens):,} of {engine.n_ctx:,} context "
+                f"tokens; the message needs {len(user_tokens):,} more. Start a new conversation."
+            )
+        user_start = len(engine.tokens) - len(engine.probe_tokens)
+        counters.prefill_ms += engine.evaluate(user_tokens)
+        counters.new_tokens += len(user_tokens)
+        reply_start = len(engine.tokens)
+        generation = engine.generate(params or self.sampling(), on_text, cancel)
+        counters.generated_tokens += len(generation.tokens)
+        counters.generate_ms += generation.elapsed_ms
+        close = engine.model_close()
+        engine.evaluate(close)
+        counters.new_tokens += len(close)
+        reply_end = len(engine.tokens)
+        self._commit_turn(conv, text, generation.text, user_start, reply_start, reply_end, counters)
+        return TurnResult(
+            conversation_id,
+            generation.text,
+            generation.stop_reason,
+            counters,
+            graft.proof if graft else proofs.NO_PROOF,
+            graft,
+            len(engine.tokens),
+            generation.tokens_per_s,
+        )
+
+    def _commit_turn(
+        self,
+        conv: dict[str, Any],
+        user_text: str,
+        reply: str,
+        user_start: int,
+        reply_start: int,
+        reply_end: int,
+        counters: Counters,
+    ) -> bool:
+        start = time.perf_counter()
+        parent = conv["head_block_id"]
+        generation = 1
+        if parent:
+            generation = self.vault.block_row(parent)["generation"] + 1
+        row, _record = self._persist_state("conversation", conv["id"], parent, generation)
+        crashpoint("persist-before-commit")
+        fields = self.vault.fields
+        now = time.time()
+        seq = conv["n_messages"] or 0
+        retired = [
+            r["id"]
+            for r in self.vault.catalog.rows(
+                "blocks", "owner_id = ?", [conv["id"]], order_by="generation desc"
+            )
+        ][CHECKPOINTS_KEPT - 1 :]
+        with self.vault.transaction():
+            self.vault.catalog.insert("blocks", row)
+            for offset, (role, text, tok_start, tok_end, block_id) in enumerate(
+                (
+                    ("user", user_text, user_start, reply_start, None),
+                    ("model", reply, reply_start, reply_end, row["id"]),
+                )
+            ):
+                message_id = new_id("m")
+                self.vault.catalog.insert(
+                    "messages",
+                    {
+                        "id": message_id,
+                        "conversation_id": conv["id"],
+                        "seq": seq + offset,
+                        "role": role,
+                        "text_enc": fields.encrypt_text(text, "messages", "text", message_id),
+                        "tok_start": tok_start,
+                        "tok_end": tok_end,
+                        "block_id": block_id,
+                        "created_at": now,
+                    },
+                )
+            changes: dict[str, Any] = {
+                "head_block_id": row["id"],
+                "n_tokens": row["n_tokens"],
+                "n_messages": seq + 2,
+                "updated_at": now,
+            }
+            if seq == 0 and not self.conversation_title(conv):
+                changes["title_enc"] = fields.encrypt_text(
+                    " ".join(user_text.split())[:TITLE_CHARS], "conversations", "title", conv["id"]
+                )
+            self.vault.catalog.update("conversations", conv["id"], changes)
+            if retired:
+                self.vault.catalog.db.execute(
+                    "UPDATE messages SET block_id = NULL WHERE block_id IN "
+                    f"({','.join('?' * len(retired))})",
+                    retired,
+                )
+            self.vault.delete_block_rows(retired)
+        crashpoint("persist-after-commit")
+        self.vault.unlink_block_files(retired)
+        self._live = _Live(conv["id"], row["id"])
+        counters.persist_ms += (time.perf_counter() - start) * 1e3
+
+    # -- documents -----------------------------------------------------------------------
+    def document_limit(self) -> int:
+        return self.engine.n_ctx - ANSWER_RESERVE
+
+    def deposit(
+        self,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        name: str | None = None,
+    ) -> DepositResult:
+        """Read a document once, store its KV block, and return what it cost."""
+        path = Path(path)
+        text = extract_text(path)
+        name = name or path.name
+        engine = self.engine
+        turns = engine.turns
+        intro = f'Document "{name}":\n\n'
+        tokens = (
+            engine.bos()
+            + engine.encode_template(turns.user_open)
+            + engine.encode_text(intro + text)
+            + engine.encode_template(turns.user_close_model_open)
+            + engine.encode_text(f'I have read "{name}". Ask me about it.')
+            + engine.model_close()
+        )
+        limit = self.document_limit()
+        if len(tokens) > limit:
+            raise InputError(
+                f"'{name}' is {len(tokens):,} tokens; one document may hold at most "
+                f"{limit:,} tokens with the {engine.n_ctx:,}-token context (documents longer "
+                "than the context are not supported yet). Nothing was stored."
+            )
+        document_id = new_id("d")
+        engine.reset()
+        self._live = None
+        prefill_ms = engine.evaluate(tokens, progress=progress, cancel=cancel)
+        persist_start = time.perf_counter()
+        row, _record = self._persist_state("document", document_id, None, 1)
+        crashpoint("deposit-before-commit")
+        fields = self.vault.fields
+        with self.vault.transaction():
+            self.vault.catalog.insert("blocks", row)
+            self.vault.catalog.insert(
+                "documents",
+                {
+                    "id": document_id,
+                    "name_enc": fields.encrypt_text(name, "documents", "name", document_id),
+                    "text_enc": fields.encrypt_text(text, "documents", "text", document_id),
+                    "block_id": row["id"],
+                    "n_tokens": len(tokens),
+                    "source_bytes": path.stat().st_size,
+                    "created_at": time.time(),
+                },
+            )
+        self._live = _Live(document_id, row["id"])
+        return DepositResult(
+            document_id,
+            name,
+            len(tokens),
+            prefill_ms,
+            row["capture_ms"],
+            (time.perf_counter() - persist_start) * 1e3,
+            row["file_bytes"],
+            row["id"],
+        )
+
+    # -- verification, audit, forgetting -------------------------------------------------
+    def verify_block(self, block_id: str) -> dict[str, Any]:
+        """Re-run the graft proof of one block in this engine; report, change nothing."""
+        engine = self.engine
+        row = self.vault.block_row(block_id)
+        out: dict[str, Any] = {
+            "block_id": block_id,
+            "owner_id": row["owner_id"],
+            "kind": row["kind"],
+            "tokens": row["n_tokens"],
+            "fingerprint": row["fingerprint"],
+            "fingerprint_matches": row["fingerprint"] == engine.fingerprint,
+        }
+        if not out["fingerprint_matches"]:
+            out.update(proof="skipped", reason="captured under another model or runtime")
+            return out
+        stored = self.vault.read_block(block_id)
+        self._live = None
+        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens)
+        del stored.payload
+        record = proofs.ProofRecord.from_dict(stored.meta["proof"])
+        start = time.perf_counter()
+        engine.evaluate(record.probe_tokens)
+        result = proofs.compare(record, engine.last_logits(), (time.perf_counter() - start) * 1e3)
+        self._live = _Live(row["owner_id"], block_id)
+        out.update(
+            proof=result.verdict,
+            restore_ms=restore_ms,
+            proof_ms=result.proof_ms,
+            max_abs_delta=result.max_abs_delta,
+            kl=result.kl,
+            argmax_agree=result.argmax_agree,
+        )
+        return out
+
+    def verify(self, item_id: str | None = None) -> list[dict[str, Any]]:
+        if item_id is None:
+            block_ids = [r["id"] for r in self.vault.catalog.rows("blocks", order_by="created_at")]
+        else:
+            kind = self.kind_of(item_id)
+            if kind == "conversation":
+                head = self._conversation_row(item_id)["head_block_id"]
+                if not head:
+                    raise InputError(f"Conversation {item_id} has no stored turn yet.")
+                block_ids = [head]
+            elif kind == "document":
+                block_ids = [self._document_row(item_id)["block_id"]]
+            else:
+                block_ids = [item_id]
+        return [self.verify_block(b) for b in block_ids]
+
+    def forget(self, item_id: str) -> dict[str, Any]:
+        """Delete a conversation or a document with its blocks and their keys.
+
+        Forgetting a document also forgets the conversations built on it: their blocks hold
+        the document's content too.
+        """
+        kind = self.kind_of(item_id)
+        if kind == "block":
+            raise InputError("Forget a conversation or a document, not a single block.")
+        conversations = (
+            [item_id]
+            if kind == "conversation"
+            else [
+                r["id"]
+                for r in self.vault.catalog.rows("conversations", "document_id = ?", [item_id])
+            ]
+        )
+        owners = [*conversations, *([item_id] if kind == "document" else [])]
+        marks = ",".join("?" * len(owners))
+        block_ids = [
+            r["id"] for r in self.vault.catalog.rows("blocks", f"owner_id IN ({marks})", owners)
+        ]
+        with self.vault.transaction():
+            if conversations:
+                cmarks = ",".join("?" * len(conversations))
+                self.vault.catalog.delete(
+                    "messages", f"conversation_id IN ({cmarks})", conversations
+                )
+                self.vault.catalog.delete("conversations", f"id IN ({cmarks})", conversations)
+            if kind == "document":
+                self.vault.catalog.delete("documents", "id = ?", [item_id])
+            self.vault.delete_block_rows(block_ids)
+        self.vault.unlink_block_files(block_ids)
+        self.vault.catalog.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if self._live and self._live.owner_id in owners:
+            self._live = None
+            self.engine.reset()
+        return {
+            "forgotten": item_id,
+            "kind": kind,
+            "conversations": conversations,
+            "blocks": len(block_ids),
+        }
+
+    def memory_stats(self) -> dict[str, Any]:
+        rows = self.vault.catalog.rows("blocks")
+        return {
+            "blocks": len(rows),
+            "bytes": sum(r["file_bytes"] for r in rows),
+            "tokens_stored": sum(r["n_tokens"] for r in rows),
+            "restored_tokens_session": self.stats.restored_tokens,
+            "recomputed_tokens_session": self.stats.recomputed_tokens,
+        }

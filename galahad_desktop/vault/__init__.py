@@ -1,0 +1,1 @@
+"""Encrypted storage: master key in the OS keyring, encrypted block files, encrypted catalog."""

@@ -1,0 +1,214 @@
+"""The block file format: one llama.cpp sequence state, encrypted and bound to its identity.
+
+Layout (all integers big-endian):
+
+    MAGIC (8 bytes, b"GLHDKVB\\n")  FORMAT_VERSION (u16)
+    header length (u32)  header (canonical JSON, UTF-8)        -- authenticated, not secret
+    sealed length (u32)  sealed metadata (AES-GCM)             -- token hash and graft proof
+    chunk*: length (u32)  AES-GCM ciphertext of one payload chunk
+
+The header (block id, kind, owner, parent, positions, generation, runtime fingerprint, sizes)
+is the additional data of every AES-GCM operation, together with the chunk index and a
+last-chunk flag, so any edit, truncation, extension, reordering or swap of a file fails
+authentication. The payload is encrypted in fixed-size chunks so a multi-GB state never needs
+two copies in memory. Each block has its own random data key; the catalog holds it wrapped by
+the master key, so rotating the master key never rewrites these files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from galahad_desktop.vault.atomic import atomic_file
+
+MAGIC = b"GLHDKVB\n"
+FORMAT_VERSION = 1
+CHUNK_BYTES = 4 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+_PREFIX = struct.Struct(">8sHI")
+_U32 = struct.Struct(">I")
+_TAG_BYTES = 16
+
+
+class BlockFormatError(Exception):
+    """The file is not a valid block file, or failed authentication. The message says why."""
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    block_id: str
+    kind: str  # "conversation" | "document"
+    owner_id: str
+    parent_id: str | None
+    pos_start: int
+    pos_end: int
+    n_tokens: int
+    generation: int
+    fingerprint: str
+    created_at: float
+    payload_bytes: int
+    chunk_bytes: int
+    nonce_prefix: str  # 8 random bytes, hex; chunk nonce = prefix || u32 index
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> BlockHeader:
+        try:
+            fields = json.loads(raw.decode("utf-8"))
+            return cls(**fields)
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise BlockFormatError(f"header is not valid: {exc}") from None
+
+    @property
+    def n_chunks(self) -> int:
+        return max(1, -(-self.payload_bytes // self.chunk_bytes))
+
+
+def header_digest(header_bytes: bytes) -> str:
+    return hashlib.sha256(header_bytes).hexdigest()
+
+
+def _chunk_aad(digest: bytes, index: int, last: bool) -> bytes:
+    return b"galahad-chunk/v1" + digest + struct.pack(">IB", index, 1 if last else 0)
+
+
+def _sealed_aad(digest: bytes) -> bytes:
+    return b"galahad-sealed/v1" + digest
+
+
+def new_nonce_prefix() -> str:
+    return os.urandom(8).hex()
+
+
+def write_block(
+    path: Path,
+    header: BlockHeader,
+    sealed_meta: dict[str, Any],
+    data_key: bytes,
+    payload: memoryview,
+) -> tuple[str, int]:
+    """Write a block file atomically; return (header digest, file size in bytes)."""
+    if len(payload) != header.payload_bytes:
+        raise ValueError("payload size does not match the header")
+    header_bytes = header.to_bytes()
+    digest = hashlib.sha256(header_bytes).digest()
+    aead = AESGCM(data_key)
+    prefix = bytes.fromhex(header.nonce_prefix)
+    sealed_nonce = os.urandom(12)
+    sealed = sealed_nonce + aead.encrypt(
+        sealed_nonce, json.dumps(sealed_meta, sort_keys=True).encode("utf-8"), _sealed_aad(digest)
+    )
+    size = 0
+    with atomic_file(path) as handle:
+        for part in (
+            _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
+            header_bytes,
+            _U32.pack(len(sealed)),
+            sealed,
+        ):
+            handle.write(part)
+            size += len(part)
+        n_chunks = header.n_chunks
+        for index in range(n_chunks):
+            chunk = payload[index * header.chunk_bytes : (index + 1) * header.chunk_bytes]
+            nonce = prefix + struct.pack(">I", index)
+            ciphertext = aead.encrypt(
+                nonce, chunk, _chunk_aad(digest, index, index == n_chunks - 1)
+            )
+            handle.write(_U32.pack(len(ciphertext)))
+            handle.write(ciphertext)
+            size += _U32.size + len(ciphertext)
+    return digest.hex(), size
+
+
+def _read_exact(handle: BinaryIO, n: int, what: str) -> bytes:
+    data = handle.read(n)
+    if len(data) != n:
+        raise BlockFormatError(f"file is truncated (in the {what})")
+    return data
+
+
+def read_header(path: Path) -> tuple[BlockHeader, bytes]:
+    """Read and parse the plaintext header (not yet authenticated: that needs the key)."""
+    with open(path, "rb") as handle:
+        return _read_header(handle)
+
+
+def _read_header(handle: BinaryIO) -> tuple[BlockHeader, bytes]:
+    magic, version, header_len = _PREFIX.unpack(_read_exact(handle, _PREFIX.size, "prefix"))
+    if magic != MAGIC:
+        raise BlockFormatError("not a Galahad block file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise BlockFormatError(f"unsupported block format version {version}")
+    if header_len > MAX_HEADER_BYTES:
+        raise BlockFormatError("header length is out of range")
+    raw = _read_exact(handle, header_len, "header")
+    header = BlockHeader.from_bytes(raw)
+    if header.chunk_bytes <= 0 or header.payload_bytes < 0 or len(header.nonce_prefix) != 16:
+        raise BlockFormatError("header fields are out of range")
+    return header, raw
+
+
+def read_block(
+    path: Path, data_key: bytes, expected_digest: str, keep_payload: bool = True
+) -> tuple[BlockHeader, dict[str, Any], ctypes.Array[ctypes.c_uint8] | None]:
+    """Authenticate and decrypt a whole block into one buffer ready for llama.cpp.
+
+    Nothing is returned unless every chunk authenticated, so a modified file never reaches
+    llama.cpp. The payload is decrypted chunk by chunk into a single preallocated buffer;
+    with keep_payload=False (the audit) chunks are authenticated and dropped.
+    """
+    with open(path, "rb") as handle:
+        header, raw = _read_header(handle)
+        digest_hex = header_digest(raw)
+        if digest_hex != expected_digest:
+            raise BlockFormatError("header does not match the catalog (swapped or rolled back)")
+        digest = bytes.fromhex(digest_hex)
+        (sealed_len,) = _U32.unpack(_read_exact(handle, _U32.size, "sealed length"))
+        if sealed_len > MAX_HEADER_BYTES + 12 + _TAG_BYTES or sealed_len < 12 + _TAG_BYTES:
+            raise BlockFormatError("sealed metadata length is out of range")
+        sealed = _read_exact(handle, sealed_len, "sealed metadata")
+        aead = AESGCM(data_key)
+        try:
+            meta_raw = aead.decrypt(sealed[:12], sealed[12:], _sealed_aad(digest))
+        except InvalidTag:
+            raise BlockFormatError("sealed metadata failed authentication") from None
+        meta: dict[str, Any] = json.loads(meta_raw)
+        payload = (ctypes.c_uint8 * header.payload_bytes)() if keep_payload else None
+        view = memoryview(payload).cast("B") if payload is not None else None
+        prefix = bytes.fromhex(header.nonce_prefix)
+        n_chunks = header.n_chunks
+        offset = 0
+        for index in range(n_chunks):
+            (length,) = _U32.unpack(_read_exact(handle, _U32.size, f"chunk {index} length"))
+            want = min(header.chunk_bytes, header.payload_bytes - offset) + _TAG_BYTES
+            if length != want:
+                raise BlockFormatError(f"chunk {index} has the wrong length")
+            ciphertext = _read_exact(handle, length, f"chunk {index}")
+            nonce = prefix + struct.pack(">I", index)
+            try:
+                plain = aead.decrypt(
+                    nonce, ciphertext, _chunk_aad(digest, index, index == n_chunks - 1)
+                )
+            except InvalidTag:
+                raise BlockFormatError(f"chunk {index} failed authentication") from None
+            if view is not None:
+                view[offset : offset + len(plain)] = plain
+            offset += len(plain)
+        if handle.read(1):
+            raise BlockFormatError("file has extra bytes after the last chunk")
+    if offset != header.payload_bytes:
+        raise BlockFormatError("payload is shorter than the header says")
+    return header, meta, payload

@@ -1,0 +1,67 @@
+"""AES-256-GCM helpers: key wrapping and field encryption with bound context (AAD).
+
+Every ciphertext carries a one-byte scheme version so the format can evolve. The AAD binds a
+ciphertext to where it belongs (table, column, row id; block id and owner), so moving a value
+to another row or another block makes decryption fail instead of returning someone else's data.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+SCHEME_V1 = b"\x01"
+
+
+class DecryptionFailed(Exception):
+    """A ciphertext did not authenticate under the given key and context."""
+
+
+def new_key() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
+
+
+def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
+    nonce = os.urandom(NONCE_BYTES)
+    return SCHEME_V1 + nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(key: bytes, sealed: bytes, aad: bytes) -> bytes:
+    if len(sealed) < 1 + NONCE_BYTES + 16 or sealed[:1] != SCHEME_V1:
+        raise DecryptionFailed("malformed ciphertext")
+    nonce = sealed[1 : 1 + NONCE_BYTES]
+    try:
+        return AESGCM(key).decrypt(nonce, sealed[1 + NONCE_BYTES :], aad)
+    except InvalidTag:
+        raise DecryptionFailed("authentication failed") from None
+
+
+def field_aad(table: str, column: str, row_id: str) -> bytes:
+    return f"galahad-field/v1/{table}/{column}/{row_id}".encode()
+
+
+def key_wrap_aad(block_id: str, owner_id: str) -> bytes:
+    return f"galahad-block-key/v1/{block_id}/{owner_id}".encode()
+
+
+class FieldCipher:
+    """Encrypts catalog fields (text and blobs) under the catalog data key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def encrypt_text(self, text: str, table: str, column: str, row_id: str) -> bytes:
+        return seal(self._key, text.encode("utf-8"), field_aad(table, column, row_id))
+
+    def decrypt_text(self, blob: bytes, table: str, column: str, row_id: str) -> str:
+        return open_sealed(self._key, blob, field_aad(table, column, row_id)).decode("utf-8")
+
+    def encrypt_bytes(self, data: bytes, table: str, column: str, row_id: str) -> bytes:
+        return seal(self._key, data, field_aad(table, column, row_id))
+
+    def decrypt_bytes(self, blob: bytes, table: str, column: str, row_id: str) -> bytes:
+        return open_sealed(self._key, blob, field_aad(table, column, row_id))

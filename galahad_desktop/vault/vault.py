@@ -1,0 +1,430 @@
+"""The vault of one data directory: master key (keyring), catalog, encrypted block files.
+
+Envelope encryption: the master key (in the OS keyring only) wraps a catalog key and one
+random data key per block. Rotation re-wraps those keys in one catalog transaction and never
+re-encrypts payloads. Forgetting deletes the wrapped key with the block, so even a recovered
+copy of the file is unreadable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from galahad_desktop.errors import BusyError, IntegrityError, KeyAccessError, NotFoundError
+from galahad_desktop.paths import ensure_private_dir
+from galahad_desktop.vault import blockfile, crypto
+from galahad_desktop.vault.atomic import TMP_PREFIX, create_private_file, fsync_dir
+from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
+from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
+
+BLOCK_SUFFIX = ".gkv"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+def _catalog_key_aad(vault_id: str, key_id: str) -> bytes:
+    return f"galahad-catalog-key/v1/{vault_id}/{key_id}".encode()
+
+
+def crashpoint(name: str) -> None:
+    """Fault injection for crash tests: die here, like a power cut, when asked by env var."""
+    if os.environ.get("GALAHAD_CRASHPOINT") == name:
+        os.kill(os.getpid(), 9)
+
+
+@dataclass
+class StoredBlock:
+    row: dict[str, Any]
+    meta: dict[str, Any]
+    payload: ctypes.Array[ctypes.c_uint8]
+    tokens: list[int]
+    read_ms: float
+
+
+@dataclass
+class AuditReport:
+    blocks: int = 0
+    ok: int = 0
+    problems: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "ok": self.ok,
+            "problems": self.problems,
+            "repaired": self.repaired,
+        }
+
+
+class Vault:
+    LOCK_NAME = ".lock"
+
+    def __init__(
+        self, data_dir: Path, keystore: KeyStore | None = None, lock_timeout_s: float = 10.0
+    ) -> None:
+        self.data_dir = ensure_private_dir(Path(data_dir))
+        self.blocks_dir = ensure_private_dir(self.data_dir / "blocks")
+        self._lock_fd = self._acquire_lock(lock_timeout_s)
+        try:
+            self.keystore: KeyStore = keystore if keystore is not None else KeyringKeyStore()
+            first_use = not (self.data_dir / Catalog.FILE_NAME).exists()
+            if first_use:
+                # Key first: if the keyring refuses, no catalog is left behind.
+                vault_id, key_id, master = (
+                    secrets.token_hex(8),
+                    secrets.token_hex(4),
+                    crypto.new_key(),
+                )
+                self.keystore.put(entry_name(vault_id, key_id), master)
+            self.catalog = Catalog(self.data_dir)
+            if first_use:
+                catalog_key = crypto.new_key()
+                with self.catalog.transaction():
+                    self.catalog.meta_set("schema_version", str(SCHEMA_VERSION).encode())
+                    self.catalog.meta_set("vault_id", vault_id.encode())
+                    self.catalog.meta_set("active_key_id", key_id.encode())
+                    self.catalog.meta_set(
+                        "catalog_key_wrapped",
+                        crypto.seal(master, catalog_key, _catalog_key_aad(vault_id, key_id)),
+                    )
+            self._unlock()
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # -- locking -------------------------------------------------------------------------
+    def _acquire_lock(self, timeout_s: float) -> int:
+        path = self.data_dir / self.LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise BusyError(
+                        f"Another Galahad process is using {self.data_dir}; close it and retry."
+                    ) from None
+                time.sleep(0.1)
+
+    def _release_lock(self) -> None:
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None  # type: ignore[assignment]
+
+    def close(self) -> None:
+        self.lock()
+        if hasattr(self, "catalog"):
+            self.catalog.close()
+        self._release_lock()
+
+    # -- keys ----------------------------------------------------------------------------
+    @property
+    def vault_id(self) -> str:
+        return self._meta_text("vault_id")
+
+    @property
+    def key_id(self) -> str:
+        return self._meta_text("active_key_id")
+
+    def _meta_text(self, key: str) -> str:
+        value = self.catalog.meta_get(key)
+        if value is None:
+            raise IntegrityError(f"The catalog is missing its '{key}' entry.")
+        return value.decode()
+
+    def _master_key(self) -> bytes:
+        master = self.keystore.get(entry_name(self.vault_id, self.key_id))
+        if master is None:
+            raise KeyAccessError(
+                f"The master key for {self.data_dir} is not in the keyring "
+                f"({self.keystore.backend_name}). Without it the stored data cannot be opened."
+            )
+        return master
+
+    def _unlock(self) -> None:
+        master = self._master_key()
+        wrapped = self.catalog.meta_get("catalog_key_wrapped")
+        if wrapped is None:
+            raise IntegrityError("The catalog is missing its wrapped key.")
+        try:
+            catalog_key = crypto.open_sealed(
+                master, wrapped, _catalog_key_aad(self.vault_id, self.key_id)
+            )
+        except crypto.DecryptionFailed:
+            raise KeyAccessError(
+                "The master key in the keyring does not open this data directory (wrong key). "
+                "Nothing was changed."
+            ) from None
+        self._master: bytes | None = master
+        self.fields: crypto.FieldCipher = crypto.FieldCipher(catalog_key)
+
+    @property
+    def locked(self) -> bool:
+        return getattr(self, "_master", None) is None
+
+    def lock(self) -> None:
+        """Drop key material from memory; `unlock()` fetches it from the keyring again."""
+        self._master = None
+        self.fields = None  # type: ignore[assignment]
+
+    def unlock(self) -> None:
+        if self.locked:
+            self._unlock()
+
+    def _require_master(self) -> bytes:
+        if self._master is None:
+            raise KeyAccessError("The vault is locked. Unlock it to continue.")
+        return self._master
+
+    def rotate_master_key(self) -> str:
+        """Re-wrap the catalog key and every block key under a fresh master key."""
+        old_master = self._require_master()
+        old_key_id, vault_id = self.key_id, self.vault_id
+        new_key_id, new_master = secrets.token_hex(4), crypto.new_key()
+        self.keystore.put(entry_name(vault_id, new_key_id), new_master)
+        wrapped_catalog = self.catalog.meta_get("catalog_key_wrapped")
+        assert wrapped_catalog is not None
+        catalog_key = crypto.open_sealed(
+            old_master, wrapped_catalog, _catalog_key_aad(vault_id, old_key_id)
+        )
+        with self.catalog.transaction():
+            for row in self.catalog.rows("blocks"):
+                aad = crypto.key_wrap_aad(row["id"], row["owner_id"])
+                data_key = crypto.open_sealed(old_master, row["wrapped_key"], aad)
+                self.catalog.update(
+                    "blocks", row["id"], {"wrapped_key": crypto.seal(new_master, data_key, aad)}
+                )
+            crashpoint("rotate-before-commit")
+            self.catalog.meta_set(
+                "catalog_key_wrapped",
+                crypto.seal(new_master, catalog_key, _catalog_key_aad(vault_id, new_key_id)),
+            )
+            self.catalog.meta_set("active_key_id", new_key_id.encode())
+        crashpoint("rotate-after-commit")
+        self.keystore.delete(entry_name(vault_id, old_key_id))
+        self._master = new_master
+        return new_key_id
+
+    # -- blocks --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self.catalog.transaction():
+            yield
+
+    def block_path(self, block_id: str) -> Path:
+        return self.blocks_dir / f"{block_id}{BLOCK_SUFFIX}"
+
+    def write_block(
+        self,
+        *,
+        kind: str,
+        owner_id: str,
+        parent_id: str | None,
+        tokens: list[int],
+        generation: int,
+        fingerprint: str,
+        payload: memoryview,
+        sealed_meta: dict[str, Any],
+        capture_ms: float,
+    ) -> dict[str, Any]:
+        """Encrypt and write a block file; return its catalog row, to insert in a transaction.
+
+        The file is complete and durable before the row exists; a crash in between leaves an
+        orphan file that the audit reports and removes, never a row without its file.
+        """
+        master = self._require_master()
+        block_id = new_id("b")
+        data_key = crypto.new_key()
+        header = blockfile.BlockHeader(
+            block_id=block_id,
+            kind=kind,
+            owner_id=owner_id,
+            parent_id=parent_id,
+            pos_start=0,
+            pos_end=len(tokens),
+            n_tokens=len(tokens),
+            generation=generation,
+            fingerprint=fingerprint,
+            created_at=time.time(),
+            payload_bytes=len(payload),
+            chunk_bytes=blockfile.CHUNK_BYTES,
+            nonce_prefix=blockfile.new_nonce_prefix(),
+        )
+        path = self.block_path(block_id)
+        digest, size = blockfile.write_block(path, header, sealed_meta, data_key, payload)
+        token_bytes = np.asarray(tokens, dtype="<i4").tobytes()
+        return {
+            "id": block_id,
+            "kind": kind,
+            "owner_id": owner_id,
+            "parent_id": parent_id,
+            "pos_start": 0,
+            "pos_end": len(tokens),
+            "n_tokens": len(tokens),
+            "generation": generation,
+            "fingerprint": fingerprint,
+            "file_name": path.name,
+            "file_bytes": size,
+            "header_sha256": digest,
+            "wrapped_key": crypto.seal(master, data_key, crypto.key_wrap_aad(block_id, owner_id)),
+            "tokens_enc": self.fields.encrypt_bytes(token_bytes, "blocks", "tokens", block_id),
+            "payload_bytes": len(payload),
+            "capture_ms": capture_ms,
+            "created_at": header.created_at,
+        }
+
+    def block_row(self, block_id: str) -> dict[str, Any]:
+        row = self.catalog.get("blocks", block_id)
+        if row is None:
+            raise NotFoundError(f"No stored block has the id '{block_id}'.")
+        return row
+
+    def block_tokens(self, row: dict[str, Any]) -> list[int]:
+        try:
+            raw = self.fields.decrypt_bytes(row["tokens_enc"], "blocks", "tokens", row["id"])
+        except crypto.DecryptionFailed:
+            raise IntegrityError(
+                f"The token record of block {row['id']} failed authentication."
+            ) from None
+        return np.frombuffer(raw, dtype="<i4").astype(int).tolist()
+
+    def _check_header(self, row: dict[str, Any], header: blockfile.BlockHeader) -> None:
+        expected = {
+            "block_id": row["id"],
+            "kind": row["kind"],
+            "owner_id": row["owner_id"],
+            "parent_id": row["parent_id"],
+            "n_tokens": row["n_tokens"],
+            "generation": row["generation"],
+            "fingerprint": row["fingerprint"],
+            "payload_bytes": row["payload_bytes"],
+        }
+        for name, want in expected.items():
+            if getattr(header, name) != want:
+                raise IntegrityError(
+                    f"Block {row['id']} was refused: its file's {name} does not match the "
+                    "catalog (the file was swapped, replaced by an older copy, or edited)."
+                )
+
+    def _data_key(self, row: dict[str, Any]) -> bytes:
+        master = self._require_master()
+        try:
+            return crypto.open_sealed(
+                master, row["wrapped_key"], crypto.key_wrap_aad(row["id"], row["owner_id"])
+            )
+        except crypto.DecryptionFailed:
+            raise IntegrityError(
+                f"The key of block {row['id']} failed authentication (wrong master key or "
+                "an edited catalog)."
+            ) from None
+
+    def read_block(self, block_id: str, expected_owner: str | None = None) -> StoredBlock:
+        """Read, authenticate and decrypt a block. Raises IntegrityError on any mismatch."""
+        start = time.perf_counter()
+        row = self.block_row(block_id)
+        if expected_owner is not None and row["owner_id"] != expected_owner:
+            raise IntegrityError(
+                f"Block {block_id} belongs to {row['owner_id']}, not {expected_owner}; refused."
+            )
+        path = self.blocks_dir / row["file_name"]
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise IntegrityError(f"The file of block {block_id} is missing.") from None
+        if size != row["file_bytes"]:
+            raise IntegrityError(
+                f"Block {block_id} was refused: the file is {size} bytes, the catalog "
+                f"recorded {row['file_bytes']} (truncated or extended)."
+            )
+        data_key = self._data_key(row)
+        try:
+            header, meta, payload = blockfile.read_block(path, data_key, row["header_sha256"])
+        except blockfile.BlockFormatError as exc:
+            raise IntegrityError(f"Block {block_id} was refused: {exc}.") from None
+        self._check_header(row, header)
+        tokens = self.block_tokens(row)
+        if meta.get("tokens_sha256") != tokens_digest(tokens):
+            raise IntegrityError(
+                f"Block {block_id} was refused: its token record does not match the block."
+            )
+        assert payload is not None
+        return StoredBlock(row, meta, payload, tokens, (time.perf_counter() - start) * 1e3)
+
+    def delete_block_rows(self, block_ids: list[str]) -> None:
+        """Delete catalog rows (and so the wrapped keys) inside the caller's transaction."""
+        for block_id in block_ids:
+            self.catalog.delete("blocks", "id = ?", [block_id])
+
+    def unlink_block_files(self, block_ids: list[str]) -> None:
+        """After the transaction committed: remove the files of deleted blocks."""
+        for block_id in block_ids:
+            with contextlib.suppress(FileNotFoundError):
+                self.block_path(block_id).unlink()
+        fsync_dir(self.blocks_dir)
+
+    # -- audit ---------------------------------------------------------------------------
+    def audit(self, repair: bool = False) -> AuditReport:
+        report = AuditReport()
+        rows = {row["file_name"]: row for row in self.catalog.rows("blocks")}
+        report.blocks = len(rows)
+        for file_name, row in rows.items():
+            path = self.blocks_dir / file_name
+            try:
+                size = path.stat().st_size
+                if size != row["file_bytes"]:
+                    raise IntegrityError(
+                        f"size {size} differs from the catalog's {row['file_bytes']}"
+                    )
+                header, raw = blockfile.read_header(path)
+                if blockfile.header_digest(raw) != row["header_sha256"]:
+                    raise IntegrityError("header does not match the catalog")
+                self._check_header(row, header)
+                blockfile.read_block(
+                    path, self._data_key(row), row["header_sha256"], keep_payload=False
+                )
+                report.ok += 1
+            except FileNotFoundError:
+                report.problems.append(f"block {row['id']}: file missing")
+            except (IntegrityError, blockfile.BlockFormatError) as exc:
+                report.problems.append(f"block {row['id']}: {exc}")
+        referenced = {r["head_block_id"] for r in self.catalog.rows("conversations")}
+        referenced |= {r["block_id"] for r in self.catalog.rows("documents")}
+        for block_id in sorted(b for b in referenced if b):
+            if self.catalog.get("blocks", block_id) is None:
+                report.problems.append(f"catalog refers to missing block {block_id}")
+        for path in sorted(self.blocks_dir.iterdir()):
+            if path.name in rows:
+                continue
+            what = "unfinished write" if path.name.startswith(TMP_PREFIX) else "orphan file"
+            if repair:
+                path.unlink()
+                report.repaired.append(f"removed {what} {path.name}")
+            else:
+                report.problems.append(f"{what} {path.name} is not in the catalog")
+        return report
+
+
+def tokens_digest(tokens: list[int]) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
+
+
+__all__ = ["AuditReport", "StoredBlock", "Vault", "create_private_file", "new_id", "tokens_digest"]
