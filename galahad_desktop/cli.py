@@ -292,7 +292,7 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
     if command == "gui":
         from galahad_desktop.ui.app import run_app
 
-        return run_app(data_dir=args.data_dir, model_path=args.model)
+        return int(run_app(data_dir=args.data_dir, model_path=args.model))
     if command == "settings" and not args.changes:
         from galahad_desktop.settings import SETTINGS, Settings
 

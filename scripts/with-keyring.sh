@@ -9,7 +9,7 @@ eval "$(dbus-launch --sh-syntax)"
 trap 'kill "$DBUS_SESSION_BUS_PID" 2>/dev/null || true' EXIT
 echo -n "galahad-ci-keyring" | gnome-keyring-daemon --unlock --components=secrets >/dev/null 2>&1 &
 for _ in $(seq 1 50); do
-  if python3 - <<'PY' 2>/dev/null
+  if "${PYTHON:-python3}" - <<'PY' 2>/dev/null
 import secretstorage, sys
 conn = secretstorage.dbus_init()
 sys.exit(0 if secretstorage.get_default_collection(conn) else 1)

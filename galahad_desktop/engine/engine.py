@@ -29,7 +29,7 @@ from galahad_desktop.errors import CancelledError, InputError, ModelError
 _LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
 
 
-@llama_cpp.llama_log_callback
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
 def _llama_log(level: int, text: bytes, user_data: Any) -> None:
     # llama.cpp writes to stderr even with verbose=False; keep the CLI's stderr for our
     # own messages unless asked (GALAHAD_LLAMA_LOG=1).
@@ -267,7 +267,7 @@ class Engine:
             self.decoded_tokens += int(batch.batch.n_tokens)
             return decode(batch)
 
-        context.decode = counting_decode
+        context.decode = counting_decode  # type: ignore[method-assign]
 
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)

@@ -24,11 +24,12 @@ from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, Engine, EngineConfig, ProgressFn
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.documents import extract_text
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import Settings
 from galahad_desktop.vault.keys import KeyStore
-from galahad_desktop.vault.vault import Vault, crashpoint, new_id, tokens_digest
+from galahad_desktop.vault.vault import Vault, new_id, tokens_digest
 
 # Checkpoints kept per conversation (head included): regenerate needs the head's parent.
 CHECKPOINTS_KEPT = 3
@@ -328,7 +329,12 @@ class Galahad:
 
     # -- grafting ------------------------------------------------------------------------
     def _persist_state(
-        self, kind: str, owner_id: str, parent_id: str | None, generation: int
+        self,
+        kind: str,
+        owner_id: str,
+        parent_id: str | None,
+        generation: int,
+        counters: Counters | None = None,
     ) -> tuple[dict[str, Any], proofs.ProofRecord]:
         """Capture the context at a turn boundary, evaluate the probe, write the block file.
 
@@ -337,7 +343,9 @@ class Galahad:
         engine = self.engine
         ledger = list(engine.tokens)
         payload, used, capture_ms = engine.capture()
-        engine.evaluate(engine.probe_tokens)
+        engine.evaluate(engine.probe_tokens)  # the next turn's opening: needed anyway
+        if counters is not None:
+            counters.new_tokens += len(engine.probe_tokens)
         record = proofs.make_record(engine.probe_tokens, engine.last_logits())
         row = self.vault.write_block(
             kind=kind,
@@ -557,13 +565,15 @@ class Galahad:
         reply_start: int,
         reply_end: int,
         counters: Counters,
-    ) -> bool:
+    ) -> None:
         start = time.perf_counter()
         parent = conv["head_block_id"]
         generation = 1
         if parent:
             generation = self.vault.block_row(parent)["generation"] + 1
-        row, _record = self._persist_state("conversation", conv["id"], parent, generation)
+        row, _record = self._persist_state(
+            "conversation", conv["id"], parent, generation, counters
+        )
         crashpoint("persist-before-commit")
         fields = self.vault.fields
         now = time.time()

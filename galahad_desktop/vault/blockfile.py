@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from galahad_desktop.faults import crashpoint
 from galahad_desktop.vault.atomic import atomic_file
 
 MAGIC = b"GLHDKVB\n"
@@ -130,6 +131,7 @@ def write_block(
             handle.write(_U32.pack(len(ciphertext)))
             handle.write(ciphertext)
             size += _U32.size + len(ciphertext)
+            crashpoint("block-write-midway")
     return digest.hex(), size
 
 

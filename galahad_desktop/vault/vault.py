@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import hashlib
 import os
 import secrets
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from galahad_desktop.errors import BusyError, IntegrityError, KeyAccessError, NotFoundError
+from galahad_desktop.faults import crashpoint
 from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.vault import blockfile, crypto
 from galahad_desktop.vault.atomic import TMP_PREFIX, create_private_file, fsync_dir
@@ -37,12 +39,6 @@ def new_id(prefix: str) -> str:
 
 def _catalog_key_aad(vault_id: str, key_id: str) -> bytes:
     return f"galahad-catalog-key/v1/{vault_id}/{key_id}".encode()
-
-
-def crashpoint(name: str) -> None:
-    """Fault injection for crash tests: die here, like a power cut, when asked by env var."""
-    if os.environ.get("GALAHAD_CRASHPOINT") == name:
-        os.kill(os.getpid(), 9)
 
 
 @dataclass
@@ -303,7 +299,7 @@ class Vault:
             raise IntegrityError(
                 f"The token record of block {row['id']} failed authentication."
             ) from None
-        return np.frombuffer(raw, dtype="<i4").astype(int).tolist()
+        return [int(t) for t in np.frombuffer(raw, dtype="<i4")]
 
     def _check_header(self, row: dict[str, Any], header: blockfile.BlockHeader) -> None:
         expected = {
@@ -422,8 +418,6 @@ class Vault:
 
 
 def tokens_digest(tokens: list[int]) -> str:
-    import hashlib
-
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 

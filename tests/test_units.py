@@ -1,0 +1,139 @@
+"""Fast unit tests: settings, turn format from a chat template, document extraction, proof."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from galahad_desktop.engine import proof
+from galahad_desktop.engine.chat_format import GEMMA_TURNS, derive_turn_format
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.documents import extract_text
+from galahad_desktop.settings import Settings
+
+# The shape of Gemma's instruction-tuned template (system text folded into the first turn).
+GEMMA_IT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def test_turn_format_is_learned_from_a_template() -> None:
+    derived = derive_turn_format(GEMMA_IT_TEMPLATE, "<bos>", "<eos>")
+    assert derived is not None
+    assert (derived.user_open, derived.user_close_model_open, derived.model_close) == (
+        GEMMA_TURNS.user_open, GEMMA_TURNS.user_close_model_open, GEMMA_TURNS.model_close)
+    assert derived.source == "the model's chat template"
+
+
+def test_a_template_that_does_not_fit_is_not_used() -> None:
+    assert derive_turn_format("{{ raise_exception('no') }}", "<bos>", "") is None
+    assert derive_turn_format("{% for m in messages %}{{ m.content }}{% endfor %}", "", "") is None
+
+
+def test_settings_are_checked_and_saved(tmp_path: Path) -> None:
+    settings = Settings(tmp_path)
+    assert settings.get("swa_full") is True
+    assert settings.update({"n_ctx": "4096"}) is True
+    assert settings.update({"temperature": 0.7}) is False
+    assert Settings(tmp_path).get("n_ctx") == 4096
+    with pytest.raises(InputError, match="Unknown setting 'n_cxt'"):
+        settings.update({"n_cxt": 1})
+    with pytest.raises(InputError, match="'n_ctx' must be at least 512"):
+        settings.update({"n_ctx": 10})
+    with pytest.raises(InputError, match="'kv_type' must be one of"):
+        settings.update({"kv_type": "q2"})
+    assert Settings(tmp_path).get("n_ctx") == 4096  # a refused change stored nothing
+
+
+def _minimal_pdf(text: str) -> bytes:
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_documents_of_each_kind_are_read(tmp_path: Path) -> None:
+    import docx
+
+    (tmp_path / "a.md").write_text("# Title\n\nSome *markdown*.")
+    (tmp_path / "a.py").write_text("def f():\n    return 42\n")
+    (tmp_path / "a.pdf").write_bytes(_minimal_pdf("Hello from a PDF"))
+    document = docx.Document()
+    document.add_paragraph("Hello from a DOCX")
+    document.save(str(tmp_path / "a.docx"))
+    assert extract_text(tmp_path / "a.md").startswith("# Title")
+    assert "return 42" in extract_text(tmp_path / "a.py")
+    assert "Hello from a PDF" in extract_text(tmp_path / "a.pdf")
+    assert "Hello from a DOCX" in extract_text(tmp_path / "a.docx")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.txt", b"", "is empty"),
+        ("bin.txt", b"\x00\x01\x02binary", "binary"),
+        ("latin.txt", "café".encode("latin-1"), "not valid UTF-8"),
+        ("broken.pdf", b"%PDF-1.4 garbage", "not a readable PDF"),
+        ("broken.docx", b"PK not really a zip", "not a readable .docx"),
+        ("image.png", b"\x89PNG....", "not supported"),
+        ("blank.txt", b"   \n\n  ", "contains no text"),
+    ],
+)
+def test_bad_documents_get_clear_errors(
+    tmp_path: Path, name: str, content: bytes, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=message):
+        extract_text(path)
+
+
+def test_zip_bomb_docx_is_refused_before_parsing(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.docx"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("word/document.xml", b"\0" * (300 * 1024 * 1024))
+    assert path.stat().st_size < 2 * 1024 * 1024
+    with pytest.raises(InputError, match="zip bomb"):
+        extract_text(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        extract_text(tmp_path / "nope.txt")
+
+
+def test_proof_verdicts() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=5000).astype(np.float32)
+    record = proof.make_record([1, 2], logits)
+    assert proof.compare(record, logits.copy(), 1.0).verdict == "exact"
+    nudged = logits.copy()
+    nudged[int(np.argmin(logits))] += 1e-3  # tiny change far from the top: close
+    close = proof.compare(record, nudged, 1.0)
+    assert close.verdict == "close" and close.argmax_agree
+    flipped = logits.copy()
+    flipped[int(np.argmin(logits))] = logits.max() + 5  # a new winner: diverged
+    diverged = proof.compare(record, flipped, 1.0)
+    assert diverged.verdict == "diverged" and not diverged.argmax_agree
