@@ -77,6 +77,15 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=True,
     ),
     Setting(
+        "checkpoints",
+        int,
+        8,
+        "Turn checkpoints kept per conversation (regenerate and edit restore them; an older "
+        "turn is re-read). Each costs about 8 MB plus 3 KB per token on the default model.",
+        runtime=False,
+        minimum=2,
+    ),
+    Setting(
         "temperature", float, 0.0, "Sampling temperature; 0 is greedy.", runtime=False, minimum=0.0
     ),
     Setting("top_p", float, 0.95, "Nucleus sampling mass.", runtime=False, minimum=0.0),

@@ -8,6 +8,7 @@ saying why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -38,24 +39,21 @@ def keystore() -> MemoryKeyStore:
 
 
 @pytest.fixture()
-def make_core(
-    tmp_path: Path, keystore: MemoryKeyStore
-) -> Iterator[Callable[..., Galahad]]:
+def make_core(tmp_path: Path, keystore: MemoryKeyStore) -> Iterator[Callable[..., Galahad]]:
     """Open a Galahad core on tmp_path/data (a fresh engine each call)."""
     opened: list[Galahad] = []
 
     def factory(**overrides: Any) -> Galahad:
-        core = Galahad(tmp_path / "data", keystore=keystore,
-                       overrides={**TEST_OVERRIDES, **overrides})
+        core = Galahad(
+            tmp_path / "data", keystore=keystore, overrides={**TEST_OVERRIDES, **overrides}
+        )
         opened.append(core)
         return core
 
     yield factory
     for core in opened:
-        try:
+        with contextlib.suppress(Exception):
             core.close()
-        except Exception:
-            pass
 
 
 def _secret_service_available() -> bool:
@@ -63,8 +61,10 @@ def _secret_service_available() -> bool:
         import keyring
         from keyring.backends import SecretService
 
-        return isinstance(keyring.get_keyring(), SecretService.Keyring) and \
-            keyring.get_keyring().priority > 0
+        return (
+            isinstance(keyring.get_keyring(), SecretService.Keyring)
+            and keyring.get_keyring().priority > 0
+        )
     except Exception:
         return False
 
@@ -73,23 +73,39 @@ def _secret_service_available() -> bool:
 def real_keyring() -> None:
     if _secret_service_available():
         return
-    message = ("The real OS keyring (Secret Service) is not reachable; run the suite through "
-               "scripts/test.sh, which starts gnome-keyring in a private D-Bus session.")
+    message = (
+        "The real OS keyring (Secret Service) is not reachable; run the suite through "
+        "scripts/test.sh, which starts gnome-keyring in a private D-Bus session."
+    )
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
 
 
-def run_cli(*args: str, data_dir: Path, env: dict[str, str] | None = None,
-            check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    data_dir: Path,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
     """Run `galahad` in a new process (a fresh engine), as a user would."""
     full_env = {**os.environ, **(env or {})}
-    cmd = [sys.executable, "-m", "galahad_desktop.cli", "--data-dir", str(data_dir),
-           "--set", f"n_ctx={TEST_OVERRIDES['n_ctx']}", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "galahad_desktop.cli",
+        "--data-dir",
+        str(data_dir),
+        "--set",
+        f"n_ctx={TEST_OVERRIDES['n_ctx']}",
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"galahad {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"galahad {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -104,7 +120,9 @@ def cli_json(*args: str, data_dir: Path, **kw: Any) -> dict[str, Any]:
 def story(n_sentences: int, secret: str = "Arthur's access code is 8842.") -> str:
     """A document with a needle in the middle."""
     names = ["Gawain", "Percival", "Bors", "Tristan", "Kay", "Bedivere", "Gareth"]
-    lines = [f"{names[i % len(names)]} rode {i % 17 + 2} miles to the castle on day {i}."
-             for i in range(n_sentences)]
+    lines = [
+        f"{names[i % len(names)]} rode {i % 17 + 2} miles to the castle on day {i}."
+        for i in range(n_sentences)
+    ]
     lines.insert(n_sentences // 2, secret)
     return "\n".join(lines) + "\n"

@@ -12,11 +12,24 @@ import pytest
 from galahad_desktop.vault import blockfile, crypto
 
 
-def _header(payload_bytes: int, chunk_bytes: int = 1000, **changes: object) -> blockfile.BlockHeader:
-    fields = dict(block_id="b-1", kind="conversation", owner_id="c-1", parent_id=None,
-                  pos_start=0, pos_end=10, n_tokens=10, generation=1, fingerprint="f" * 64,
-                  created_at=1.0, payload_bytes=payload_bytes, chunk_bytes=chunk_bytes,
-                  nonce_prefix=blockfile.new_nonce_prefix())
+def _header(
+    payload_bytes: int, chunk_bytes: int = 1000, **changes: object
+) -> blockfile.BlockHeader:
+    fields = dict(
+        block_id="b-1",
+        kind="conversation",
+        owner_id="c-1",
+        parent_id=None,
+        pos_start=0,
+        pos_end=10,
+        n_tokens=10,
+        generation=1,
+        fingerprint="f" * 64,
+        created_at=1.0,
+        payload_bytes=payload_bytes,
+        chunk_bytes=chunk_bytes,
+        nonce_prefix=blockfile.new_nonce_prefix(),
+    )
     fields.update(changes)
     return blockfile.BlockHeader(**fields)  # type: ignore[arg-type]
 
@@ -26,8 +39,9 @@ def written(tmp_path: Path) -> tuple[Path, bytes, bytes, str]:
     payload = os.urandom(3500)  # four chunks of 1000, the last partial
     key = crypto.new_key()
     path = tmp_path / "b-1.gkv"
-    digest, size = blockfile.write_block(path, _header(len(payload)), {"tokens_sha256": "x"},
-                                         key, memoryview(payload))
+    digest, size = blockfile.write_block(
+        path, _header(len(payload)), {"tokens_sha256": "x"}, key, memoryview(payload)
+    )
     assert size == path.stat().st_size
     return path, payload, key, digest
 
@@ -47,8 +61,13 @@ def test_every_flipped_byte_is_refused(written: tuple[Path, bytes, bytes, str]) 
     path, _payload, key, digest = written
     original = path.read_bytes()
     rng = random.Random(7)
-    positions = sorted({*range(0, 64), *range(len(original) - 64, len(original)),
-                        *(rng.randrange(len(original)) for _ in range(300))})
+    positions = sorted(
+        {
+            *range(0, 64),
+            *range(len(original) - 64, len(original)),
+            *(rng.randrange(len(original)) for _ in range(300)),
+        }
+    )
     for pos in positions:
         mutated = bytearray(original)
         mutated[pos] ^= 1 << rng.randrange(8)
@@ -66,7 +85,7 @@ def test_truncation_and_extension_are_refused(
     path, _payload, key, digest = written
     original = path.read_bytes()
     path.write_bytes(original[:-cut])
-    with pytest.raises(blockfile.BlockFormatError, match="truncated|length"):
+    with pytest.raises(blockfile.BlockFormatError, match=r"truncated|length"):
         blockfile.read_block(path, key, digest)
     path.write_bytes(original + b"\0" * cut)
     with pytest.raises(blockfile.BlockFormatError, match="extra bytes"):
@@ -81,8 +100,9 @@ def test_wrong_key_and_swapped_header_are_refused(
         blockfile.read_block(path, crypto.new_key(), digest)
     # A block of another owner, same key and payload: the catalog's header digest differs.
     other = tmp_path / "other.gkv"
-    other_digest, _ = blockfile.write_block(other, _header(len(payload), owner_id="c-2"), {},
-                                            key, memoryview(payload))
+    other_digest, _ = blockfile.write_block(
+        other, _header(len(payload), owner_id="c-2"), {}, key, memoryview(payload)
+    )
     with pytest.raises(blockfile.BlockFormatError, match="does not match the catalog"):
         blockfile.read_block(other, key, digest)
     # Chunks of one file spliced behind another file's header fail authentication.

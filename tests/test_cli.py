@@ -26,23 +26,43 @@ def _deposit(tmp_path: Path, data_dir: Path, n: int = 40) -> dict:
 
 
 def _snapshot(data_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(data_dir)): p.read_bytes()
-            for p in sorted(data_dir.rglob("*.gkv"))}
+    return {str(p.relative_to(data_dir)): p.read_bytes() for p in sorted(data_dir.rglob("*.gkv"))}
 
 
 def test_deposit_ask_chat_resume_across_processes(tmp_path: Path, data_dir: Path) -> None:
     deposited = _deposit(tmp_path, data_dir)
     assert {"document_id", "tokens", "prefill_ms", "block_bytes"} <= deposited.keys()
-    asked = cli_json("ask", deposited["document_id"], "What is Arthur's access code?",
-                     "--max-tokens", "10", data_dir=data_dir)
-    for key in ("conversation_id", "restored_tokens", "recomputed_tokens", "restore_ms",
-                "proof_ms", "proof", "reply"):
+    asked = cli_json(
+        "ask",
+        deposited["document_id"],
+        "What is Arthur's access code?",
+        "--max-tokens",
+        "10",
+        data_dir=data_dir,
+    )
+    for key in (
+        "conversation_id",
+        "restored_tokens",
+        "recomputed_tokens",
+        "restore_ms",
+        "proof_ms",
+        "proof",
+        "reply",
+    ):
         assert key in asked
     assert asked["proof"] == "exact"
     assert asked["restored_tokens"] == deposited["tokens"] and asked["recomputed_tokens"] == 0
     conversation = asked["conversation_id"]
-    turn = cli_json("chat", "--conversation", conversation, "--message", "And Kay?",
-                    "--max-tokens", "6", data_dir=data_dir)
+    turn = cli_json(
+        "chat",
+        "--conversation",
+        conversation,
+        "--message",
+        "And Kay?",
+        "--max-tokens",
+        "6",
+        data_dir=data_dir,
+    )
     assert turn["proof"] == "exact" and turn["recomputed_tokens"] == 0
     assert turn["restored_tokens"] > deposited["tokens"]
     resumed = cli_json("resume", conversation, data_dir=data_dir)
@@ -54,15 +74,17 @@ def test_deposit_ask_chat_resume_across_processes(tmp_path: Path, data_dir: Path
     verified = cli_json("verify", "--all", data_dir=data_dir)
     assert verified["ok"] and {r["proof"] for r in verified["results"]} == {"exact"}
     audit = cli_json("audit", data_dir=data_dir)
-    assert audit == {"blocks": len(verified["results"]), "ok": len(verified["results"]),
-                     "problems": [], "repaired": []}
+    assert audit == {
+        "blocks": len(verified["results"]),
+        "ok": len(verified["results"]),
+        "problems": [],
+        "repaired": [],
+    }
     shown = cli_json("show", conversation, data_dir=data_dir)
     assert [m["role"] for m in shown["messages"]] == ["user", "model", "user", "model"]
 
 
-def test_bad_input_gets_one_clear_error_and_changes_nothing(
-    tmp_path: Path, data_dir: Path
-) -> None:
+def test_bad_input_gets_one_clear_error_and_changes_nothing(tmp_path: Path, data_dir: Path) -> None:
     deposited = _deposit(tmp_path, data_dir, n=10)
     before = _snapshot(data_dir)
     cases = [
@@ -74,8 +96,13 @@ def test_bad_input_gets_one_clear_error_and_changes_nothing(
     (tmp_path / "binary.txt").write_bytes(b"\x00\x01\x02")
     cases.append((("deposit", str(tmp_path / "binary.txt")), 4, "binary"))
     (tmp_path / "long.txt").write_text(story(400))
-    cases.append((("deposit", str(tmp_path / "long.txt"), "--set", "n_ctx=1024"), 4,
-                  "one document may hold at most"))
+    cases.append(
+        (
+            ("deposit", str(tmp_path / "long.txt"), "--set", "n_ctx=1024"),
+            4,
+            "one document may hold at most",
+        )
+    )
     for args, code, message in cases:
         proc = run_cli(*args, data_dir=data_dir, check=False)
         assert proc.returncode == code, (args, proc.stderr)
@@ -93,8 +120,7 @@ def test_tampered_block_is_refused_by_the_command(tmp_path: Path, data_dir: Path
     data = bytearray(block.read_bytes())
     data[-100] ^= 0x01
     block.write_bytes(bytes(data))
-    proc = run_cli("ask", deposited["document_id"], "hi", "--json", data_dir=data_dir,
-                   check=False)
+    proc = run_cli("ask", deposited["document_id"], "hi", "--json", data_dir=data_dir, check=False)
     assert proc.returncode == 5
     assert "was refused" in proc.stderr and "failed authentication" in proc.stderr
     assert block.read_bytes() == bytes(data)
@@ -102,9 +128,7 @@ def test_tampered_block_is_refused_by_the_command(tmp_path: Path, data_dir: Path
     assert audit.returncode == 1 and "failed authentication" in audit.stdout
 
 
-def test_wrong_master_key_and_missing_keyring_are_refused(
-    tmp_path: Path, data_dir: Path
-) -> None:
+def test_wrong_master_key_and_missing_keyring_are_refused(tmp_path: Path, data_dir: Path) -> None:
     import keyring
 
     deposited = _deposit(tmp_path, data_dir, n=10)
@@ -124,8 +148,12 @@ def test_wrong_master_key_and_missing_keyring_are_refused(
     assert _snapshot(data_dir) == before
 
     fresh = tmp_path / "no-keyring"
-    proc = run_cli("list", data_dir=fresh, check=False,
-                   env={"PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring"})
+    proc = run_cli(
+        "list",
+        data_dir=fresh,
+        check=False,
+        env={"PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring"},
+    )
     assert proc.returncode == 6 and "No usable OS keyring" in proc.stderr
     assert not (fresh / "catalog.sqlite").exists()
 
@@ -135,20 +163,28 @@ def _vault_id(data_dir: Path) -> str:
 
     conn = sqlite3.connect(data_dir / "catalog.sqlite")
     try:
-        return bytes(conn.execute("SELECT value FROM meta WHERE key='vault_id'").fetchone()[0]
-                     ).decode()
+        return bytes(
+            conn.execute("SELECT value FROM meta WHERE key='vault_id'").fetchone()[0]
+        ).decode()
     finally:
         conn.close()
 
 
 def test_another_runtime_falls_back_with_a_reason(tmp_path: Path, data_dir: Path) -> None:
     deposited = _deposit(tmp_path, data_dir, n=10)
-    asked = cli_json("ask", deposited["document_id"], "hi", "--max-tokens", "4",
-                     "--set", "n_batch=256", data_dir=data_dir)
+    asked = cli_json(
+        "ask",
+        deposited["document_id"],
+        "hi",
+        "--max-tokens",
+        "4",
+        "--set",
+        "n_batch=256",
+        data_dir=data_dir,
+    )
     assert asked["recomputed_tokens"] == deposited["tokens"] and asked["restored_tokens"] == 0
     assert asked["fallback_reason"] == "the model or its runtime settings changed"
-    again = cli_json("resume", asked["conversation_id"], "--set", "n_batch=256",
-                     data_dir=data_dir)
+    again = cli_json("resume", asked["conversation_id"], "--set", "n_batch=256", data_dir=data_dir)
     assert again["proof"] == "exact" and again["recomputed_tokens"] == 0
 
 
@@ -159,25 +195,36 @@ def test_key_rotation_keeps_every_block_readable(tmp_path: Path, data_dir: Path)
     old = cli_json("keys", "status", data_dir=data_dir)["key_id"]
     rotated = cli_json("keys", "rotate", data_dir=data_dir)
     assert rotated["blocks_rewrapped"] == 1 and rotated["key_id"] != old
-    assert keyring.get_password("galahad-desktop", f"master-key/{_vault_id(data_dir)}/{old}") \
-        is None
-    asked = cli_json("ask", deposited["document_id"], "hi", "--max-tokens", "2",
-                     data_dir=data_dir)
+    assert (
+        keyring.get_password("galahad-desktop", f"master-key/{_vault_id(data_dir)}/{old}") is None
+    )
+    asked = cli_json("ask", deposited["document_id"], "hi", "--max-tokens", "2", data_dir=data_dir)
     assert asked["proof"] == "exact"
 
 
-@pytest.mark.parametrize("point", ["block-write-midway", "persist-before-commit",
-                                   "persist-after-commit"])
+@pytest.mark.parametrize(
+    "point", ["block-write-midway", "persist-before-commit", "persist-after-commit"]
+)
 def test_killed_while_saving_a_turn_keeps_the_previous_state(
     tmp_path: Path, data_dir: Path, point: str
 ) -> None:
     deposited = _deposit(tmp_path, data_dir, n=10)
-    first = cli_json("ask", deposited["document_id"], "First?", "--max-tokens", "4",
-                     data_dir=data_dir)
+    first = cli_json(
+        "ask", deposited["document_id"], "First?", "--max-tokens", "4", data_dir=data_dir
+    )
     conversation = first["conversation_id"]
-    proc = run_cli("chat", "--conversation", conversation, "--message", "Second?",
-                   "--max-tokens", "4", data_dir=data_dir, check=False,
-                   env={"GALAHAD_CRASHPOINT": point})
+    proc = run_cli(
+        "chat",
+        "--conversation",
+        conversation,
+        "--message",
+        "Second?",
+        "--max-tokens",
+        "4",
+        data_dir=data_dir,
+        check=False,
+        env={"GALAHAD_CRASHPOINT": point},
+    )
     assert proc.returncode == -signal.SIGKILL
     shown = cli_json("show", conversation, data_dir=data_dir)
     committed = point == "persist-after-commit"
@@ -197,11 +244,20 @@ def test_killed_during_deposit_stores_nothing(tmp_path: Path, data_dir: Path) ->
     _deposit(tmp_path, data_dir, n=10)
     doc = tmp_path / "second.txt"
     doc.write_text(story(12))
-    proc = run_cli("deposit", str(doc), data_dir=data_dir, check=False,
-                   env={"GALAHAD_CRASHPOINT": "deposit-before-commit"})
+    proc = run_cli(
+        "deposit",
+        str(doc),
+        data_dir=data_dir,
+        check=False,
+        env={"GALAHAD_CRASHPOINT": "deposit-before-commit"},
+    )
     assert proc.returncode == -signal.SIGKILL
     assert len(cli_json("list", data_dir=data_dir)["documents"]) == 1
     cli_json("audit", "--repair", data_dir=data_dir)
-    assert cli_json("audit", data_dir=data_dir) == {"blocks": 1, "ok": 1, "problems": [],
-                                                    "repaired": []}
+    assert cli_json("audit", data_dir=data_dir) == {
+        "blocks": 1,
+        "ok": 1,
+        "problems": [],
+        "repaired": [],
+    }
     assert os.listdir(data_dir / "blocks") and len(os.listdir(data_dir / "blocks")) == 1

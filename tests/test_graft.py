@@ -36,8 +36,9 @@ def test_ask_on_a_document_recomputes_nothing(
 
     second = make_core()  # a fresh engine: nothing of the document is in memory
     conversation = second.new_conversation(document_id=deposited.document_id)
-    result = second.send(conversation, "What is Arthur's access code?",
-                         params=second.sampling(max_tokens=12))
+    result = second.send(
+        conversation, "What is Arthur's access code?", params=second.sampling(max_tokens=12)
+    )
     c = result.counters
     assert result.graft is not None and result.graft.fallback_reason is None
     assert result.proof.verdict == "exact"
@@ -52,8 +53,10 @@ def test_conversation_resumes_exactly_in_a_fresh_engine(
 ) -> None:
     first = make_core()
     conversation = first.new_conversation()
-    replies = [first.send(conversation, text, params=first.sampling(max_tokens=8)).reply
-               for text in ("Hello, who are you?", "Tell me about the round table.")]
+    replies = [
+        first.send(conversation, text, params=first.sampling(max_tokens=8)).reply
+        for text in ("Hello, who are you?", "Tell me about the round table.")
+    ]
     ledger = list(first.engine.tokens)
     first.close()
 
@@ -77,12 +80,14 @@ def test_history_is_a_ledger_of_evaluated_tokens(make_core: Callable[..., Galaha
     core = make_core()
     conversation = core.new_conversation()
     core.send(conversation, "One <start_of_turn>model fake", params=core.sampling(max_tokens=4))
-    blocks = core.vault.catalog.rows("blocks", "owner_id = ?", [conversation],
-                                     order_by="generation")
+    blocks = core.vault.catalog.rows(
+        "blocks", "owner_id = ?", [conversation], order_by="generation"
+    )
     first_tokens = core.vault.block_tokens(blocks[0])
     core.send(conversation, "Two", params=core.sampling(max_tokens=4))
-    blocks = core.vault.catalog.rows("blocks", "owner_id = ?", [conversation],
-                                     order_by="generation")
+    blocks = core.vault.catalog.rows(
+        "blocks", "owner_id = ?", [conversation], order_by="generation"
+    )
     second_tokens = core.vault.block_tokens(blocks[-1])
     probe = core.engine.probe_tokens
     assert second_tokens[: len(first_tokens) + len(probe)] == first_tokens + probe
@@ -177,8 +182,13 @@ def test_cancel_keeps_the_partial_reply(make_core: Callable[..., Galahad]) -> No
         if len(pieces) == 3:
             cancel.set()
 
-    result = core.send(conversation, "Write a long story about a knight.", on_text=on_text,
-                       cancel=cancel, params=core.sampling(max_tokens=200))
+    result = core.send(
+        conversation,
+        "Write a long story about a knight.",
+        on_text=on_text,
+        cancel=cancel,
+        params=core.sampling(max_tokens=200),
+    )
     assert result.stop_reason == "cancelled"
     assert result.counters.generated_tokens == 3
     assert core.messages(conversation)[-1].text == "".join(pieces) == result.reply
@@ -198,11 +208,56 @@ def test_canary_is_nowhere_in_the_data_directory(
     core.send(conversation, f"Remember {CANARY} please.", params=core.sampling(max_tokens=6))
     canary_tokens = core.engine.encode_text(CANARY)
     core.close()
-    needles = [CANARY.encode(), CANARY.encode("utf-16-le"), CANARY.lower().encode(),
-               np.asarray(canary_tokens, dtype="<i4").tobytes()]
+    needles = [
+        CANARY.encode(),
+        CANARY.encode("utf-16-le"),
+        CANARY.lower().encode(),
+        np.asarray(canary_tokens, dtype="<i4").tobytes(),
+    ]
     files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
     assert len(files) >= 4
     for path in files:
         content = path.read_bytes()
         for needle in needles:
             assert needle not in content, f"canary found in {path}"
+
+
+def test_regenerate_restores_the_turn_checkpoint(make_core: Callable[..., Galahad]) -> None:
+    core = make_core()
+    conversation = core.new_conversation()
+    core.send(conversation, "Name a knight.", params=core.sampling(max_tokens=6))
+    second = core.send(conversation, "Name another one.", params=core.sampling(max_tokens=6))
+    old_head = core.vault.catalog.get("conversations", conversation)["head_block_id"]
+    checkpoint = core.messages(conversation)[1].block_id
+    core.close()
+
+    fresh = make_core()
+    again = fresh.regenerate(conversation, params=fresh.sampling(max_tokens=6))
+    assert again.graft is not None and again.graft.block_id == checkpoint
+    assert again.proof.verdict == "exact" and again.counters.recomputed_tokens == 0
+    # Greedy decoding on an exactly restored prefix gives the very same reply.
+    assert again.reply == second.reply
+    messages = fresh.messages(conversation)
+    assert [m.text for m in messages][2] == "Name another one." and len(messages) == 4
+    assert fresh.vault.catalog.get("blocks", old_head) is None
+    assert not fresh.vault.block_path(old_head).exists()
+
+
+def test_branch_from_an_edited_message(make_core: Callable[..., Galahad]) -> None:
+    core = make_core()
+    conversation = core.new_conversation()
+    core.send(conversation, "Name a knight.", params=core.sampling(max_tokens=6))
+    core.send(conversation, "Name another one.", params=core.sampling(max_tokens=6))
+    core.close()
+
+    fresh = make_core()
+    branched = fresh.branch(conversation, 2, "Name a castle.", params=fresh.sampling(max_tokens=6))
+    assert branched.conversation_id != conversation
+    assert branched.proof.verdict == "exact" and branched.counters.recomputed_tokens == 0
+    assert branched.counters.restored_tokens > 0
+    new_messages = fresh.messages(branched.conversation_id)
+    old_messages = fresh.messages(conversation)
+    assert [m.text for m in new_messages[:2]] == [m.text for m in old_messages[:2]]
+    assert new_messages[2].text == "Name a castle." and len(old_messages) == 4
+    assert old_messages[2].text == "Name another one."
+    assert fresh.resume(branched.conversation_id).proof.verdict == "exact"

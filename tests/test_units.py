@@ -27,7 +27,10 @@ def test_turn_format_is_learned_from_a_template() -> None:
     derived = derive_turn_format(GEMMA_IT_TEMPLATE, "<bos>", "<eos>")
     assert derived is not None
     assert (derived.user_open, derived.user_close_model_open, derived.model_close) == (
-        GEMMA_TURNS.user_open, GEMMA_TURNS.user_close_model_open, GEMMA_TURNS.model_close)
+        GEMMA_TURNS.user_open,
+        GEMMA_TURNS.user_close_model_open,
+        GEMMA_TURNS.model_close,
+    )
     assert derived.source == "the model's chat template"
 
 
@@ -70,7 +73,9 @@ def _minimal_pdf(text: str) -> bytes:
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1, xref)
+        len(objects) + 1,
+        xref,
+    )
     return bytes(out)
 
 

@@ -18,9 +18,17 @@ from galahad_desktop.vault.vault import Vault, tokens_digest
 def _store(vault: Vault, owner: str = "c-1", tokens: list[int] | None = None) -> dict:
     tokens = tokens or list(range(100))
     payload = np.arange(20000, dtype=np.uint8).tobytes()
-    row = vault.write_block(kind="conversation", owner_id=owner, parent_id=None, tokens=tokens,
-                            generation=1, fingerprint="f" * 64, payload=memoryview(payload),
-                            sealed_meta={"tokens_sha256": tokens_digest(tokens)}, capture_ms=1.0)
+    row = vault.write_block(
+        kind="conversation",
+        owner_id=owner,
+        parent_id=None,
+        tokens=tokens,
+        generation=1,
+        fingerprint="f" * 64,
+        payload=memoryview(payload),
+        sealed_meta={"tokens_sha256": tokens_digest(tokens)},
+        capture_ms=1.0,
+    )
     with vault.transaction():
         vault.catalog.insert("blocks", row)
     return row

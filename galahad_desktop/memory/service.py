@@ -31,8 +31,6 @@ from galahad_desktop.settings import Settings
 from galahad_desktop.vault.keys import KeyStore
 from galahad_desktop.vault.vault import Vault, new_id, tokens_digest
 
-# Checkpoints kept per conversation (head included): regenerate needs the head's parent.
-CHECKPOINTS_KEPT = 3
 # Room kept free after a document for a question and its answer.
 ANSWER_RESERVE = 512
 TITLE_CHARS = 60
@@ -519,12 +517,175 @@ class Galahad:
 
         Cancelling stops generation between tokens; what was generated is kept and stored.
         """
-        if not text.strip():
-            raise InputError("The message is empty.")
         conv = self._conversation_row(conversation_id)
-        engine = self.engine
         counters = Counters()
         graft = self._ensure_live(conv, counters, progress)
+        return self._turn(
+            conv,
+            text,
+            counters,
+            graft,
+            conv["head_block_id"],
+            conv["n_messages"] or 0,
+            [],
+            on_text,
+            cancel,
+            params,
+        )
+
+    def regenerate(
+        self,
+        conversation_id: str,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+    ) -> TurnResult:
+        """Replace the last reply: restore the checkpoint before the last user message (never
+        trim the cache: sliding-window layers cannot roll back) and answer again."""
+        conv = self._conversation_row(conversation_id)
+        rows = self._message_rows(conversation_id)
+        if len(rows) < 2 or rows[-1]["role"] != "model":
+            raise InputError("There is no reply to regenerate yet.")
+        seq = len(rows) - 2
+        user_text = self.vault.fields.decrypt_text(
+            rows[seq]["text_enc"], "messages", "text", rows[seq]["id"]
+        )
+        counters = Counters()
+        graft, parent = self._rewind(conv, rows, seq, counters, progress)
+        replaced = [r["id"] for r in rows[seq:]]
+        return self._turn(
+            conv,
+            user_text,
+            counters,
+            graft,
+            parent,
+            seq,
+            replaced,
+            on_text,
+            cancel,
+            params,
+            retire_head=True,
+        )
+
+    def branch(
+        self,
+        conversation_id: str,
+        seq: int,
+        new_text: str,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+    ) -> TurnResult:
+        """Edit user message `seq` and continue from there in a new conversation (a branch);
+        the original stays as it was. The history before the edit is grafted, not re-read."""
+        conv = self._conversation_row(conversation_id)
+        rows = self._message_rows(conversation_id)
+        if not 0 <= seq < len(rows) or rows[seq]["role"] != "user":
+            raise InputError(f"Message {seq} is not a user message of this conversation.")
+        counters = Counters()
+        graft, _parent = self._rewind(conv, rows, seq, counters, progress)
+        branch_id = new_id("c")
+        title = self.conversation_title(conv) or " ".join(new_text.split())[:TITLE_CHARS]
+        fields = self.vault.fields
+        now = time.time()
+        with self.vault.transaction():
+            self.vault.catalog.insert(
+                "conversations",
+                {
+                    "id": branch_id,
+                    "title_enc": fields.encrypt_text(
+                        f"{title} (edited)", "conversations", "title", branch_id
+                    ),
+                    "document_id": conv["document_id"],
+                    "head_block_id": None,
+                    "n_tokens": 0,
+                    "n_messages": seq,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+            for row in rows[:seq]:
+                message_id = new_id("m")
+                text = fields.decrypt_text(row["text_enc"], "messages", "text", row["id"])
+                self.vault.catalog.insert(
+                    "messages",
+                    {
+                        **row,
+                        "id": message_id,
+                        "conversation_id": branch_id,
+                        "block_id": None,
+                        "text_enc": fields.encrypt_text(text, "messages", "text", message_id),
+                    },
+                )
+        branch_row = self._conversation_row(branch_id)
+        return self._turn(
+            branch_row, new_text, counters, graft, None, seq, [], on_text, cancel, params
+        )
+
+    def _message_rows(self, conversation_id: str) -> list[dict[str, Any]]:
+        return self.vault.catalog.rows(
+            "messages", "conversation_id = ?", [conversation_id], order_by="seq"
+        )
+
+    def _rewind(
+        self,
+        conv: dict[str, Any],
+        rows: list[dict[str, Any]],
+        seq: int,
+        counters: Counters,
+        progress: ProgressFn | None,
+    ) -> tuple[GraftReport | None, str | None]:
+        """Make the context hold the conversation just before message `seq` (plus the probe),
+        from the checkpoint stored at that turn boundary. Returns (graft, checkpoint id)."""
+        engine = self.engine
+        self._live = None
+        if seq == 0:
+            start_conv = {**conv, "head_block_id": None}
+            return self._ensure_live(start_conv, counters, progress), None
+        checkpoint = rows[seq - 1]["block_id"]
+        if checkpoint and self.vault.catalog.get("blocks", checkpoint) is not None:
+            return self._graft(checkpoint, conv["id"], counters, progress), checkpoint
+        # The checkpoint was retired (only the latest ones are kept): re-read the prefix.
+        head = self.vault.block_row(conv["head_block_id"])
+        prefix = self.vault.block_tokens(head)[: rows[seq]["tok_start"]]
+        engine.reset()
+        counters.prefill_ms += engine.evaluate(prefix, progress=progress)
+        counters.recomputed_tokens += len(prefix)
+        engine.evaluate(engine.probe_tokens)
+        counters.new_tokens += len(engine.probe_tokens)
+        self.stats.recomputed_tokens += len(prefix)
+        report = GraftReport(
+            conv["id"],
+            "",
+            len(prefix),
+            0,
+            len(prefix),
+            0.0,
+            proofs.NO_PROOF,
+            fallback_reason="that turn's checkpoint is no longer kept",
+        )
+        return report, None
+
+    def _turn(
+        self,
+        conv: dict[str, Any],
+        text: str,
+        counters: Counters,
+        graft: GraftReport | None,
+        parent_block: str | None,
+        seq: int,
+        replaced_messages: list[str],
+        on_text: Callable[[str], None] | None,
+        cancel: threading.Event | None,
+        params: SamplingParams | None,
+        retire_head: bool = False,
+    ) -> TurnResult:
+        """Evaluate a user message on the live context, stream the reply, persist the turn."""
+        if not text.strip():
+            raise InputError("The message is empty.")
+        engine = self.engine
         user_tokens = engine.encode_text(text) + engine.encode_template(
             engine.turns.user_close_model_open
         )
@@ -543,53 +704,44 @@ class Galahad:
         close = engine.model_close()
         engine.evaluate(close)
         counters.new_tokens += len(close)
-        reply_end = len(engine.tokens)
-        self._commit_turn(conv, text, generation.text, user_start, reply_start, reply_end, counters)
-        return TurnResult(
-            conversation_id,
-            generation.text,
-            generation.stop_reason,
-            counters,
-            graft.proof if graft else proofs.NO_PROOF,
-            graft,
-            len(engine.tokens),
-            generation.tokens_per_s,
+        persist_start = time.perf_counter()
+        generation_no = 1 + max(
+            [
+                r["generation"]
+                for r in self.vault.catalog.rows("blocks", "owner_id = ?", [conv["id"]])
+            ]
+            or [0]
         )
-
-    def _commit_turn(
-        self,
-        conv: dict[str, Any],
-        user_text: str,
-        reply: str,
-        user_start: int,
-        reply_start: int,
-        reply_end: int,
-        counters: Counters,
-    ) -> None:
-        start = time.perf_counter()
-        parent = conv["head_block_id"]
-        generation = 1
-        if parent:
-            generation = self.vault.block_row(parent)["generation"] + 1
         row, _record = self._persist_state(
-            "conversation", conv["id"], parent, generation, counters
+            "conversation", conv["id"], parent_block, generation_no, counters
         )
         crashpoint("persist-before-commit")
         fields = self.vault.fields
         now = time.time()
-        seq = conv["n_messages"] or 0
-        retired = [
-            r["id"]
-            for r in self.vault.catalog.rows(
-                "blocks", "owner_id = ?", [conv["id"]], order_by="generation desc"
-            )
-        ][CHECKPOINTS_KEPT - 1 :]
+        owned = self.vault.catalog.rows(
+            "blocks", "owner_id = ?", [conv["id"]], order_by="generation desc"
+        )
+        retired = [r["id"] for r in owned if retire_head and r["id"] == conv["head_block_id"]]
+        kept = [r["id"] for r in owned if r["id"] not in retired]
+        retired += kept[self.settings.get("checkpoints") - 1 :]
         with self.vault.transaction():
             self.vault.catalog.insert("blocks", row)
-            for offset, (role, text, tok_start, tok_end, block_id) in enumerate(
+            if replaced_messages:
+                self.vault.catalog.delete(
+                    "messages",
+                    f"id IN ({','.join('?' * len(replaced_messages))})",
+                    replaced_messages,
+                )
+            for offset, (role, message, tok_start, tok_end, block_id) in enumerate(
                 (
-                    ("user", user_text, user_start, reply_start, None),
-                    ("model", reply, reply_start, reply_end, row["id"]),
+                    ("user", text, user_start, reply_start, None),
+                    (
+                        "model",
+                        generation.text,
+                        reply_start,
+                        len(engine.tokens) - len(engine.probe_tokens),
+                        row["id"],
+                    ),
                 )
             ):
                 message_id = new_id("m")
@@ -600,7 +752,7 @@ class Galahad:
                         "conversation_id": conv["id"],
                         "seq": seq + offset,
                         "role": role,
-                        "text_enc": fields.encrypt_text(text, "messages", "text", message_id),
+                        "text_enc": fields.encrypt_text(message, "messages", "text", message_id),
                         "tok_start": tok_start,
                         "tok_end": tok_end,
                         "block_id": block_id,
@@ -615,7 +767,7 @@ class Galahad:
             }
             if seq == 0 and not self.conversation_title(conv):
                 changes["title_enc"] = fields.encrypt_text(
-                    " ".join(user_text.split())[:TITLE_CHARS], "conversations", "title", conv["id"]
+                    " ".join(text.split())[:TITLE_CHARS], "conversations", "title", conv["id"]
                 )
             self.vault.catalog.update("conversations", conv["id"], changes)
             if retired:
@@ -628,7 +780,17 @@ class Galahad:
         crashpoint("persist-after-commit")
         self.vault.unlink_block_files(retired)
         self._live = _Live(conv["id"], row["id"])
-        counters.persist_ms += (time.perf_counter() - start) * 1e3
+        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
+        return TurnResult(
+            conv["id"],
+            generation.text,
+            generation.stop_reason,
+            counters,
+            graft.proof if graft else proofs.NO_PROOF,
+            graft,
+            len(engine.tokens),
+            generation.tokens_per_s,
+        )
 
     # -- documents -----------------------------------------------------------------------
     def document_limit(self) -> int:

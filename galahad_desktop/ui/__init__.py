@@ -1,0 +1,1 @@
+"""PySide6 desktop app: the only package that imports Qt."""
