@@ -3,6 +3,8 @@
 # for headless machines and CI. Uses a throwaway keyring directory so no real keys are touched.
 set -euo pipefail
 if [ -n "${GALAHAD_KEYRING_READY:-}" ]; then exec "$@"; fi
+here="$(cd "$(dirname "$0")/.." && pwd)"
+[ -z "${PYTHON:-}" ] && [ -x "$here/.venv/bin/python" ] && PYTHON="$here/.venv/bin/python"
 export XDG_DATA_HOME="${XDG_DATA_HOME_FOR_KEYRING:-$(mktemp -d)}"
 export XDG_RUNTIME_DIR="$(mktemp -d)"; chmod 700 "$XDG_RUNTIME_DIR"
 eval "$(dbus-launch --sh-syntax)"

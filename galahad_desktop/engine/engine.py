@@ -224,7 +224,7 @@ class Engine:
             n_ctx_train=int(meta.get(f"{arch}.context_length", 0) or 0),
             n_layers=int(meta.get(f"{arch}.block_count", 0) or 0),
             has_chat_template=bool(meta.get("tokenizer.chat_template")),
-            quantization=buf.value.decode("utf-8", "replace").split()[-1] if buf.value else "",
+            quantization=quantization_name(meta),
         )
 
     # -- tokens --------------------------------------------------------------------------
@@ -389,3 +389,63 @@ class Engine:
 
 def default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
+
+
+# llama.cpp's LLAMA_FTYPE values for the quantizations people use with Gemma.
+_FILE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
+}
+
+
+def quantization_name(meta: dict[str, Any]) -> str:
+    raw = meta.get("general.file_type")
+    try:
+        return _FILE_TYPES.get(int(raw), f"type {raw}") if raw is not None else "unknown"
+    except ValueError:
+        return str(raw)
+
+
+def inspect_gguf(path: Path) -> dict[str, Any]:
+    """Name, architecture, size, quantization, context length and template of a GGUF file,
+    read with the vocabulary only (no weights are loaded)."""
+    _check_model_file(path)
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(f"llama.cpp could not read {path}: {exc}") from None
+    try:
+        meta = dict(llm.metadata)
+        arch = meta.get("general.architecture", "unknown")
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(llm._model.model, buf, 256)
+        description = buf.value.decode("utf-8", "replace")
+        return {
+            "path": str(path),
+            "name": meta.get("general.name", path.stem),
+            "architecture": arch,
+            "description": description,
+            "parameters": meta.get("general.size_label", ""),
+            "n_params": int(llama_cpp.llama_model_n_params(llm._model.model)),
+            "quantization": quantization_name(meta),
+            "context_length": int(meta.get(f"{arch}.context_length", 0) or 0),
+            "has_chat_template": bool(meta.get("tokenizer.chat_template")),
+            "size_bytes": path.stat().st_size,
+        }
+    finally:
+        llm.close()

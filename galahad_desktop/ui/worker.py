@@ -98,17 +98,17 @@ class CoreBridge(QObject):
         self._ids = itertools.count(1)
         self._callbacks: dict[int, dict[str, Callable[..., None] | None]] = {}
         self._requests: dict[int, Request] = {}
-        self.thread = QThread()
-        self.thread.setObjectName("galahad-core")
+        self.core_thread = QThread()
+        self.core_thread.setObjectName("galahad-core")
         self.worker = CoreWorker(tasks_factory)
-        self.worker.moveToThread(self.thread)
+        self.worker.moveToThread(self.core_thread)
         self._submit.connect(self.worker.run)
         self._shutdown.connect(self.worker.shutdown)
         self.worker.finished.connect(self._on_finished)
         self.worker.failed.connect(self._on_failed)
         self.worker.streamed.connect(self._on_streamed)
         self.worker.progressed.connect(self._on_progressed)
-        self.thread.start()
+        self.core_thread.start()
 
     def call(
         self,
@@ -176,8 +176,8 @@ class CoreBridge(QObject):
         for request in self._requests.values():
             request.cancel.set()
         self._shutdown.emit()
-        self.thread.quit()
-        self.thread.wait(timeout_ms)
+        self.core_thread.quit()
+        self.core_thread.wait(timeout_ms)
 
 
 def default_tasks_factory(data_dir: Path, model_path: Path | None) -> Callable[[], CoreTasks]:

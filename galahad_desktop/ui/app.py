@@ -1,0 +1,71 @@
+"""Desktop entry point: QApplication, crash handling, the worker and the main window."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
+
+from galahad_desktop.paths import default_data_dir, ensure_private_dir
+
+
+def setup_logging(data_dir: Path) -> Path:
+    """Log to <data dir>/logs/galahad.log (0600). Log records never carry message or document
+    text: the code logs ids, counts and exception types only."""
+    log_dir = ensure_private_dir(data_dir / "logs")
+    path = log_dir / "galahad.log"
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=1_000_000, backupCount=2)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("galahad")
+    root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    path.touch()
+    path.chmod(0o600)
+    return path
+
+
+def install_crash_handler(log_path: Path) -> None:
+    """An uncaught exception is logged (type and stack, no values) and shown in a dialog."""
+
+    def handler(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        stack = "".join(traceback.format_tb(tb, limit=12))
+        logging.getLogger("galahad.crash").error("uncaught %s\n%s", kind.__name__, stack)
+        from PySide6.QtWidgets import QApplication, QMessageBox
+
+        if QApplication.instance() is not None:
+            QMessageBox.critical(
+                None,
+                "Galahad Desktop hit a bug",
+                f"Something unexpected happened ({kind.__name__}). Your stored "
+                f"conversations are safe. Details were written to {log_path}.",
+            )
+
+    sys.excepthook = handler
+
+
+def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int:
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from galahad_desktop.paths import asset_path
+    from galahad_desktop.ui.main_window import MainWindow
+    from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory
+
+    data_dir = ensure_private_dir(Path(data_dir or default_data_dir()))
+    log_path = setup_logging(data_dir)
+    install_crash_handler(log_path)
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv)
+    app.setApplicationName("Galahad Desktop")
+    icon = asset_path("galahad.svg")
+    if icon.exists():
+        app.setWindowIcon(QIcon(str(icon)))
+    bridge = CoreBridge(default_tasks_factory(data_dir, model_path))
+    window = MainWindow(bridge, data_dir)
+    window.show()
+    code = app.exec()
+    bridge.stop()
+    return int(code)

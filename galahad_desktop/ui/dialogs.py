@@ -1,0 +1,334 @@
+"""Settings, Security and Memory dialogs. Like the window, they only talk to the worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from galahad_desktop.ui.main_window import human_bytes
+
+if TYPE_CHECKING:
+    from galahad_desktop.ui.main_window import MainWindow
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window_ = window
+        self.setWindowTitle("Settings")
+        self.editors: dict[str, QWidget] = {}
+        self.runtime_keys: set[str] = set()
+        self.initial: dict[str, Any] = {}
+        layout = QVBoxLayout(self)
+        self.form = QFormLayout()
+        model_row = QHBoxLayout()
+        self.model_path = QLineEdit(placeholderText="Embedded Gemma 3 270M")
+        browse = QPushButton("Choose GGUF…")
+        browse.clicked.connect(self.choose_model)
+        model_row.addWidget(self.model_path, 1)
+        model_row.addWidget(browse)
+        self.model_info = QLabel()
+        self.model_info.setWordWrap(True)
+        self.form.addRow("Model", model_row)
+        self.form.addRow("", self.model_info)
+        layout.addLayout(self.form)
+        self.warning = QLabel()
+        self.warning.setStyleSheet("color: #b06000")
+        self.warning.setWordWrap(True)
+        layout.addWidget(self.warning)
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
+        )
+        self.buttons.accepted.connect(self.save)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+        window.bridge.call("settings", on_done=self._loaded, on_error=window.show_error)
+
+    def _loaded(self, data: dict[str, Any]) -> None:
+        values = data["values"]
+        self.initial = dict(values)
+        self.model_path.setText(values.get("model_path", ""))
+        self.model_path.textChanged.connect(self._changed)
+        if values.get("model_path"):
+            self.inspect(values["model_path"])
+        else:
+            info = self.window_.info.get("model", {})
+            self.model_info.setText(self._describe(info) if info else "")
+        for spec in data["declared"]:
+            key = spec["key"]
+            if key == "model_path":
+                continue
+            value = values[key]
+            editor: QWidget
+            if spec["type"] == "bool":
+                editor = QCheckBox()
+                editor.setChecked(bool(value))
+                editor.toggled.connect(self._changed)
+            elif spec["choices"]:
+                editor = QComboBox()
+                editor.addItems([str(c) for c in spec["choices"]])
+                editor.setCurrentText(str(value))
+                editor.currentTextChanged.connect(self._changed)
+            elif spec["type"] == "int":
+                editor = QSpinBox(
+                    minimum=int(spec["minimum"] if spec["minimum"] is not None else -(2**31)),
+                    maximum=2**31 - 1,
+                )
+                editor.setValue(int(value))
+                editor.valueChanged.connect(self._changed)
+            elif spec["type"] == "float":
+                editor = QDoubleSpinBox(
+                    minimum=float(spec["minimum"] or 0.0),
+                    maximum=100.0,
+                    singleStep=0.05,
+                    decimals=3,
+                )
+                editor.setValue(float(value))
+                editor.valueChanged.connect(self._changed)
+            else:
+                editor = QLineEdit(str(value))
+                editor.textChanged.connect(self._changed)
+            editor.setToolTip(spec["description"])
+            if spec["runtime"]:
+                self.runtime_keys.add(key)
+            self.editors[key] = editor
+            self.form.addRow(key.replace("_", " "), editor)
+
+    def values(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model_path": self.model_path.text().strip()}
+        for key, editor in self.editors.items():
+            if isinstance(editor, QCheckBox):
+                out[key] = editor.isChecked()
+            elif isinstance(editor, QComboBox):
+                out[key] = editor.currentText()
+            elif isinstance(editor, QSpinBox | QDoubleSpinBox):
+                out[key] = editor.value()
+            elif isinstance(editor, QLineEdit):
+                out[key] = editor.text()
+        return out
+
+    def changed_runtime(self) -> list[str]:
+        runtime = self.runtime_keys | {"model_path"}
+        return [k for k, v in self.values().items() if k in runtime and self.initial.get(k) != v]
+
+    def _changed(self, *_: Any) -> None:
+        changed = self.changed_runtime()
+        self.warning.setText(
+            f"Changing {', '.join(changed)} alters the runtime fingerprint: stored blocks will "
+            "be re-read (not grafted) on next use, then stored again."
+            if changed
+            else ""
+        )
+
+    def choose_model(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose a GGUF model", str(Path.home()), "GGUF models (*.gguf)"
+        )
+        if path:
+            self.model_path.setText(path)
+            self.inspect(path)
+
+    def inspect(self, path: str) -> None:
+        self.model_info.setText("Reading the model's metadata…")
+        self.window_.bridge.call(
+            "inspect_model",
+            path,
+            on_done=lambda info: self.model_info.setText(self._describe(info)),
+            on_error=lambda message, kind: self.model_info.setText(message),
+        )
+
+    @staticmethod
+    def _describe(info: dict[str, Any]) -> str:
+        return (
+            f"{info.get('name')} · {info.get('architecture')} · "
+            f"{info.get('n_params', 0) / 1e6:,.0f}M parameters · {info.get('quantization')} · "
+            f"context {info.get('context_length') or info.get('n_ctx_train', 0):,} · "
+            f"chat template: {'yes' if info.get('has_chat_template') else 'no'}"
+        )
+
+    def save(self) -> None:
+        changes = {k: v for k, v in self.values().items() if self.initial.get(k) != v}
+        if not changes:
+            self.accept()
+            return
+        self.window_.bridge.call(
+            "update_settings", changes, on_done=self._saved, on_error=self.window_.show_error
+        )
+
+    def _saved(self, result: dict[str, Any]) -> None:
+        if result["runtime_changed"]:
+            self.window_.set_status(
+                "Settings saved · the model is reloaded on next use; "
+                "stored blocks will be re-read once"
+            )
+            self.window_.bridge.call(
+                "open", on_done=self.window_._opened, on_error=self.window_.show_error
+            )
+        self.accept()
+
+
+class SecurityDialog(QDialog):
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window_ = window
+        self.setWindowTitle("Security")
+        layout = QVBoxLayout(self)
+        self.summary = QLabel("…")
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.summary)
+        row = QHBoxLayout()
+        self.rotate_button = QPushButton("Rotate master key")
+        self.rotate_button.clicked.connect(self.rotate)
+        self.lock_button = QPushButton("Lock")
+        self.lock_button.clicked.connect(self.toggle_lock)
+        self.audit_button = QPushButton("Run audit")
+        self.audit_button.clicked.connect(self.audit)
+        self.forget_button = QPushButton("Forget this conversation…")
+        self.forget_button.clicked.connect(window.forget_conversation)
+        for button in (self.rotate_button, self.lock_button, self.audit_button, self.forget_button):
+            row.addWidget(button)
+        layout.addLayout(row)
+        self.output = QPlainTextEdit(readOnly=True)
+        layout.addWidget(self.output)
+        self.locked = False
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.window_.bridge.call("security", on_done=self._show, on_error=self.window_.show_error)
+
+    def _show(self, info: dict[str, Any]) -> None:
+        self.locked = info["locked"]
+        self.lock_button.setText("Unlock" if self.locked else "Lock")
+        self.summary.setText(
+            f"<b>Master key</b> {info['key_id']} is kept by <b>{info['keyring']}</b> and never "
+            f"written to a file.<br>Data directory: {info['data_dir']}<br>"
+            f"State: {'locked — keys dropped from memory' if self.locked else 'unlocked'}"
+        )
+
+    def rotate(self) -> None:
+        self.output.setPlainText("Rotating…")
+        self.window_.bridge.call(
+            "rotate_key", on_done=self._rotated, on_error=self.window_.show_error
+        )
+
+    def _rotated(self, result: dict[str, Any]) -> None:
+        self.output.setPlainText(
+            f"New master key {result['key_id']}; re-wrapped "
+            f"{result['blocks']} block keys (payloads untouched)."
+        )
+        self.refresh()
+
+    def toggle_lock(self) -> None:
+        task = "unlock" if self.locked else "lock"
+        self.window_.bridge.call(
+            task, on_done=lambda _r: self.refresh(), on_error=self.window_.show_error
+        )
+
+    def audit(self) -> None:
+        self.output.setPlainText("Checking every block…")
+        self.window_.bridge.call("audit", on_done=self._audited, on_error=self.window_.show_error)
+
+    def _audited(self, report: dict[str, Any]) -> None:
+        lines = [
+            f"{report['ok']} of {report['blocks']} blocks authenticated and match the catalog."
+        ]
+        lines += [f"problem: {p}" for p in report["problems"]] or ["No problems found."]
+        self.output.setPlainText("\n".join(lines))
+
+
+class TokenChart(QWidget):
+    """Cumulative tokens restored vs recomputed over time (a plain QPainter line chart)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[dict[str, Any]] = []
+        self.setMinimumSize(420, 200)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = self.rect().adjusted(40, 10, -10, -24)
+        painter.drawRect(rect)
+        if not self.history:
+            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, "No grafts yet")
+            return
+        restored = recomputed = 0
+        series: list[tuple[int, int]] = []
+        for entry in self.history:
+            restored += entry["restored"]
+            recomputed += entry["recomputed"]
+            series.append((restored, recomputed))
+        top = max(1, max(max(r, c) for r, c in series))
+        n = max(1, len(series) - 1)
+
+        def point(i: int, value: int) -> QPointF:
+            return QPointF(
+                rect.left() + rect.width() * i / n, rect.bottom() - rect.height() * value / top
+            )
+
+        for index, color in ((0, QColor("#188038")), (1, QColor("#d93025"))):
+            painter.setPen(QPen(color, 2))
+            for i in range(1, len(series)):
+                painter.drawLine(point(i - 1, series[i - 1][index]), point(i, series[i][index]))
+        painter.setPen(QPen(self.palette().text().color()))
+        painter.drawText(4, rect.top() + 10, f"{top:,}")
+        painter.drawText(
+            rect.left(),
+            self.height() - 6,
+            "green: tokens restored · red: tokens recomputed (cumulative)",
+        )
+
+
+class MemoryDialog(QDialog):
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.setWindowTitle("Memory")
+        layout = QVBoxLayout(self)
+        self.summary = QLabel("…")
+        self.summary.setWordWrap(True)
+        self.chart = TokenChart()
+        layout.addWidget(self.summary)
+        layout.addWidget(self.chart, 1)
+        window.bridge.call("memory", on_done=self._show, on_error=window.show_error)
+
+    def _show(self, stats: dict[str, Any]) -> None:
+        history = stats["history"]
+        restore_ms = sum(h["restore_ms"] for h in history)
+        prefill_ms = sum(h["prefill_ms"] for h in history)
+        recomputed = stats["recomputed_tokens_total"]
+        per_token = prefill_ms / recomputed if recomputed else None
+        saved = (
+            f"≈ {(stats['restored_tokens_total'] * per_token - restore_ms) / 1e3:,.1f} s "
+            "saved (at this machine's measured re-read speed)"
+            if per_token
+            else f"restore time {restore_ms / 1e3:.2f} s in total"
+        )
+        self.summary.setText(
+            f"<b>{stats['blocks']}</b> blocks on disk · {human_bytes(stats['bytes'])} · "
+            f"{stats['tokens_stored']:,} tokens stored<br>"
+            f"<b>{stats['restored_tokens_total']:,}</b> tokens restored instead of recomputed, "
+            f"{recomputed:,} recomputed · {saved}"
+        )
+        self.chart.history = history
+        self.chart.update()

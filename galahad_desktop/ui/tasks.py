@@ -1,0 +1,230 @@
+"""What the window can ask of the core. Runs in the worker thread only; imports no Qt.
+
+Each task takes the request's `stream`, `progress` and `cancel` keywords (used or not) and
+returns plain data (dicts, lists) so results cross threads as values, never live objects.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.engine.engine import Progress
+from galahad_desktop.memory.service import Galahad, TurnResult
+from galahad_desktop.settings import BY_KEY, SETTINGS
+from galahad_desktop.vault.keys import KeyStore
+
+Stream = Callable[[str], None]
+ProgressCb = Callable[[Progress], None]
+
+
+class CoreTasks:
+    def __init__(
+        self, data_dir: Path, model_path: Path | None = None, keystore: KeyStore | None = None
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.core = Galahad(self.data_dir, model_path=model_path, keystore=keystore)
+        self.history_path = self.data_dir / "memory-history.jsonl"
+
+    def close(self) -> None:
+        self.core.close()
+
+    # -- helpers -------------------------------------------------------------------------
+    def _record(self, result: TurnResult | None, graft: dict[str, Any] | None = None) -> None:
+        """Append restored-vs-recomputed counts (numbers only) for the Memory view's chart."""
+        if result is not None:
+            c = result.counters
+            entry = {
+                "t": time.time(),
+                "restored": c.restored_tokens,
+                "recomputed": c.recomputed_tokens,
+                "restore_ms": c.restore_ms,
+                "prefill_ms": c.prefill_ms,
+            }
+        elif graft is not None:
+            entry = {
+                "t": time.time(),
+                "restored": graft["restored_tokens"],
+                "recomputed": graft["recomputed_tokens"],
+                "restore_ms": graft["restore_ms"],
+                "prefill_ms": 0.0,
+            }
+        else:
+            return
+        if entry["restored"] == 0 and entry["recomputed"] == 0:
+            return
+        with open(self.history_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+        self.history_path.chmod(0o600)
+
+    def _turn(self, result: TurnResult) -> dict[str, Any]:
+        self._record(result)
+        out = result.as_dict()
+        out["graft_text"] = result.graft.describe() if result.graft else None
+        out["n_ctx"] = self.core.engine.n_ctx
+        return out
+
+    # -- tasks ---------------------------------------------------------------------------
+    def open(self, **_: Any) -> dict[str, Any]:
+        engine = self.core.engine
+        return {
+            "model": asdict(engine.model_info()),
+            "fingerprint": engine.fingerprint,
+            "gpu_layers": engine.gpu_layers,
+            "backend": "GPU" if engine.fingerprint_details["gpu_offload"] else "CPU",
+            "n_ctx": engine.n_ctx,
+            "keyring": self.core.vault.keystore.backend_name,
+            "turn_format": engine.turns.source,
+        }
+
+    def lists(self, **_: Any) -> dict[str, Any]:
+        return {
+            "conversations": [asdict(c) for c in self.core.list_conversations()],
+            "documents": [asdict(d) for d in self.core.list_documents()],
+        }
+
+    def new_conversation(self, document_id: str | None = None, **_: Any) -> str:
+        return self.core.new_conversation(document_id=document_id)
+
+    def open_conversation(
+        self, conversation_id: str, progress: ProgressCb | None = None, **_: Any
+    ) -> dict[str, Any]:
+        report = self.core.resume(conversation_id, progress=progress)
+        graft = report.as_dict()
+        self._record(None, graft)
+        return {
+            "conversation_id": conversation_id,
+            "messages": [asdict(m) for m in self.core.messages(conversation_id)],
+            "graft": graft,
+            "graft_text": report.describe() if report.block_id else None,
+            "context_tokens": len(self.core.engine.tokens),
+            "n_ctx": self.core.engine.n_ctx,
+        }
+
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        stream: Stream | None = None,
+        cancel: threading.Event | None = None,
+        progress: ProgressCb | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        return self._turn(
+            self.core.send(conversation_id, text, on_text=stream, cancel=cancel, progress=progress)
+        )
+
+    def regenerate(
+        self,
+        conversation_id: str,
+        stream: Stream | None = None,
+        cancel: threading.Event | None = None,
+        progress: ProgressCb | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        return self._turn(
+            self.core.regenerate(conversation_id, on_text=stream, cancel=cancel, progress=progress)
+        )
+
+    def branch(
+        self,
+        conversation_id: str,
+        seq: int,
+        text: str,
+        stream: Stream | None = None,
+        cancel: threading.Event | None = None,
+        progress: ProgressCb | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        return self._turn(
+            self.core.branch(
+                conversation_id, seq, text, on_text=stream, cancel=cancel, progress=progress
+            )
+        )
+
+    def deposit(
+        self,
+        path: str,
+        progress: ProgressCb | None = None,
+        cancel: threading.Event | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        return self.core.deposit(Path(path), progress=progress, cancel=cancel).as_dict()
+
+    def forget(self, item_id: str, **_: Any) -> dict[str, Any]:
+        return self.core.forget(item_id)
+
+    def rotate_key(self, **_: Any) -> dict[str, Any]:
+        blocks = len(self.core.vault.catalog.rows("blocks"))
+        return {"key_id": self.core.vault.rotate_master_key(), "blocks": blocks}
+
+    def lock(self, **_: Any) -> bool:
+        self.core.lock()
+        return True
+
+    def unlock(self, **_: Any) -> bool:
+        self.core.unlock()
+        return True
+
+    def audit(self, repair: bool = False, **_: Any) -> dict[str, Any]:
+        return self.core.vault.audit(repair=repair).as_dict()
+
+    def security(self, **_: Any) -> dict[str, Any]:
+        vault = self.core.vault
+        return {
+            "keyring": vault.keystore.backend_name,
+            "key_id": vault.key_id,
+            "locked": vault.locked,
+            "data_dir": str(self.data_dir),
+        }
+
+    def memory(self, **_: Any) -> dict[str, Any]:
+        stats = self.core.memory_stats()
+        history: list[dict[str, Any]] = []
+        if self.history_path.exists():
+            for line in self.history_path.read_text("utf-8").splitlines()[-500:]:
+                try:
+                    history.append(json.loads(line))
+                except ValueError:
+                    continue
+        stats["history"] = history
+        stats["restored_tokens_total"] = sum(h["restored"] for h in history)
+        stats["recomputed_tokens_total"] = sum(h["recomputed"] for h in history)
+        return stats
+
+    def settings(self, **_: Any) -> dict[str, Any]:
+        return {
+            "values": self.core.settings.as_dict(),
+            "declared": [
+                {
+                    "key": s.key,
+                    "type": s.type.__name__,
+                    "default": s.default,
+                    "description": s.description,
+                    "runtime": s.runtime,
+                    "choices": s.choices,
+                    "minimum": s.minimum,
+                }
+                for s in SETTINGS
+            ],
+        }
+
+    def update_settings(self, changes: dict[str, Any], **_: Any) -> dict[str, Any]:
+        runtime_changed = self.core.settings.update(changes)
+        if runtime_changed:
+            self.core.reload_engine()
+        return {"runtime_changed": runtime_changed, "values": self.core.settings.as_dict()}
+
+    def inspect_model(self, path: str, **_: Any) -> dict[str, Any]:
+        """Read a GGUF's metadata (vocabulary only, no weights) for the settings dialog."""
+        from galahad_desktop.engine.engine import inspect_gguf
+
+        return inspect_gguf(Path(path))
+
+    def runtime_keys(self, **_: Any) -> list[str]:
+        return [key for key, s in BY_KEY.items() if s.runtime]
