@@ -42,7 +42,8 @@ class SettingsDialog(QDialog):
         layout = QVBoxLayout(self)
         self.form = QFormLayout()
         model_row = QHBoxLayout()
-        self.model_path = QLineEdit(placeholderText="Embedded Gemma 3 270M")
+        self.model_path = QLineEdit()
+        self.model_path.setPlaceholderText("Embedded Gemma 3 270M")
         browse = QPushButton("Choose GGUF…")
         browse.clicked.connect(self.choose_model)
         model_row.addWidget(self.model_path, 1)
@@ -90,19 +91,16 @@ class SettingsDialog(QDialog):
                 editor.setCurrentText(str(value))
                 editor.currentTextChanged.connect(self._changed)
             elif spec["type"] == "int":
-                editor = QSpinBox(
-                    minimum=int(spec["minimum"] if spec["minimum"] is not None else -(2**31)),
-                    maximum=2**31 - 1,
-                )
+                editor = QSpinBox()
+                minimum = spec["minimum"]
+                editor.setRange(int(minimum) if minimum is not None else -(2**31), 2**31 - 1)
                 editor.setValue(int(value))
                 editor.valueChanged.connect(self._changed)
             elif spec["type"] == "float":
-                editor = QDoubleSpinBox(
-                    minimum=float(spec["minimum"] or 0.0),
-                    maximum=100.0,
-                    singleStep=0.05,
-                    decimals=3,
-                )
+                editor = QDoubleSpinBox()
+                editor.setDecimals(3)
+                editor.setRange(float(spec["minimum"] or 0.0), 100.0)
+                editor.setSingleStep(0.05)
                 editor.setValue(float(value))
                 editor.valueChanged.connect(self._changed)
             else:
@@ -209,7 +207,8 @@ class SecurityDialog(QDialog):
         for button in (self.rotate_button, self.lock_button, self.audit_button, self.forget_button):
             row.addWidget(button)
         layout.addLayout(row)
-        self.output = QPlainTextEdit(readOnly=True)
+        self.output = QPlainTextEdit()
+        self.output.setReadOnly(True)
         layout.addWidget(self.output)
         self.locked = False
         self.refresh()

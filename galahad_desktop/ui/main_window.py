@@ -43,6 +43,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def keyring_label(backend: str) -> str:
+    """'keyring.backends.SecretService.Keyring' -> 'SecretService'."""
+    parts = [p for p in backend.split(".") if p not in ("keyring", "backends", "Keyring")]
+    return parts[-1] if parts else backend
+
+
 def ago(timestamp: float) -> str:
     seconds = max(0, time.time() - timestamp)
     for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
@@ -73,7 +79,11 @@ class MainWindow(QMainWindow):
         self.conversations: list[dict[str, Any]] = []
         self.n_ctx = 0
         self.info: dict[str, Any] = {}
-        self._render_timer = QTimer(self, singleShot=True, interval=60)
+        # No constructor keyword properties anywhere in ui/: PySide6 6.12 over-releases
+        # their values (a refcount bug that aborts the interpreter at exit).
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(60)
         self._render_timer.timeout.connect(self.render_transcript)
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
@@ -91,14 +101,19 @@ class MainWindow(QMainWindow):
     def _build(self) -> None:
         sidebar = QWidget()
         side = QVBoxLayout(sidebar)
-        self.search = QLineEdit(placeholderText="Search conversations (Ctrl+F)")
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search conversations (Ctrl+F)")
         self.search.textChanged.connect(self._fill_conversations)
         self.new_button = QPushButton("New chat")
         self.new_button.clicked.connect(self.new_chat)
         self.conversation_list = QListWidget()
+        self.conversation_list.setWordWrap(True)
+        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversation_list.itemActivated.connect(self._conversation_chosen)
         self.conversation_list.itemClicked.connect(self._conversation_chosen)
         self.document_list = QListWidget()
+        self.document_list.setWordWrap(True)
+        self.document_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.add_document_button = QPushButton("Add document…")
         self.add_document_button.clicked.connect(self.choose_document)
         self.chat_document_button = QPushButton("Chat with this document")
@@ -126,9 +141,10 @@ class MainWindow(QMainWindow):
 
         chat = QWidget()
         layout = QVBoxLayout(chat)
-        self.transcript = QTextBrowser(openExternalLinks=False)
+        self.transcript = QTextBrowser()
         self.transcript.setOpenLinks(False)
-        self.input = QPlainTextEdit(placeholderText="Message Gemma (Ctrl+Enter to send)")
+        self.input = QPlainTextEdit()
+        self.input.setPlaceholderText("Message Gemma (Ctrl+Enter to send)")
         self.input.setFixedHeight(90)
         buttons = QHBoxLayout()
         self.send_button = QPushButton("Send")
@@ -158,8 +174,9 @@ class MainWindow(QMainWindow):
 
         self.graft_label = QLabel()
         self.speed_label = QLabel()
-        self.context_meter = QProgressBar(format="%v / %m tokens")
-        self.context_meter.setMaximumWidth(220)
+        self.context_meter = QProgressBar()
+        self.context_meter.setFormat("context %v / %m")
+        self.context_meter.setFixedWidth(240)
         self.context_meter.setValue(0)
         bar = self.statusBar()
         bar.addWidget(self.graft_label, 1)
@@ -226,7 +243,7 @@ class MainWindow(QMainWindow):
         self.set_context(0, self.n_ctx)
         self.set_status(
             f"{model['name']} · {info['backend']} ({info['gpu_layers']} GPU layers) "
-            f"· keys in {info['keyring'].rsplit('.', 2)[-2]}"
+            f"· keys in {keyring_label(info['keyring'])}"
         )
         self.refresh_lists()
 

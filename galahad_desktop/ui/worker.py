@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
 from galahad_desktop.engine.engine import Progress
 from galahad_desktop.errors import GalahadError
@@ -178,6 +178,11 @@ class CoreBridge(QObject):
         self._shutdown.emit()
         self.core_thread.quit()
         self.core_thread.wait(timeout_ms)
+        # Deliver replies the worker queued while stopping, so no queued event holding
+        # Python objects outlives the bridge (PySide would free them during teardown).
+        QCoreApplication.sendPostedEvents()
+        self._callbacks.clear()
+        self._requests.clear()
 
 
 def default_tasks_factory(data_dir: Path, model_path: Path | None) -> Callable[[], CoreTasks]:
