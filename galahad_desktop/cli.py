@@ -103,6 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("changes", nargs="*", metavar="KEY=VALUE")
     add("info", "model, runtime fingerprint and backend")
     p = add("gui", "open the desktop window")
+    p = add("bench", "benchmarks side by side with the alternatives (throwaway data dir)")
+    p.add_argument("kind", choices=["resume", "persist", "deposit"])
+    p.add_argument("--sizes", default="1000,4000,16000", help="token counts, comma-separated")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
+    p.add_argument("--turns", type=int, default=3, help="turns per size (persist)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p = add("eval", "evaluations (throwaway data dir)")
+    p.add_argument("kind", choices=["needles"])
+    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--block-tokens", type=int, default=2000)
+    p.add_argument("--controls", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return parser
 
 
@@ -285,10 +298,81 @@ def cmd_self_test(args: argparse.Namespace, out: Output) -> int:
     return 0 if ok else 1
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--sizes must be comma-separated token counts, got '{text}'.") from None
+    if not sizes or min(sizes) < 64:
+        raise InputError("--sizes needs token counts of at least 64.")
+    return sizes
+
+
+def cmd_measure(args: argparse.Namespace, out: Output) -> int:
+    """Benchmarks and evaluations: print a table (or one JSON object), save JSON (and a plot)."""
+    import time as _time
+
+    from galahad_desktop.bench import benchmarks, needles
+
+    overrides = _parse_pairs(args.set)
+    name = f"{args.command}-{args.kind}"
+    if args.command == "bench" and args.kind == "resume":
+        result = benchmarks.bench_resume(
+            _sizes(args.sizes), args.reps, args.model, overrides, out.info
+        )
+        text = benchmarks.resume_table(result)
+    elif args.command == "bench" and args.kind == "persist":
+        result = benchmarks.bench_persist(
+            _sizes(args.sizes), args.turns, args.model, overrides, out.info
+        )
+        text = "\n".join(
+            f"{r['conversation_tokens']:>7,} tokens: persist {r['persist_ms']:.0f} ms"
+            f" (capture {r['capture_ms']:.0f} ms, block "
+            f"{r['block_bytes'] / 1e6:.1f} MB)"
+            for r in result["results"]
+        )
+    elif args.command == "bench":
+        result = benchmarks.bench_deposit(
+            _sizes(args.sizes), args.reps, args.model, overrides, out.info
+        )
+        text = "\n".join(
+            f"{r['tokens']:>7,} tokens: raw prefill {r['raw_prefill_ms']:.0f} ms, "
+            f"deposit {r['deposit_ms']:.0f} ms ({r['overhead_percent']:+.1f}%)"
+            for r in result["results"]
+        )
+    else:
+        result = needles.eval_needles(
+            args.blocks,
+            args.block_tokens,
+            args.controls,
+            args.seed,
+            args.model,
+            overrides,
+            out.info,
+        )
+        text = (
+            f"probes {result['probes']}: zero recompute {result['zero_recompute']}, exact "
+            f"{result['exact']}; controls {result['controls']}: fabricated "
+            f"{result['fabricated']}; restore {result['restore_vs_prefill']:.0f}× faster "
+            "than prefill"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = _time.strftime("%Y%m%d-%H%M%S")
+    result["saved_to"] = str(args.out / f"{name}.json")
+    for path in (args.out / f"{name}.json", args.out / f"{name}-{stamp}.json"):
+        path.write_text(json.dumps(result, indent=1, default=str))
+    if name == "bench-resume":
+        benchmarks.plot_resume(result, args.out / "bench-resume.png")
+    out.result(result, text)
+    return 0
+
+
 def dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.self_test:
         return cmd_self_test(args, out)
     command = args.command or "gui"
+    if command in ("bench", "eval"):
+        return cmd_measure(args, out)
     if command == "gui":
         from galahad_desktop.ui.app import run_app
 

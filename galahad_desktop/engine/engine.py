@@ -269,8 +269,10 @@ class Engine:
 
         context.decode = counting_decode  # type: ignore[method-assign]
 
-    def reset(self) -> None:
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
+    def reset(self, wipe: bool = True) -> None:
+        """Empty the context. `wipe` also zeroes the KV buffers (lock uses it to drop
+        decrypted state); a restore skips it: masked cells contribute exact zeros."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), wipe)
         self.llm.n_tokens = 0
         self.tokens = []
 
@@ -373,7 +375,7 @@ class Engine:
                 f"{self.n_ctx}-token context."
             )
         start = time.perf_counter()
-        self.reset()  # also puts the cache's cell cursor back at 0, as in a fresh context
+        self.reset(wipe=False)  # puts the cell cursor back at 0, as in a fresh context
         size = ctypes.sizeof(payload)
         if llama_cpp.llama_state_seq_set_data(self._ctx, payload, size, 0) != size:
             self.reset()

@@ -256,6 +256,12 @@ class Galahad:
             raise NotFoundError(f"No document has the id '{document_id}'.")
         return row
 
+    def head_block(self, conversation_id: str) -> str:
+        head = self._conversation_row(conversation_id)["head_block_id"]
+        if not head:
+            raise InputError(f"Conversation {conversation_id} has no stored turn yet.")
+        return str(head)
+
     def conversation_title(self, row: dict[str, Any]) -> str:
         return self.vault.fields.decrypt_text(row["title_enc"], "conversations", "title", row["id"])
 
@@ -806,18 +812,35 @@ class Galahad:
         """Read a document once, store its KV block, and return what it cost."""
         path = Path(path)
         text = extract_text(path)
-        name = name or path.name
+        return self.deposit_text(name or path.name, text, path.stat().st_size, progress, cancel)
+
+    def document_tokens(self, name: str, text: str) -> list[int]:
+        """The document turn: the user hands over the document, the model acknowledges it, so
+        the block ends at a turn boundary like every conversation checkpoint."""
         engine = self.engine
         turns = engine.turns
-        intro = f'Document "{name}":\n\n'
-        tokens = (
+        return (
             engine.bos()
             + engine.encode_template(turns.user_open)
-            + engine.encode_text(intro + text)
+            + engine.encode_text(f'Document "{name}":\n\n{text}')
             + engine.encode_template(turns.user_close_model_open)
             + engine.encode_text(f'I have read "{name}". Ask me about it.')
             + engine.model_close()
         )
+
+    def deposit_text(
+        self,
+        name: str,
+        text: str,
+        source_bytes: int | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> DepositResult:
+        """Store a document given as text (the file was read already, or it was generated)."""
+        if not text.strip():
+            raise InputError(f"'{name}' contains no text.")
+        engine = self.engine
+        tokens = self.document_tokens(name, text)
         limit = self.document_limit()
         if len(tokens) > limit:
             raise InputError(
@@ -843,7 +866,9 @@ class Galahad:
                     "text_enc": fields.encrypt_text(text, "documents", "text", document_id),
                     "block_id": row["id"],
                     "n_tokens": len(tokens),
-                    "source_bytes": path.stat().st_size,
+                    "source_bytes": source_bytes
+                    if source_bytes is not None
+                    else len(text.encode("utf-8")),
                     "created_at": time.time(),
                 },
             )

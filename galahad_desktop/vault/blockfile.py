@@ -193,22 +193,29 @@ def read_block(
         prefix = bytes.fromhex(header.nonce_prefix)
         n_chunks = header.n_chunks
         offset = 0
+        ciphertext = bytearray(min(header.chunk_bytes, max(header.payload_bytes, 0)) + _TAG_BYTES)
+        scratch = memoryview(bytearray(len(ciphertext) - _TAG_BYTES)) if view is None else None
         for index in range(n_chunks):
             (length,) = _U32.unpack(_read_exact(handle, _U32.size, f"chunk {index} length"))
-            want = min(header.chunk_bytes, header.payload_bytes - offset) + _TAG_BYTES
-            if length != want:
+            plain_len = min(header.chunk_bytes, header.payload_bytes - offset)
+            if length != plain_len + _TAG_BYTES:
                 raise BlockFormatError(f"chunk {index} has the wrong length")
-            ciphertext = _read_exact(handle, length, f"chunk {index}")
+            chunk = memoryview(ciphertext)[:length]
+            if handle.readinto(chunk) != length:
+                raise BlockFormatError(f"file is truncated (in chunk {index})")
             nonce = prefix + struct.pack(">I", index)
+            target = view if view is not None else scratch
+            assert target is not None
+            into = target[offset : offset + plain_len] if view is not None else target[:plain_len]
             try:
-                plain = aead.decrypt(
-                    nonce, ciphertext, _chunk_aad(digest, index, index == n_chunks - 1)
+                # Decrypted straight into the buffer llama.cpp will read: no extra copy. On a
+                # failed tag the whole buffer is dropped, never used.
+                aead.decrypt_into(
+                    nonce, chunk, _chunk_aad(digest, index, index == n_chunks - 1), into
                 )
             except InvalidTag:
                 raise BlockFormatError(f"chunk {index} failed authentication") from None
-            if view is not None:
-                view[offset : offset + len(plain)] = plain
-            offset += len(plain)
+            offset += plain_len
         if handle.read(1):
             raise BlockFormatError("file has extra bytes after the last chunk")
     if offset != header.payload_bytes:

@@ -1,0 +1,1 @@
+"""Benchmarks and evaluations: measured side by side in one run, reported as ratios."""
