@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("settings", "show settings, or change them with KEY=VALUE")
     p.add_argument("changes", nargs="*", metavar="KEY=VALUE")
     add("info", "model, runtime fingerprint and backend")
+    p = add("models", "download a Gemma GGUF from the Hugging Face Hub (resumable, verified)")
+    p.add_argument("action", choices=["download"])
+    p.add_argument("repo_id")
+    p.add_argument("filename")
+    p.add_argument("--revision")
+    p.add_argument("--use", action="store_true", help="make it the model in settings")
     p = add("gui", "open the desktop window")
     p = add("bench", "benchmarks side by side with the alternatives (throwaway data dir)")
     p.add_argument("kind", choices=["resume", "persist", "deposit"])
@@ -367,6 +375,40 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace, out: Output) -> int:
+    from galahad_desktop.models import download_gguf
+    from galahad_desktop.settings import Settings
+
+    data_dir = args.data_dir or default_data_dir()
+    start = time.monotonic()
+
+    def report(have: int, total: int) -> None:
+        _progress(out, "downloading")(Progress(have, total, time.monotonic() - start))
+
+    with _cancel_on_sigint() as cancel:
+        done = download_gguf(
+            args.repo_id,
+            args.filename,
+            data_dir / "models",
+            revision=args.revision,
+            progress=report,
+            cancel=cancel,
+        )
+    if args.use:
+        Settings(data_dir).update({"model_path": str(done.path)})
+    out.result(
+        {
+            "path": str(done.path),
+            "sha256": done.sha256,
+            "bytes": done.size,
+            "resumed_from": done.resumed_from,
+            "in_use": bool(args.use),
+        },
+        f"Downloaded {done.path} ({done.size / 1e6:.0f} MB, SHA-256 verified)",
+    )
+    return 0
+
+
 def dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.self_test:
         return cmd_self_test(args, out)
@@ -377,6 +419,8 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
         from galahad_desktop.ui.app import run_app
 
         return int(run_app(data_dir=args.data_dir, model_path=args.model))
+    if command == "models":
+        return cmd_models(args, out)
     if command == "settings" and not args.changes:
         from galahad_desktop.settings import SETTINGS, Settings
 
@@ -507,6 +551,8 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Everything this process creates (ours, SQLite's, Qt's, logging's) is private.
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
     out = Output(bool(args.json))
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -17,13 +18,12 @@ def setup_logging(data_dir: Path) -> Path:
     text: the code logs ids, counts and exception types only."""
     log_dir = ensure_private_dir(data_dir / "logs")
     path = log_dir / "galahad.log"
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # exists 0600 before logging
     handler = logging.handlers.RotatingFileHandler(path, maxBytes=1_000_000, backupCount=2)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger("galahad")
     root.setLevel(logging.INFO)
     root.addHandler(handler)
-    path.touch()
-    path.chmod(0o600)
     return path
 
 
@@ -54,6 +54,7 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
     from galahad_desktop.ui.main_window import MainWindow
     from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory
 
+    os.umask(0o077)  # every file this process creates is private, whoever creates it
     data_dir = ensure_private_dir(Path(data_dir or default_data_dir()))
     log_path = setup_logging(data_dir)
     install_crash_handler(log_path)

@@ -46,8 +46,12 @@ class SettingsDialog(QDialog):
         self.model_path.setPlaceholderText("Embedded Gemma 3 270M")
         browse = QPushButton("Choose GGUF…")
         browse.clicked.connect(self.choose_model)
+        self.download_button = QPushButton("Download…")
+        self.download_button.setToolTip("Download a Gemma GGUF from the Hugging Face Hub")
+        self.download_button.clicked.connect(self.download_model)
         model_row.addWidget(self.model_path, 1)
         model_row.addWidget(browse)
+        model_row.addWidget(self.download_button)
         self.model_info = QLabel()
         self.model_info.setWordWrap(True)
         self.form.addRow("Model", model_row)
@@ -154,6 +158,54 @@ class SettingsDialog(QDialog):
             on_done=lambda info: self.model_info.setText(self._describe(info)),
             on_error=lambda message, kind: self.model_info.setText(message),
         )
+
+    def download_model(self) -> None:
+        from PySide6.QtWidgets import QInputDialog
+
+        repo, ok = QInputDialog.getText(
+            self,
+            "Download from the Hugging Face Hub",
+            "Repository (e.g. google/gemma-3-1b-it-qat-q4_0-gguf):",
+        )
+        if not ok or not repo.strip():
+            return
+        filename, ok = QInputDialog.getText(
+            self, "Download from the Hugging Face Hub", "GGUF file in that repository:"
+        )
+        if ok and filename.strip():
+            self.start_download(repo.strip(), filename.strip())
+
+    def start_download(self, repo: str, filename: str) -> None:
+        self.download_button.setEnabled(False)
+        self.model_info.setText(f"Downloading {filename}…")
+        self.download_request = self.window_.bridge.call(
+            "download_model",
+            repo,
+            filename,
+            on_done=self._downloaded,
+            on_error=self._download_failed,
+            on_progress=self._download_progress,
+        )
+
+    def _download_progress(self, done: int, total: int, rate: float, eta: float) -> None:
+        self.model_info.setText(
+            f"Downloading: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB · {rate / 1e6:.1f} MB/s"
+        )
+
+    def _downloaded(self, result: dict[str, Any]) -> None:
+        self.download_button.setEnabled(True)
+        self.model_path.setText(result["path"])
+        self.inspect(result["path"])
+
+    def _download_failed(self, message: str, kind: str) -> None:
+        self.download_button.setEnabled(True)
+        self.model_info.setText(message)
+
+    def reject(self) -> None:
+        request = getattr(self, "download_request", None)
+        if request is not None:
+            request.cancel.set()  # the partial file stays; the next download resumes it
+        super().reject()
 
     @staticmethod
     def _describe(info: dict[str, Any]) -> str:

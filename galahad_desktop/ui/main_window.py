@@ -575,6 +575,9 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         self.ui_settings.setValue("geometry", self.saveGeometry())
         self.ui_settings.sync()
+        ui_ini = self.data_dir / "ui.ini"
+        if ui_ini.exists():  # QSettings creates files with the umask's mode
+            ui_ini.chmod(0o600)
         if self.generating is not None:
             self.generating.cancel.set()
         if self.depositing is not None:

@@ -7,6 +7,7 @@ returns plain data (dicts, lists) so results cross threads as values, never live
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -58,9 +59,9 @@ class CoreTasks:
             return
         if entry["restored"] == 0 and entry["recomputed"] == 0:
             return
-        with open(self.history_path, "a", encoding="utf-8") as handle:
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
-        self.history_path.chmod(0o600)
 
     def _turn(self, result: TurnResult) -> dict[str, Any]:
         self._record(result)
@@ -225,6 +226,27 @@ class CoreTasks:
         from galahad_desktop.engine.engine import inspect_gguf
 
         return inspect_gguf(Path(path))
+
+    def download_model(
+        self,
+        repo_id: str,
+        filename: str,
+        progress: ProgressCb | None = None,
+        cancel: threading.Event | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        from galahad_desktop.models import download_gguf
+
+        start = time.monotonic()
+
+        def report(have: int, total: int) -> None:
+            if progress is not None:
+                progress(Progress(have, total, time.monotonic() - start))
+
+        done = download_gguf(
+            repo_id, filename, self.data_dir / "models", progress=report, cancel=cancel
+        )
+        return {"path": str(done.path), "sha256": done.sha256, "bytes": done.size}
 
     def runtime_keys(self, **_: Any) -> list[str]:
         return [key for key, s in BY_KEY.items() if s.runtime]

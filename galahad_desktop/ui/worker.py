@@ -63,11 +63,13 @@ class CoreWorker(QObject):
             self.finished.emit(request.request_id, result)
         except GalahadError as exc:
             self.failed.emit(request.request_id, str(exc), type(exc).__name__)
-        except Exception as exc:  # reported to the window as a crash, logged without content
+        except Exception as exc:  # reported to the window as a crash
+            # Type and stack only: an exception's message can quote private text.
             log.error(
-                "task %s failed: %s",
+                "task %s failed: %s\n%s",
                 request.name,
-                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)),
+                type(exc).__name__,
+                "".join(traceback.format_tb(exc.__traceback__, limit=8)),
             )
             self.failed.emit(
                 request.request_id,

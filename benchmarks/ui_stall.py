@@ -1,0 +1,108 @@
+"""Longest main-thread stall of the desktop window during a deposit, a resume and a save.
+
+A 5 ms QTimer ticks on the main thread while the real window drives the real worker; the
+longest gap between ticks is the longest time the UI could not respond. Target: < 50 ms.
+
+Run: scripts/with-keyring.sh env QT_QPA_PLATFORM=offscreen .venv/bin/python \
+         benchmarks/ui_stall.py [--tokens 4000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from galahad_desktop.bench.corpus import Corpus  # noqa: E402
+from galahad_desktop.settings import Settings  # noqa: E402
+from galahad_desktop.ui.main_window import MainWindow  # noqa: E402
+from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory  # noqa: E402
+
+
+class StallMeter:
+    def __init__(self) -> None:
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(self._tick)
+        self.last = time.perf_counter()
+        self.worst = 0.0
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.worst = max(self.worst, now - self.last)
+        self.last = now
+
+    def measure(self, start: Callable[[], None], done: Callable[[], bool]) -> float:
+        self.worst = 0.0
+        self.last = time.perf_counter()
+        self.timer.start()
+        start()
+        while not done():
+            loop = QEventLoop()
+            QTimer.singleShot(2, loop.quit)
+            loop.exec()
+        self.timer.stop()
+        return self.worst * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=4000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    app = QApplication(sys.argv)
+    data = Path(tempfile.mkdtemp()) / "data"
+    data.mkdir(mode=0o700)
+    Settings(data).update({"n_ctx": args.tokens + 1024, "max_tokens": 24})
+    bridge = CoreBridge(default_tasks_factory(data, None))
+    window = MainWindow(bridge, data, show_dialogs=False)
+    window.show()
+    meter = StallMeter()
+    idle = lambda: bridge.pending() == 0  # noqa: E731
+    results = {"startup_ms": meter.measure(lambda: None, idle)}
+
+    doc = Path(tempfile.mkdtemp()) / "minutes.txt"
+    corpus = Corpus(7)
+    doc.write_text("\n".join(corpus.filler(int(args.tokens * 0.5))))
+    results["deposit_ms"] = meter.measure(lambda: window.deposit(doc), idle)
+
+    def chat() -> None:
+        window.document_list.item(0).setSelected(True)
+        window.chat_with_document()
+
+    meter.measure(chat, idle)
+    window.input.setPlainText("Summarise the minutes in one line.")
+    results["save_turn_ms"] = meter.measure(window.send, idle)
+    conversation = window.conversation_id
+    window.new_chat()
+    bridge.call("lock")  # drop the live state so the resume really grafts from disk
+    meter.measure(lambda: None, idle)
+    bridge.call("unlock")
+    results["resume_ms"] = meter.measure(lambda: window.open_conversation(conversation), idle)
+    graft = window.graft_label.text()
+    window.close()
+    bridge.stop()
+    app.quit()
+    out = {"longest_stall_ms": results, "target_ms": 50, "resume_status": graft,
+           "tokens": args.tokens, "ok": max(results.values()) < 50}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for name, value in results.items():
+            print(f"{name:>14}: longest main-thread stall {value:6.1f} ms")
+        print(f"resume status: {graft}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
