@@ -22,7 +22,7 @@ from typing import Any
 
 from galahad_desktop import __version__
 from galahad_desktop.engine.engine import Progress
-from galahad_desktop.errors import GalahadError, InputError
+from galahad_desktop.errors import GalahadError, InputError, KeyAccessError
 from galahad_desktop.paths import default_data_dir
 
 
@@ -47,6 +47,13 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
         action="store_true",
         default=default(False),
         help="print exactly one JSON object on stdout",
+    )
+    parser.add_argument(
+        "--passphrase",
+        action="store_true",
+        default=default(False),
+        help="protect the data directory with a passphrase instead of the OS keyring "
+        "(asked for, or read from $GALAHAD_PASSPHRASE)",
     )
     parser.add_argument(
         "--set",
@@ -111,6 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision")
     p.add_argument("--use", action="store_true", help="make it the model in settings")
     p = add("gui", "open the desktop window")
+    p = add("verified", "the verified-answer library")
+    p.add_argument("action", choices=["add", "list", "remove", "ask", "check"])
+    p.add_argument(
+        "items",
+        nargs="*",
+        help="add/check: QUESTION ANSWER; remove: ID; "
+        "ask: QUESTION (or --conversation ID QUESTION)",
+    )
+    p.add_argument("--conversation")
+    p.add_argument(
+        "--user-verified",
+        action="store_true",
+        help="store an answer no verifier can check, on your word",
+    )
+    _sampling_args(p)
     p = add("bench", "benchmarks side by side with the alternatives (throwaway data dir)")
     p.add_argument("kind", choices=["resume", "persist", "deposit"])
     p.add_argument("--sizes", default="1000,4000,16000", help="token counts, comma-separated")
@@ -118,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=3, help="turns per size (persist)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p = add("eval", "evaluations (throwaway data dir)")
-    p.add_argument("kind", choices=["needles"])
+    p.add_argument("kind", choices=["needles", "tamper", "crashes", "hostile", "flywheel"])
+    p.add_argument("--problems", type=int, default=30, help="flywheel: problems")
+    p.add_argument("--attempts", type=int, default=5, help="flywheel: best-of-N first solve")
+    p.add_argument("--mutations", type=int, default=1000, help="tamper: mutations to try")
+    p.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
     p.add_argument("--blocks", type=int, default=64)
     p.add_argument("--block-tokens", type=int, default=2000)
     p.add_argument("--controls", type=int, default=16)
@@ -188,11 +214,33 @@ def _cancel_on_sigint() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
+def passphrase_for(args: argparse.Namespace, data_dir: Path) -> str | None:
+    """The passphrase when the data directory uses one (or --passphrase asks for it)."""
+    from galahad_desktop.vault.keys import keystore_mode_file
+
+    if not (args.passphrase or keystore_mode_file(data_dir).exists()):
+        return None
+    env = os.environ.get("GALAHAD_PASSPHRASE")
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise KeyAccessError(
+            f"{data_dir} uses a passphrase: set GALAHAD_PASSPHRASE or run interactively."
+        )
+    import getpass
+
+    return getpass.getpass("Passphrase for Galahad: ")
+
+
 def _open(args: argparse.Namespace) -> Any:
     from galahad_desktop.memory.service import Galahad
 
+    data_dir = args.data_dir or default_data_dir()
     return Galahad(
-        args.data_dir or default_data_dir(), model_path=args.model, overrides=_parse_pairs(args.set)
+        data_dir,
+        model_path=args.model,
+        overrides=_parse_pairs(args.set),
+        passphrase=passphrase_for(args, data_dir),
     )
 
 
@@ -348,6 +396,45 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
             f"deposit {r['deposit_ms']:.0f} ms ({r['overhead_percent']:+.1f}%)"
             for r in result["results"]
         )
+    elif args.kind == "flywheel":
+        from galahad_desktop.bench.flywheel import eval_flywheel
+
+        result = eval_flywheel(
+            args.problems, args.attempts, args.seed, args.model, overrides, out.info
+        )
+        text = (
+            f"{result['problems']} problems, {result['solved_and_stored']} verified and "
+            f"stored using {result['first_decode_tokens']} decode tokens; recurrence "
+            f"{result['recurrence_correct']}/{result['solved_and_stored']} correct with "
+            f"{result['recurrence_decode_tokens']} decode tokens; transfer "
+            f"{result['transfer_correct']} correct with {result['transfer_decode_tokens']} "
+            f"decode tokens; near misses {result['near_misses']}: "
+            f"{result['gate_wrong_answers']} wrong stored answers"
+        )
+    elif args.kind in ("tamper", "crashes", "hostile"):
+        from galahad_desktop import hardening
+
+        if args.kind == "tamper":
+            result = hardening.tamper_fuzz(args.mutations, args.seed, out.info)
+            text = (
+                f"{result['mutations']} mutations: {result['refused']} refused, "
+                f"{result['grafted']} grafted, {result['crashed']} crashed"
+            )
+        elif args.kind == "crashes":
+            result = hardening.crash_trials(args.trials, args.seed, out.info)
+            text = (
+                f"{result['trials']} trials ({result['killed']} killed mid-operation): "
+                f"{result['survived']} survived"
+            )
+        else:
+            result = hardening.eval_hostile(out.info)
+            text = (
+                f"{result['inputs']} hostile inputs: {result['refused']} refused, "
+                f"{result['read']} read within limits, {result['crashed']} crashed; "
+                f"slowest {result['slowest_s']:.1f}s; cancel "
+                f"{'honoured' if result['cancel_honoured'] else 'IGNORED'} in "
+                f"{result['cancel_s']:.2f}s"
+            )
     else:
         result = needles.eval_needles(
             args.blocks,
@@ -372,6 +459,59 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
     if name == "bench-resume":
         benchmarks.plot_resume(result, args.out / "bench-resume.png")
     out.result(result, text)
+    return 0
+
+
+def cmd_verified(core: Any, args: argparse.Namespace, out: Output) -> int:
+    from dataclasses import asdict
+
+    from galahad_desktop.memory.library import VerifiedLibrary
+
+    library = VerifiedLibrary(core)
+    items = list(args.items)
+    if args.action in ("add", "check"):
+        if len(items) != 2:
+            raise InputError(f"verified {args.action} needs QUESTION and ANSWER.")
+        if args.action == "check":
+            verdict = library.check(items[0], items[1])
+            if verdict is None:
+                out.result({"checkable": False}, "No verifier can check this question.")
+                return 0
+            out.result(
+                {"checkable": True, **asdict(verdict)},
+                f"{'passes' if verdict.ok else 'FAILS'} its {verdict.verifier} check "
+                f"(expected {verdict.expected})",
+            )
+            return 0 if verdict.ok else 1
+        entry = library.add(items[0], items[1], user_verified=args.user_verified)
+        out.result(asdict(entry), f"Stored verified answer {entry.id} ({entry.verifier}).")
+        return 0
+    if args.action == "list":
+        entries = [asdict(e) for e in library.entries()]
+        out.result(
+            {"entries": entries},
+            "\n".join(
+                f"{e['id']}  uses {e['uses']:>3}  {e['question']} -> {e['answer']}" for e in entries
+            )
+            or "The library is empty.",
+        )
+        return 0
+    if args.action == "remove":
+        if len(items) != 1:
+            raise InputError("verified remove needs the entry's id.")
+        library.remove(items[0])
+        out.result({"removed": items[0]}, f"Removed {items[0]}.")
+        return 0
+    if len(items) != 1:
+        raise InputError("verified ask needs one QUESTION.")
+    conversation = args.conversation or core.new_conversation()
+    params = core.sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    result = library.ask(conversation, items[0], params=params)
+    label = (result.library or {}).get("label") or "answered by the model"
+    out.result(
+        result.as_dict(),
+        f"{result.reply}\n({label}; {result.counters.generated_tokens} decode tokens)",
+    )
     return 0
 
 
@@ -533,6 +673,8 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
             {"settings": core.settings.as_dict(), "runtime_changed": changed}, f"Saved.{note}"
         )
         return 0
+    if command == "verified":
+        return cmd_verified(core, args, out)
     if command == "info":
         engine = core.engine
         info = engine.model_info().__dict__
@@ -544,7 +686,8 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
                 "gpu_layers": engine.gpu_layers,
             },
             f"{info['description']} ({info['n_params'] / 1e6:.0f}M params) · "
-            f"fingerprint {engine.fingerprint[:16]} · GPU layers {engine.gpu_layers}",
+            f"fingerprint {engine.fingerprint[:16]} · {engine.backend} backend, "
+            f"{engine.gpu_layers} layers offloaded",
         )
         return 0
     raise InputError(f"Unknown command '{command}'.")
@@ -553,6 +696,11 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
 def main(argv: Sequence[str] | None = None) -> int:
     # Everything this process creates (ours, SQLite's, Qt's, logging's) is private.
     os.umask(0o077)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--extract-worker"] and len(argv) == 2:  # frozen app's document reader
+        from galahad_desktop.memory.extract_worker import run
+
+        return run(argv[1])
     args = build_parser().parse_args(argv)
     out = Output(bool(args.json))
     try:

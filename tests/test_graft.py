@@ -261,3 +261,22 @@ def test_branch_from_an_edited_message(make_core: Callable[..., Galahad]) -> Non
     assert new_messages[2].text == "Name a castle." and len(old_messages) == 4
     assert old_messages[2].text == "Name another one."
     assert fresh.resume(branched.conversation_id).proof.verdict == "exact"
+
+
+def test_a_head_pointed_back_at_an_older_checkpoint_is_refused(
+    make_core: Callable[..., Galahad],
+) -> None:
+    core = make_core()
+    conversation = core.new_conversation()
+    core.send(conversation, "One.", params=core.sampling(max_tokens=3))
+    core.send(conversation, "Two.", params=core.sampling(max_tokens=3))
+    older = core.messages(conversation)[1].block_id
+    assert older is not None
+    core.close()
+    fresh = make_core()
+    with fresh.vault.transaction():  # an edit of the catalog's plain columns
+        fresh.vault.catalog.update(
+            "conversations", conversation, {"head_block_id": older, "n_messages": 2}
+        )
+    with pytest.raises(IntegrityError, match="was edited"):
+        fresh.resume(conversation)

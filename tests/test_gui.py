@@ -152,3 +152,163 @@ def test_stop_regenerate_and_forget(qtbot, open_window, data_dir: Path) -> None:
         window.forget_conversation()
     assert window.conversation_list.count() == 0 and window.messages == []
     assert list(blocks.iterdir()) == []
+
+
+def test_settings_warn_on_runtime_change_and_download_a_model(  # type: ignore[no-untyped-def]
+    qtbot, open_window, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from galahad_desktop.ui.dialogs import SettingsDialog
+    from tests.fakehub import FakeHub
+
+    window = open_window()
+    dialog = SettingsDialog(window)
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: "n_batch" in dialog.editors, timeout=WAIT_MS)
+    assert dialog.warning.text() == ""
+    dialog.editors["temperature"].setValue(0.7)
+    assert dialog.warning.text() == ""  # sampling does not change the bits
+    dialog.editors["n_batch"].setValue(256)
+    assert "stored blocks will be re-read" in dialog.warning.text()
+
+    content = b"GGUF" + bytes(range(256)) * 4096
+    with FakeHub("google/gemma-test-GGUF", "gemma-test.gguf", content) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        dialog.start_download(hub.repo, hub.filename)
+        qtbot.waitUntil(
+            lambda: dialog.model_path.text().endswith("gemma-test.gguf"), timeout=WAIT_MS
+        )
+    downloaded = Path(dialog.model_path.text())
+    assert downloaded.read_bytes() == content and downloaded.parent == data_dir / "models"
+    assert "model_path" in dialog.warning.text()
+    dialog.reject()
+
+
+def test_leak_audit_after_a_scripted_session(  # type: ignore[no-untyped-def]
+    qtbot, open_window, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import base64
+    import sqlite3
+    import stat
+    import sys
+    import tempfile
+    import time
+
+    import keyring
+
+    from galahad_desktop.ui import app as app_module
+    from galahad_desktop.ui.tasks import CoreTasks
+
+    canary = "OSPREY-CANARY-51d2"
+    started = time.time()
+    app_module.setup_logging(data_dir)
+
+    def explode(self, **_kw):  # type: ignore[no-untyped-def]
+        raise RuntimeError(f"a bug that quotes private text: {canary}")
+
+    monkeypatch.setattr(CoreTasks, "explode", explode, raising=False)
+    window = open_window()
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    doc = inputs / f"{canary}-minutes.md"
+    doc.write_text(story(12, secret=f"The vault word is {canary}."))
+    with qtbot.waitSignal(window.deposit_finished, timeout=WAIT_MS):
+        window.deposit(doc)
+    qtbot.waitUntil(lambda: window.document_list.count() == 1, timeout=WAIT_MS)
+    window.document_list.item(0).setSelected(True)
+    with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS):
+        window.chat_with_document()
+    _send(qtbot, window, f"Please remember {canary} for me.")  # also becomes the title
+    with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as crash:
+        window.bridge.call("explode", on_error=window.show_error)
+    assert "Details are in the log file" in crash.args[0] and canary not in crash.args[0]
+    try:
+        raise ValueError(f"uncaught, quoting {canary}")
+    except ValueError:
+        app_module.log_crash(*sys.exc_info()[:1], sys.exc_info()[2])
+    window.close()
+    window.bridge.stop()
+
+    conn = sqlite3.connect(data_dir / "catalog.sqlite")
+    vault_id = bytes(conn.execute("SELECT value FROM meta WHERE key='vault_id'").fetchone()[0])
+    key_id = bytes(conn.execute("SELECT value FROM meta WHERE key='active_key_id'").fetchone()[0])
+    conn.close()
+    encoded = keyring.get_password(
+        "galahad-desktop", f"master-key/{vault_id.decode()}/{key_id.decode()}"
+    )
+    assert encoded is not None
+    needles = [
+        canary.encode(),
+        canary.encode("utf-16-le"),
+        canary.lower().encode(),
+        encoded.encode(),
+        base64.b64decode(encoded),
+    ]
+
+    def recent_files(root: Path) -> list[Path]:
+        out = []
+        for path in root.rglob("*"):
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_mtime >= started:
+                    out.append(path)
+            except OSError:
+                continue
+        return out
+
+    searched = recent_files(data_dir)
+    temp_root = Path(tempfile.gettempdir())
+    searched += [
+        p for p in recent_files(temp_root) if inputs not in p.parents and data_dir not in p.parents
+    ]
+    config = Path.home() / ".config"
+    if config.exists():
+        searched += recent_files(config)
+    assert any(p.name == "galahad.log" for p in searched) and any(
+        p.name == "ui.ini" for p in searched
+    )
+    log_text = (data_dir / "logs" / "galahad.log").read_text()
+    assert "RuntimeError" in log_text and "ValueError" in log_text  # crashes were reported
+    hits = [str(p) for p in searched for n in needles if n in p.read_bytes()]
+    assert hits == []
+    for path in [data_dir, *data_dir.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def test_requests_during_a_deposit_are_serialized_safely(  # type: ignore[no-untyped-def]
+    qtbot, open_window, tmp_path: Path
+) -> None:
+    window = open_window()
+    first = _send(qtbot, window, "First conversation.")
+    window.new_chat()
+    second = _send(qtbot, window, "Second conversation.")
+    doc = tmp_path / "long.txt"
+    doc.write_text(story(150))
+    results: dict[str, object] = {}
+    window.deposit(doc)
+    bridge = window.bridge
+    bridge.call(
+        "open_conversation",
+        first["conversation_id"],
+        on_done=lambda r: results.setdefault("opened", r),
+    )
+    bridge.call(
+        "forget", second["conversation_id"], on_done=lambda r: results.setdefault("forgot", r)
+    )
+    bridge.call("rotate_key", on_done=lambda r: results.setdefault("rotated", r))
+    bridge.call(
+        "open_conversation",
+        first["conversation_id"],
+        on_done=lambda r: results.setdefault("reopened", r),
+    )
+    qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
+    assert window.depositing is None and window.document_list.count() == 1
+    assert results["opened"]["graft"]["proof"] == "exact"  # type: ignore[index]
+    assert results["forgot"]["conversations"] == [second["conversation_id"]]  # type: ignore[index]
+    assert results["rotated"]["blocks"] >= 2  # type: ignore[index]
+    audit: dict[str, object] = {}
+    bridge.call("audit", on_done=lambda r: audit.update(r))
+    qtbot.waitUntil(lambda: bool(audit), timeout=WAIT_MS)
+    assert audit["problems"] == [] and audit["ok"] == audit["blocks"]
+    window.refresh_lists()
+    qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
+    assert window.conversation_list.count() == 1

@@ -142,3 +142,12 @@ def test_proof_verdicts() -> None:
     flipped[int(np.argmin(logits))] = logits.max() + 5  # a new winner: diverged
     diverged = proof.compare(record, flipped, 1.0)
     assert diverged.verdict == "diverged" and not diverged.argmax_agree
+
+
+def test_backend_is_named_from_the_system_info_line() -> None:
+    from galahad_desktop.engine.engine import backend_name
+
+    assert backend_name("CPU : SSE3 = 1 | AVX2 = 1 |", False) == "CPU"
+    assert backend_name("CUDA : ARCHS = 900 | CPU : AVX2 = 1", True) == "CUDA"
+    assert backend_name("Metal : EMBED_LIBRARY = 1 | CPU : NEON = 1", True) == "Metal"
+    assert backend_name("Vulkan : ... | CPU : AVX2 = 1", True) == "Vulkan"

@@ -209,6 +209,11 @@ class Engine:
             stops.add(eot)
         return stops
 
+    @property
+    def backend(self) -> str:
+        d = self.fingerprint_details
+        return backend_name(d["system_info"], d["gpu_offload"])
+
     def model_info(self) -> ModelInfo:
         meta = self.llm.metadata
         arch = meta.get("general.architecture", "unknown")
@@ -387,6 +392,28 @@ class Engine:
 
     def close(self) -> None:
         self.llm.close()
+
+
+_BACKENDS = (
+    ("CUDA", "CUDA"),
+    ("ROCm", "ROCm"),
+    ("HIP", "ROCm"),
+    ("Metal", "Metal"),
+    ("MTL", "Metal"),
+    ("Vulkan", "Vulkan"),
+    ("SYCL", "SYCL"),
+    ("OpenCL", "OpenCL"),
+)
+
+
+def backend_name(system_info: str, gpu_offload: bool) -> str:
+    """The accelerator backend llama.cpp was built with, from its system info line."""
+    if gpu_offload:
+        for marker, name in _BACKENDS:
+            if marker in system_info:
+                return name
+        return "GPU"
+    return "CPU"
 
 
 def default_threads() -> int:

@@ -7,10 +7,15 @@ proportion (zip bombs) are refused before parsing, and extracted text is capped.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
+import time
 import zipfile
 from pathlib import Path
 
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import CancelledError, InputError
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_TEXT_CHARS = 8 * 1024 * 1024
@@ -72,7 +77,21 @@ TEXT_SUFFIXES = frozenset(
 SUPPORTED = "text and source files, .md, .pdf and .docx"
 
 
+_SIGNATURES = (
+    (b"%PDF-", "a PDF", ".pdf"),
+    (b"PK\x03\x04", "a ZIP archive (e.g. .docx)", ".docx"),
+    (b"\x89PNG", "a PNG image", None),
+    (b"\xff\xd8\xff", "a JPEG image", None),
+    (b"\x7fELF", "a program", None),
+    (b"GGUF", "a model file", None),
+)
+
+
 def _decode_text(data: bytes, name: str) -> str:
+    for magic, what, suffix in _SIGNATURES:
+        if data.startswith(magic):
+            hint = f"; rename it to {suffix}" if suffix else ""
+            raise InputError(f"'{name}' looks like {what}, not text{hint}.")
     if b"\x00" in data[:65536]:
         raise InputError(f"'{name}' looks like a binary file, not text ({SUPPORTED}).")
     try:
@@ -133,6 +152,11 @@ def _docx_text(path: Path) -> str:
 def extract_text(path: Path) -> str:
     """The document's text, or an InputError that names the file and the problem."""
     path = Path(path)
+    _precheck(path)
+    return _extract(path)
+
+
+def _precheck(path: Path) -> None:
     if not path.exists():
         raise InputError(f"'{path}' does not exist.")
     if not path.is_file():
@@ -142,9 +166,15 @@ def extract_text(path: Path) -> str:
         raise InputError(f"'{path.name}' is empty.")
     if size > MAX_FILE_BYTES:
         raise InputError(
-            f"'{path.name}' is {size / 1e6:.0f} MB; documents may be at most "
-            f"{MAX_FILE_BYTES / 1e6:.0f} MB."
+            f"'{path.name}' is {size / 2**20:,.0f} MiB; documents may be at most "
+            f"{MAX_FILE_BYTES / 2**20:.0f} MiB."
         )
+    suffix = path.suffix.lower()
+    if suffix not in (".pdf", ".docx", "") and suffix not in TEXT_SUFFIXES:
+        raise InputError(f"'{path.name}': the type '{suffix}' is not supported ({SUPPORTED}).")
+
+
+def _extract(path: Path) -> str:
     suffix = path.suffix.lower()
     try:
         if suffix == ".pdf":
@@ -163,3 +193,67 @@ def extract_text(path: Path) -> str:
     if len(text) > MAX_TEXT_CHARS:
         raise InputError(f"'{path.name}' holds more text than one document may.")
     return text
+
+
+def _limit_child(memory_bytes: int, cpu_seconds: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+
+
+def extract_text_bounded(
+    path: Path,
+    timeout_s: float = 120.0,
+    memory_mb: int = 2048,
+    cancel: threading.Event | None = None,
+) -> str:
+    """extract_text in a child process with memory, CPU and wall-clock limits; cancellable.
+
+    Quick refusals (missing, empty, too big, unsupported type) happen here without a child.
+    """
+    path = Path(path)
+    _precheck(path)
+    if getattr(sys, "frozen", False):
+        command = [sys.executable, "--extract-worker", str(path)]
+    else:
+        command = [sys.executable, "-m", "galahad_desktop.memory.extract_worker", str(path)]
+    child = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: _limit_child(memory_mb * 1024 * 1024, int(timeout_s) + 1),
+    )
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    reader = threading.Thread(
+        target=lambda: chunks.append(child.stdout.read() if child.stdout else b""), daemon=True
+    )
+    reader.start()
+    while reader.is_alive():
+        reader.join(0.05)
+        if cancel is not None and cancel.is_set():
+            child.kill()
+            child.wait()
+            raise CancelledError(f"Reading '{path.name}' was cancelled; nothing was stored.")
+        if time.monotonic() > deadline:
+            child.kill()
+            child.wait()
+            raise InputError(f"'{path.name}' took longer than {timeout_s:.0f} s to read; refused.")
+    code = child.wait()
+    raw = b"".join(chunks)
+    if not raw:
+        raise InputError(
+            f"'{path.name}' could not be read within the limits ({memory_mb} MB of memory, "
+            f"{timeout_s:.0f} s); the reader stopped with code {code}."
+        )
+    try:
+        result = json.loads(raw)
+    except ValueError:
+        raise InputError(
+            f"'{path.name}' could not be read (the reader's output was cut)."
+        ) from None
+    if "error" in result:
+        raise InputError(result["error"])
+    return str(result["text"])

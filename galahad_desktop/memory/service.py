@@ -13,6 +13,7 @@ never reaches llama.cpp.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +26,11 @@ from galahad_desktop.engine.engine import Counters, Engine, EngineConfig, Progre
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.faults import crashpoint
-from galahad_desktop.memory.documents import extract_text
+from galahad_desktop.memory.documents import extract_text_bounded
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import Settings
-from galahad_desktop.vault.keys import KeyStore
+from galahad_desktop.vault import crypto
+from galahad_desktop.vault.keys import KeyStore, open_keystore
 from galahad_desktop.vault.vault import Vault, new_id, tokens_digest
 
 # Room kept free after a document for a question and its answer.
@@ -73,9 +75,11 @@ class TurnResult:
     graft: GraftReport | None
     context_tokens: int
     tokens_per_s: float
+    library: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "library": self.library,
             "conversation_id": self.conversation_id,
             "reply": self.reply,
             "stop_reason": self.stop_reason,
@@ -180,8 +184,11 @@ class Galahad:
         model_path: Path | None = None,
         keystore: KeyStore | None = None,
         overrides: dict[str, Any] | None = None,
+        passphrase: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        if keystore is None:
+            keystore = open_keystore(self.data_dir, passphrase)
         self.vault = Vault(self.data_dir, keystore)
         try:
             self.settings = Settings(self.data_dir)
@@ -255,6 +262,31 @@ class Galahad:
         if row is None:
             raise NotFoundError(f"No document has the id '{document_id}'.")
         return row
+
+    # -- sealed pointers ---------------------------------------------------------------
+    # A conversation's head (and a document's block) is a plain column the audit can read
+    # without a key; its sealed copy, encrypted and bound to the row, catches an edit that
+    # points the row at another of its own, older checkpoints.
+    def _seal(self, table: str, row_id: str, pointer: str | None, n_messages: int) -> bytes:
+        payload = json.dumps({"pointer": pointer, "n_messages": n_messages})
+        return self.vault.fields.encrypt_text(payload, table, "seal", row_id)
+
+    def _check_seal(self, table: str, row: dict[str, Any], pointer_column: str) -> None:
+        sealed = row.get("seal")
+        n_messages = row.get("n_messages") or 0
+        try:
+            if sealed is None:
+                raise crypto.DecryptionFailed("missing")
+            found = json.loads(self.vault.fields.decrypt_text(sealed, table, "seal", row["id"]))
+        except crypto.DecryptionFailed:
+            found = None
+        if found != {"pointer": row[pointer_column], "n_messages": n_messages}:
+            from galahad_desktop.errors import IntegrityError
+
+            raise IntegrityError(
+                f"The catalog record of {row['id']} was edited (its latest checkpoint does not "
+                "match its sealed copy); refused."
+            )
 
     def head_block(self, conversation_id: str) -> str:
         head = self._conversation_row(conversation_id)["head_block_id"]
@@ -428,11 +460,18 @@ class Galahad:
         )
         with self.vault.transaction():
             self.vault.catalog.insert("blocks", new_row)
-            for table, column in (("conversations", "head_block_id"), ("documents", "block_id")):
-                self.vault.catalog.db.execute(
-                    f"UPDATE {table} SET {column} = ? WHERE {column} = ?",
-                    [new_row["id"], row["id"]],
-                )
+            for table, column in (
+                ("conversations", "head_block_id"),
+                ("documents", "block_id"),
+                ("verified", "block_id"),
+            ):
+                for owner in self.vault.catalog.rows(table, f"{column} = ?", [row["id"]]):
+                    changes: dict[str, Any] = {column: new_row["id"]}
+                    if table != "verified":  # verified entries have no sealed pointer
+                        changes["seal"] = self._seal(
+                            table, owner["id"], new_row["id"], owner.get("n_messages") or 0
+                        )
+                    self.vault.catalog.update(table, owner["id"], changes)
             self.vault.catalog.db.execute(
                 "UPDATE messages SET block_id = ? WHERE block_id = ?", [new_row["id"], row["id"]]
             )
@@ -455,17 +494,24 @@ class Galahad:
         )
 
     def _ensure_live(
-        self, conv: dict[str, Any], counters: Counters, progress: ProgressFn | None = None
+        self,
+        conv: dict[str, Any],
+        counters: Counters,
+        progress: ProgressFn | None = None,
+        seal_checked: bool = False,
     ) -> GraftReport | None:
         """Make the context hold this conversation's head plus the probe."""
         engine = self.engine
         live = self._live
+        if not seal_checked:
+            self._check_seal("conversations", conv, "head_block_id")
         if conv["head_block_id"]:
             if live and live.owner_id == conv["id"] and live.block_id == conv["head_block_id"]:
                 return None
             return self._graft(conv["head_block_id"], conv["id"], counters, progress)
         if conv["document_id"]:
             doc = self._document_row(conv["document_id"])
+            self._check_seal("documents", doc, "block_id")
             if live and live.owner_id == doc["id"] and live.block_id == doc["block_id"]:
                 return None
             return self._graft(doc["block_id"], doc["id"], counters, progress)
@@ -494,6 +540,7 @@ class Galahad:
                     "head_block_id": None,
                     "n_tokens": 0,
                     "n_messages": 0,
+                    "seal": self._seal("conversations", conversation_id, None, 0),
                     "created_at": now,
                     "updated_at": now,
                 },
@@ -608,6 +655,7 @@ class Galahad:
                     "head_block_id": None,
                     "n_tokens": 0,
                     "n_messages": seq,
+                    "seal": self._seal("conversations", branch_id, None, seq),
                     "created_at": now,
                     "updated_at": now,
                 },
@@ -646,10 +694,11 @@ class Galahad:
         """Make the context hold the conversation just before message `seq` (plus the probe),
         from the checkpoint stored at that turn boundary. Returns (graft, checkpoint id)."""
         engine = self.engine
+        self._check_seal("conversations", conv, "head_block_id")
         self._live = None
         if seq == 0:
             start_conv = {**conv, "head_block_id": None}
-            return self._ensure_live(start_conv, counters, progress), None
+            return self._ensure_live(start_conv, counters, progress, seal_checked=True), None
         checkpoint = rows[seq - 1]["block_id"]
         if checkpoint and self.vault.catalog.get("blocks", checkpoint) is not None:
             return self._graft(checkpoint, conv["id"], counters, progress), checkpoint
@@ -710,17 +759,52 @@ class Galahad:
         close = engine.model_close()
         engine.evaluate(close)
         counters.new_tokens += len(close)
+        reply_end = len(engine.tokens)
         persist_start = time.perf_counter()
-        generation_no = 1 + max(
-            [
-                r["generation"]
-                for r in self.vault.catalog.rows("blocks", "owner_id = ?", [conv["id"]])
-            ]
-            or [0]
-        )
+        generation_no = self._next_generation(conv["id"])
         row, _record = self._persist_state(
             "conversation", conv["id"], parent_block, generation_no, counters
         )
+        self._commit_turn(
+            conv,
+            row,
+            seq,
+            text,
+            generation.text,
+            (user_start, reply_start, reply_end),
+            replaced_messages,
+            retire_head,
+        )
+        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
+        return TurnResult(
+            conv["id"],
+            generation.text,
+            generation.stop_reason,
+            counters,
+            graft.proof if graft else proofs.NO_PROOF,
+            graft,
+            len(engine.tokens),
+            generation.tokens_per_s,
+        )
+
+    def _next_generation(self, owner_id: str) -> int:
+        rows = self.vault.catalog.rows("blocks", "owner_id = ?", [owner_id])
+        return 1 + max([int(r["generation"]) for r in rows] or [0])
+
+    def _commit_turn(
+        self,
+        conv: dict[str, Any],
+        row: dict[str, Any],
+        seq: int,
+        text: str,
+        reply: str,
+        boundaries: tuple[int, int, int],
+        replaced_messages: list[str],
+        retire_head: bool = False,
+    ) -> None:
+        """One transaction: the turn's block row, its two messages, the sealed new head, and
+        the checkpoints retired beyond the `checkpoints` setting."""
+        user_start, reply_start, reply_end = boundaries
         crashpoint("persist-before-commit")
         fields = self.vault.fields
         now = time.time()
@@ -741,13 +825,7 @@ class Galahad:
             for offset, (role, message, tok_start, tok_end, block_id) in enumerate(
                 (
                     ("user", text, user_start, reply_start, None),
-                    (
-                        "model",
-                        generation.text,
-                        reply_start,
-                        len(engine.tokens) - len(engine.probe_tokens),
-                        row["id"],
-                    ),
+                    ("model", reply, reply_start, reply_end, row["id"]),
                 )
             ):
                 message_id = new_id("m")
@@ -769,6 +847,7 @@ class Galahad:
                 "head_block_id": row["id"],
                 "n_tokens": row["n_tokens"],
                 "n_messages": seq + 2,
+                "seal": self._seal("conversations", conv["id"], row["id"], seq + 2),
                 "updated_at": now,
             }
             if seq == 0 and not self.conversation_title(conv):
@@ -786,17 +865,6 @@ class Galahad:
         crashpoint("persist-after-commit")
         self.vault.unlink_block_files(retired)
         self._live = _Live(conv["id"], row["id"])
-        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
-        return TurnResult(
-            conv["id"],
-            generation.text,
-            generation.stop_reason,
-            counters,
-            graft.proof if graft else proofs.NO_PROOF,
-            graft,
-            len(engine.tokens),
-            generation.tokens_per_s,
-        )
 
     # -- documents -----------------------------------------------------------------------
     def document_limit(self) -> int:
@@ -811,7 +879,7 @@ class Galahad:
     ) -> DepositResult:
         """Read a document once, store its KV block, and return what it cost."""
         path = Path(path)
-        text = extract_text(path)
+        text = extract_text_bounded(path, cancel=cancel)
         return self.deposit_text(name or path.name, text, path.stat().st_size, progress, cancel)
 
     def document_tokens(self, name: str, text: str) -> list[int]:
@@ -839,6 +907,12 @@ class Galahad:
         """Store a document given as text (the file was read already, or it was generated)."""
         if not text.strip():
             raise InputError(f"'{name}' contains no text.")
+        limit = self.document_limit()
+        if len(text) > limit * 40:  # no tokenizer packs 40 characters into one token
+            raise InputError(
+                f"'{name}' has {len(text):,} characters, far more than the {limit:,} tokens "
+                "one document may hold; nothing was stored."
+            )
         engine = self.engine
         tokens = self.document_tokens(name, text)
         limit = self.document_limit()
@@ -865,6 +939,7 @@ class Galahad:
                     "name_enc": fields.encrypt_text(name, "documents", "name", document_id),
                     "text_enc": fields.encrypt_text(text, "documents", "text", document_id),
                     "block_id": row["id"],
+                    "seal": self._seal("documents", document_id, row["id"], 0),
                     "n_tokens": len(tokens),
                     "source_bytes": source_bytes
                     if source_bytes is not None

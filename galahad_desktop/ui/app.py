@@ -27,12 +27,17 @@ def setup_logging(data_dir: Path) -> Path:
     return path
 
 
+def log_crash(kind: type[BaseException], tb: TracebackType | None) -> None:
+    """Type and stack only: an exception's message or locals can quote private text."""
+    stack = "".join(traceback.format_tb(tb, limit=12))
+    logging.getLogger("galahad.crash").error("uncaught %s\n%s", kind.__name__, stack)
+
+
 def install_crash_handler(log_path: Path) -> None:
     """An uncaught exception is logged (type and stack, no values) and shown in a dialog."""
 
     def handler(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        stack = "".join(traceback.format_tb(tb, limit=12))
-        logging.getLogger("galahad.crash").error("uncaught %s\n%s", kind.__name__, stack)
+        log_crash(kind, tb)
         from PySide6.QtWidgets import QApplication, QMessageBox
 
         if QApplication.instance() is not None:
@@ -44,6 +49,40 @@ def install_crash_handler(log_path: Path) -> None:
             )
 
     sys.excepthook = handler
+
+
+def choose_key_storage(data_dir: Path) -> str | bool | None:
+    """None: use the OS keyring. A string: the passphrase. False: the user gave up."""
+    from PySide6.QtWidgets import QInputDialog, QLineEdit, QMessageBox
+
+    from galahad_desktop.errors import KeyAccessError
+    from galahad_desktop.vault.keys import KeyringKeyStore, keystore_mode_file
+
+    def ask(prompt: str) -> str | None:
+        text, ok = QInputDialog.getText(
+            None, "Galahad Desktop", prompt, QLineEdit.EchoMode.Password
+        )
+        return text if ok else None
+
+    if keystore_mode_file(data_dir).exists():
+        return ask("Passphrase for your Galahad data:") or False
+    try:
+        KeyringKeyStore()
+        return None
+    except KeyAccessError as exc:
+        answer = QMessageBox.question(
+            None,
+            "No keyring",
+            f"{exc}\n\nProtect your data with a passphrase instead? It is never stored; "
+            "without it the data cannot be opened.",
+        )
+        if answer != QMessageBox.StandardButton.Yes:
+            return False
+        first = ask("Choose a passphrase (at least 8 characters):")
+        if not first or ask("Type the passphrase again:") != first:
+            QMessageBox.warning(None, "Galahad Desktop", "The passphrases did not match.")
+            return False
+        return first
 
 
 def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int:
@@ -64,7 +103,11 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
     icon = asset_path("galahad.svg")
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))
-    bridge = CoreBridge(default_tasks_factory(data_dir, model_path))
+    passphrase = choose_key_storage(data_dir)
+    if passphrase is False:
+        return 1
+    chosen = passphrase if isinstance(passphrase, str) else None
+    bridge = CoreBridge(default_tasks_factory(data_dir, model_path, chosen))
     window = MainWindow(bridge, data_dir)
     window.show()
     code = app.exec()

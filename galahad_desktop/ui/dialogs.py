@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
@@ -324,13 +326,14 @@ class TokenChart(QWidget):
         if not self.history:
             painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, "No grafts yet")
             return
-        restored = recomputed = 0
-        series: list[tuple[int, int]] = []
+        restored = recomputed = saved = 0
+        series: list[tuple[int, int, int]] = []
         for entry in self.history:
             restored += entry["restored"]
             recomputed += entry["recomputed"]
-            series.append((restored, recomputed))
-        top = max(1, max(max(r, c) for r, c in series))
+            saved += entry.get("library_saved_tokens", 0)
+            series.append((restored, recomputed, saved))
+        top = max(1, max(max(point) for point in series))
         n = max(1, len(series) - 1)
 
         def point(i: int, value: int) -> QPointF:
@@ -338,7 +341,11 @@ class TokenChart(QWidget):
                 rect.left() + rect.width() * i / n, rect.bottom() - rect.height() * value / top
             )
 
-        for index, color in ((0, QColor("#188038")), (1, QColor("#d93025"))):
+        for index, color in (
+            (0, QColor("#188038")),
+            (1, QColor("#d93025")),
+            (2, QColor("#1a73e8")),
+        ):
             painter.setPen(QPen(color, 2))
             for i in range(1, len(series)):
                 painter.drawLine(point(i - 1, series[i - 1][index]), point(i, series[i][index]))
@@ -347,7 +354,7 @@ class TokenChart(QWidget):
         painter.drawText(
             rect.left(),
             self.height() - 6,
-            "green: tokens restored · red: tokens recomputed (cumulative)",
+            "green: restored · red: recomputed · blue: decoding saved by verified answers",
         )
 
 
@@ -358,10 +365,17 @@ class MemoryDialog(QDialog):
         layout = QVBoxLayout(self)
         self.summary = QLabel("…")
         self.summary.setWordWrap(True)
+        self.window_ = window
         self.chart = TokenChart()
+        self.library_list = QListWidget()
+        remove = QPushButton("Remove selected verified answer")
+        remove.clicked.connect(self.remove_selected)
         layout.addWidget(self.summary)
         layout.addWidget(self.chart, 1)
-        window.bridge.call("memory", on_done=self._show, on_error=window.show_error)
+        layout.addWidget(QLabel("<b>Verified answers</b>"))
+        layout.addWidget(self.library_list)
+        layout.addWidget(remove)
+        self.refresh()
 
     def _show(self, stats: dict[str, Any]) -> None:
         history = stats["history"]
@@ -381,5 +395,34 @@ class MemoryDialog(QDialog):
             f"<b>{stats['restored_tokens_total']:,}</b> tokens restored instead of recomputed, "
             f"{recomputed:,} recomputed · {saved}"
         )
+        library = stats.get("library", [])
+        self.summary.setText(
+            self.summary.text()
+            + (
+                f"<br><b>{len(library)}</b> verified answers, used "
+                f"{sum(e['uses'] for e in library)} times, "
+                f"{stats.get('library_saved_tokens_total', 0):,} decode tokens saved"
+            )
+        )
+        self.library_list.clear()
+        for entry in library:
+            item = QListWidgetItem(
+                f"{entry['question']} → {entry['answer']}  "
+                f"({entry['verifier']}, used {entry['uses']}×)"
+            )
+            item.setData(Qt.ItemDataRole.UserRole, entry["id"])
+            self.library_list.addItem(item)
         self.chart.history = history
         self.chart.update()
+
+    def remove_selected(self) -> None:
+        for item in self.library_list.selectedItems():
+            self.window_.bridge.call(
+                "remove_verified",
+                item.data(Qt.ItemDataRole.UserRole),
+                on_done=lambda _r: self.refresh(),
+                on_error=self.window_.show_error,
+            )
+
+    def refresh(self) -> None:
+        self.window_.bridge.call("memory", on_done=self._show, on_error=self.window_.show_error)

@@ -156,7 +156,12 @@ class MainWindow(QMainWindow):
         self.regenerate_button.clicked.connect(self.regenerate)
         self.edit_button = QPushButton("Edit a message…")
         self.edit_button.clicked.connect(self.edit_message)
-        for button in (self.regenerate_button, self.edit_button):
+        self.verify_button = QPushButton("Mark verified")
+        self.verify_button.setToolTip(
+            "Store the last answer in the verified library (checkable answers must pass)"
+        )
+        self.verify_button.clicked.connect(self.mark_verified)
+        for button in (self.regenerate_button, self.edit_button, self.verify_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
         buttons.addWidget(self.stop_button)
@@ -204,6 +209,9 @@ class MainWindow(QMainWindow):
         action(chat_menu, "Edit a message…", self.edit_message, "Ctrl+E")
         action(chat_menu, "Search", lambda: self.search.setFocus(), QKeySequence.StandardKey.Find)
         action(chat_menu, "Forget this conversation…", self.forget_conversation)
+        self.library_action = action(chat_menu, "Use verified answers", self.toggle_library)
+        self.library_action.setCheckable(True)
+        self.library_action.setChecked(True)
         action(chat_menu, "Forget selected document…", self.forget_document)
         view_menu = self.menuBar().addMenu("&View")
         action(view_menu, "Security…", self.open_security)
@@ -232,7 +240,12 @@ class MainWindow(QMainWindow):
         self.generating = request
         busy = request is not None
         self.stop_button.setEnabled(busy)
-        for widget in (self.send_button, self.regenerate_button, self.edit_button):
+        for widget in (
+            self.send_button,
+            self.regenerate_button,
+            self.edit_button,
+            self.verify_button,
+        ):
             widget.setEnabled(not busy)
 
     # -- startup and lists ---------------------------------------------------------------
@@ -309,6 +322,9 @@ class MainWindow(QMainWindow):
 
     def _conversation_open(self, result: dict[str, Any]) -> None:
         self.conversation_id = result["conversation_id"]
+        self.bridge.call(
+            "library_enabled", self.conversation_id, on_done=self.library_action.setChecked
+        )
         self.messages = result["messages"]
         self.render_transcript()
         self.set_context(result["context_tokens"], result["n_ctx"])
@@ -446,6 +462,27 @@ class MainWindow(QMainWindow):
         conversation_id = self.conversation_id
         self.messages = [*self.messages[:seq], {"role": "user", "text": text}]
         self._start_turn("branch", conversation_id, seq, text)
+
+    # -- verified answers ----------------------------------------------------------------
+    verified_added = Signal(dict)
+
+    def mark_verified(self) -> None:
+        if self.conversation_id is None or self.generating is not None:
+            return
+        self.bridge.call(
+            "mark_verified", self.conversation_id, on_done=self._verified, on_error=self.show_error
+        )
+
+    def _verified(self, entry: dict[str, Any]) -> None:
+        how = entry["verdict"].get("detail", "")
+        self.set_status(f"Stored as a verified answer ({entry['verifier']}: {how})")
+        self.verified_added.emit(entry)
+
+    def toggle_library(self, enabled: bool) -> None:
+        if self.conversation_id is not None:
+            self.bridge.call(
+                "set_library", self.conversation_id, bool(enabled), on_error=self.show_error
+            )
 
     # -- documents -----------------------------------------------------------------------
     def choose_document(self) -> None:

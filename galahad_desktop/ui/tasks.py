@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine.engine import Progress
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.library import VerifiedLibrary
 from galahad_desktop.memory.service import Galahad, TurnResult
 from galahad_desktop.settings import BY_KEY, SETTINGS
 from galahad_desktop.vault.keys import KeyStore
@@ -26,10 +28,16 @@ ProgressCb = Callable[[Progress], None]
 
 class CoreTasks:
     def __init__(
-        self, data_dir: Path, model_path: Path | None = None, keystore: KeyStore | None = None
+        self,
+        data_dir: Path,
+        model_path: Path | None = None,
+        keystore: KeyStore | None = None,
+        passphrase: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.core = Galahad(self.data_dir, model_path=model_path, keystore=keystore)
+        self.core = Galahad(
+            self.data_dir, model_path=model_path, keystore=keystore, passphrase=passphrase
+        )
         self.history_path = self.data_dir / "memory-history.jsonl"
 
     def close(self) -> None:
@@ -46,7 +54,11 @@ class CoreTasks:
                 "recomputed": c.recomputed_tokens,
                 "restore_ms": c.restore_ms,
                 "prefill_ms": c.prefill_ms,
+                "library_saved_tokens": 0,
             }
+            if (result.library or {}).get("mode") == "recurrence":
+                # Decoding the stored answer is what the library saved.
+                entry["library_saved_tokens"] = len(self.core.engine.encode_text(result.reply))
         elif graft is not None:
             entry = {
                 "t": time.time(),
@@ -57,7 +69,7 @@ class CoreTasks:
             }
         else:
             return
-        if entry["restored"] == 0 and entry["recomputed"] == 0:
+        if not (entry["restored"] or entry["recomputed"] or entry.get("library_saved_tokens")):
             return
         fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
@@ -67,6 +79,8 @@ class CoreTasks:
         self._record(result)
         out = result.as_dict()
         out["graft_text"] = result.graft.describe() if result.graft else None
+        if (result.library or {}).get("mode") in ("recurrence", "transfer"):
+            out["graft_text"] = (result.library or {}).get("label")
         out["n_ctx"] = self.core.engine.n_ctx
         return out
 
@@ -77,7 +91,7 @@ class CoreTasks:
             "model": asdict(engine.model_info()),
             "fingerprint": engine.fingerprint,
             "gpu_layers": engine.gpu_layers,
-            "backend": "GPU" if engine.fingerprint_details["gpu_offload"] else "CPU",
+            "backend": engine.backend,
             "n_ctx": engine.n_ctx,
             "keyring": self.core.vault.keystore.backend_name,
             "turn_format": engine.turns.source,
@@ -107,6 +121,10 @@ class CoreTasks:
             "n_ctx": self.core.engine.n_ctx,
         }
 
+    @property
+    def library(self) -> VerifiedLibrary:
+        return VerifiedLibrary(self.core)
+
     def send(
         self,
         conversation_id: str,
@@ -116,9 +134,34 @@ class CoreTasks:
         progress: ProgressCb | None = None,
         **_: Any,
     ) -> dict[str, Any]:
-        return self._turn(
-            self.core.send(conversation_id, text, on_text=stream, cancel=cancel, progress=progress)
+        return self._turn(  # through the verified library (each conversation can opt out)
+            self.library.ask(
+                conversation_id, text, on_text=stream, cancel=cancel, progress=progress
+            )
         )
+
+    def mark_verified(self, conversation_id: str, **_: Any) -> dict[str, Any]:
+        """Store the conversation's last question and answer in the verified library (a
+        checkable answer must pass its check; any other is stored on the user's word)."""
+        messages = self.core.messages(conversation_id)
+        if len(messages) < 2 or messages[-1].role != "model":
+            raise InputError("There is no answer to mark as verified yet.")
+        entry = self.library.add(messages[-2].text, messages[-1].text, user_verified=True)
+        return asdict(entry)
+
+    def library_entries(self, **_: Any) -> list[dict[str, Any]]:
+        return [asdict(e) for e in self.library.entries()]
+
+    def remove_verified(self, entry_id: str, **_: Any) -> bool:
+        self.library.remove(entry_id)
+        return True
+
+    def set_library(self, conversation_id: str, enabled: bool, **_: Any) -> bool:
+        self.library.set_enabled(conversation_id, enabled)
+        return enabled
+
+    def library_enabled(self, conversation_id: str, **_: Any) -> bool:
+        return self.library.enabled(conversation_id)
 
     def regenerate(
         self,
@@ -195,6 +238,10 @@ class CoreTasks:
                     continue
         stats["history"] = history
         stats["restored_tokens_total"] = sum(h["restored"] for h in history)
+        stats["library_saved_tokens_total"] = sum(h.get("library_saved_tokens", 0) for h in history)
+        stats["library"] = [asdict(e) for e in self.library.entries()]
+        stats["library_saved_tokens_total"] = sum(h.get("library_saved_tokens", 0) for h in history)
+        stats["library"] = [asdict(e) for e in self.library.entries()]
         stats["recomputed_tokens_total"] = sum(h["recomputed"] for h in history)
         return stats
 

@@ -187,5 +187,7 @@ class CoreBridge(QObject):
         self._requests.clear()
 
 
-def default_tasks_factory(data_dir: Path, model_path: Path | None) -> Callable[[], CoreTasks]:
-    return lambda: CoreTasks(data_dir, model_path)
+def default_tasks_factory(
+    data_dir: Path, model_path: Path | None, passphrase: str | None = None
+) -> Callable[[], CoreTasks]:
+    return lambda: CoreTasks(data_dir, model_path, passphrase=passphrase)

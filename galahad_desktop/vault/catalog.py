@@ -52,6 +52,8 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "head_block_id": str,
             "n_tokens": int,
             "n_messages": int,
+            "library": int,
+            "seal": bytes,
             "created_at": float,
             "updated_at": float,
         },
@@ -71,12 +73,28 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "id",
     ),
+    "verified": (
+        {
+            "id": str,
+            "lookup": str,
+            "question_enc": bytes,
+            "answer_enc": bytes,
+            "key_enc": bytes,
+            "verdict_enc": bytes,
+            "verifier": str,
+            "block_id": str,
+            "uses": int,
+            "created_at": float,
+        },
+        "id",
+    ),
     "documents": (
         {
             "id": str,
             "name_enc": bytes,
             "text_enc": bytes,
             "block_id": str,
+            "seal": bytes,
             "n_tokens": int,
             "source_bytes": int,
             "created_at": float,
@@ -150,6 +168,9 @@ class Catalog:
     def meta_get(self, key: str) -> bytes | None:
         row = list(self.db["meta"].rows_where("key = ?", [key]))
         return row[0]["value"] if row else None
+
+    def meta_delete(self, key: str) -> None:
+        self.db.execute("DELETE FROM meta WHERE key = ?", [key])
 
     def meta_set(self, key: str, value: bytes) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])

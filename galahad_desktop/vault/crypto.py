@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -49,10 +51,20 @@ def key_wrap_aad(block_id: str, owner_id: str) -> bytes:
 
 
 class FieldCipher:
-    """Encrypts catalog fields (text and blobs) under the catalog data key."""
+    """Encrypts catalog fields (text and blobs) under the catalog data key, and computes
+    keyed lookup tags (HMAC under a subkey) so equal values can be found without storing
+    them in plain text."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key
+        self._mac_key = HKDF(
+            algorithm=hashes.SHA256(), length=32, salt=None, info=b"galahad-lookup-mac/v1"
+        ).derive(key)
+
+    def lookup_tag(self, value: str, purpose: str) -> str:
+        mac = hmac.HMAC(self._mac_key, hashes.SHA256())
+        mac.update(f"{purpose}\0{value}".encode())
+        return mac.finalize().hex()
 
     def encrypt_text(self, text: str, table: str, column: str, row_id: str) -> bytes:
         return seal(self._key, text.encode("utf-8"), field_aad(table, column, row_id))

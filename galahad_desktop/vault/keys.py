@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Protocol
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from galahad_desktop.errors import KeyAccessError
 
@@ -113,3 +120,101 @@ class MemoryKeyStore:
 
     def delete(self, name: str) -> None:
         self.entries.pop(name, None)
+
+
+class PassphraseKeyStore:
+    """For machines without a keyring: master keys wrapped (AES-256-GCM) under a key derived
+    from a passphrase with scrypt, in `<data dir>/passphrase-keys.json`. The passphrase is
+    never stored; a wrong one fails the key check before anything else is read."""
+
+    FILE_NAME = "passphrase-keys.json"
+    SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
+
+    def __init__(self, data_dir: Path, passphrase: str) -> None:
+        if len(passphrase) < 8:
+            raise KeyAccessError("The passphrase must be at least 8 characters long.")
+        self.path = Path(data_dir) / self.FILE_NAME
+        self._state = self._load()
+        salt = base64.b64decode(self._state["salt"])
+        self._kek = Scrypt(
+            salt=salt, length=32, n=self._state["n"], r=self._state["r"], p=self._state["p"]
+        ).derive(passphrase.encode("utf-8"))
+        check = self._state.get("check")
+        if check is None:
+            self._state["check"] = self._seal(b"galahad-passphrase-check", "check")
+            self._save()
+        else:
+            try:
+                self._open(check, "check")
+            except InvalidTag:
+                raise KeyAccessError(
+                    "The passphrase is wrong: it does not open this data directory. "
+                    "Nothing was read or changed."
+                ) from None
+
+    @property
+    def backend_name(self) -> str:
+        return "passphrase (scrypt)"
+
+    def _load(self) -> dict[str, Any]:
+        if self.path.exists():
+            try:
+                state: dict[str, Any] = json.loads(self.path.read_text("utf-8"))
+                return state
+            except (OSError, ValueError) as exc:
+                raise KeyAccessError(f"{self.path} is unreadable: {exc}") from None
+        return {
+            "salt": base64.b64encode(os.urandom(16)).decode(),
+            "n": self.SCRYPT_N,
+            "r": self.SCRYPT_R,
+            "p": self.SCRYPT_P,
+            "entries": {},
+        }
+
+    def _save(self) -> None:
+        from galahad_desktop.vault.atomic import atomic_write_bytes
+
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_bytes(self.path, json.dumps(self._state, indent=1).encode("utf-8"))
+
+    def _seal(self, data: bytes, name: str) -> str:
+        nonce = os.urandom(12)
+        sealed = nonce + AESGCM(self._kek).encrypt(nonce, data, name.encode())
+        return base64.b64encode(sealed).decode()
+
+    def _open(self, blob: str, name: str) -> bytes:
+        raw = base64.b64decode(blob)
+        return AESGCM(self._kek).decrypt(raw[:12], raw[12:], name.encode())
+
+    def get(self, name: str) -> bytes | None:
+        blob = self._state["entries"].get(name)
+        if blob is None:
+            return None
+        try:
+            return self._open(blob, name)
+        except InvalidTag:
+            raise KeyAccessError(f"The stored key '{name}' failed authentication.") from None
+
+    def put(self, name: str, key: bytes) -> None:
+        self._state["entries"][name] = self._seal(key, name)
+        self._save()
+
+    def delete(self, name: str) -> None:
+        if self._state["entries"].pop(name, None) is not None:
+            self._save()
+
+
+def keystore_mode_file(data_dir: Path) -> Path:
+    return Path(data_dir) / PassphraseKeyStore.FILE_NAME
+
+
+def open_keystore(data_dir: Path, passphrase: str | None) -> KeyStore:
+    """The keystore a data directory uses: passphrase mode once chosen, else the OS keyring."""
+    if keystore_mode_file(data_dir).exists() or passphrase is not None:
+        if passphrase is None:
+            raise KeyAccessError(
+                f"{data_dir} is protected by a passphrase: give it with --passphrase "
+                "(or GALAHAD_PASSPHRASE)."
+            )
+        return PassphraseKeyStore(data_dir, passphrase)
+    return KeyringKeyStore()

@@ -170,6 +170,7 @@ class Vault:
             ) from None
         self._master: bytes | None = master
         self.fields: crypto.FieldCipher = crypto.FieldCipher(catalog_key)
+        self._finish_rotation()
 
     @property
     def locked(self) -> bool:
@@ -190,11 +191,19 @@ class Vault:
         return self._master
 
     def rotate_master_key(self) -> str:
-        """Re-wrap the catalog key and every block key under a fresh master key."""
+        """Re-wrap the catalog key and every block key under a fresh master key.
+
+        Crash-safe: the new key id is recorded as pending before the key is stored, and the
+        old one as retired in the same transaction that switches over; whatever a crash
+        leaves behind is finished or undone the next time the vault opens.
+        """
         old_master = self._require_master()
         old_key_id, vault_id = self.key_id, self.vault_id
         new_key_id, new_master = secrets.token_hex(4), crypto.new_key()
+        with self.catalog.transaction():
+            self.catalog.meta_set("pending_key_id", new_key_id.encode())
         self.keystore.put(entry_name(vault_id, new_key_id), new_master)
+        crashpoint("rotate-after-put")
         wrapped_catalog = self.catalog.meta_get("catalog_key_wrapped")
         assert wrapped_catalog is not None
         catalog_key = crypto.open_sealed(
@@ -213,10 +222,24 @@ class Vault:
                 crypto.seal(new_master, catalog_key, _catalog_key_aad(vault_id, new_key_id)),
             )
             self.catalog.meta_set("active_key_id", new_key_id.encode())
+            self.catalog.meta_set("retired_key_id", old_key_id.encode())
+            self.catalog.meta_delete("pending_key_id")
         crashpoint("rotate-after-commit")
-        self.keystore.delete(entry_name(vault_id, old_key_id))
         self._master = new_master
+        self._finish_rotation()
         return new_key_id
+
+    def _finish_rotation(self) -> None:
+        """Remove a key a rotation left behind: never committed (pending) or replaced."""
+        active = self.key_id
+        for marker in ("pending_key_id", "retired_key_id"):
+            value = self.catalog.meta_get(marker)
+            if value is None:
+                continue
+            if value.decode() != active:
+                self.keystore.delete(entry_name(self.vault_id, value.decode()))
+            with self.catalog.transaction():
+                self.catalog.meta_delete(marker)
 
     # -- blocks --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -239,6 +262,7 @@ class Vault:
         payload: memoryview,
         sealed_meta: dict[str, Any],
         capture_ms: float,
+        chunk_bytes: int = blockfile.CHUNK_BYTES,
     ) -> dict[str, Any]:
         """Encrypt and write a block file; return its catalog row, to insert in a transaction.
 
@@ -260,7 +284,7 @@ class Vault:
             fingerprint=fingerprint,
             created_at=time.time(),
             payload_bytes=len(payload),
-            chunk_bytes=blockfile.CHUNK_BYTES,
+            chunk_bytes=chunk_bytes,
             nonce_prefix=blockfile.new_nonce_prefix(),
         )
         path = self.block_path(block_id)

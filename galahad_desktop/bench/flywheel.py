@@ -1,0 +1,145 @@
+"""`galahad eval flywheel`: solve once with a larger budget, verify, store; then ask again
+(recurrence, paraphrased), ask variants (transfer) and near misses (the gate).
+
+Problems are generated locally from a seed: arithmetic and unit conversions, all checkable.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.bench.benchmarks import Bench, Log, machine
+from galahad_desktop.memory.library import VerifiedLibrary
+from galahad_desktop.memory.verifiers import verifier_for
+
+UNIT_TEMPLATES = (("km", "m"), ("kg", "g"), ("h", "min"), ("m", "cm"), ("l", "ml"))
+
+
+def problem(rng: random.Random) -> tuple[str, str, str, str]:
+    """(question, paraphrase with the same numbers, variant, near miss)."""
+    if rng.random() < 0.6:
+        a, b, c = rng.randint(2, 40), rng.randint(2, 20), rng.randint(1, 99)
+        a2 = a + rng.randint(1, 9)
+        return (
+            f"What is {a} * {b} + {c}?",
+            f"Compute {a}*{b} + {c}.",
+            f"What is {a2} * {b} + {c}?",
+            f"What is {a} * {b} + {c + 1}?",
+        )
+    source, target = rng.choice(UNIT_TEMPLATES)
+    value = rng.randint(2, 90)
+    return (
+        f"Convert {value} {source} to {target}.",
+        f"How many {target} are in {value} {source}?",
+        f"Convert {value + rng.randint(1, 9)} {source} to {target}.",
+        f"Convert {value + 1} {source} to {target}.",
+    )
+
+
+def eval_flywheel(
+    problems: int,
+    attempts: int,
+    seed: int,
+    model_path: Path | None,
+    overrides: dict[str, Any],
+    log: Log,
+    budget: int = 48,
+) -> dict[str, Any]:
+    bench = Bench(model_path, {**overrides, "n_ctx": 2048}, log)
+    rng = random.Random(seed)
+    try:
+        core = bench.core
+        library = VerifiedLibrary(core)
+        cases = [problem(rng) for _ in range(problems)]
+        solved, first_tokens, first_ms = [], 0, 0.0
+        for index, (question, _p, _v, _n) in enumerate(cases):
+            verifier, _key = verifier_for(question) or (None, None)
+            assert verifier is not None
+            for attempt in range(attempts):  # best-of-N with a larger budget
+                conversation = core.new_conversation()
+                library.set_enabled(conversation, False)
+                start = time.perf_counter()
+                result = core.send(
+                    conversation,
+                    question,
+                    params=core.sampling(
+                        max_tokens=budget,
+                        temperature=0.0 if attempt == 0 else 0.8,
+                        seed=seed * 1000 + index * 10 + attempt,
+                    ),
+                )
+                first_ms += (time.perf_counter() - start) * 1e3
+                first_tokens += result.counters.generated_tokens
+                core.forget(conversation)
+                if verifier.check(question, result.reply).ok:
+                    library.add(question, result.reply)
+                    solved.append(index)
+                    break
+            log(
+                f"flywheel: problem {index + 1}/{problems}: "
+                f"{'verified and stored' if solved and solved[-1] == index else 'unsolved'}"
+            )
+
+        def ask_all(kind: int) -> list[dict[str, Any]]:
+            rows = []
+            for index in solved:
+                question = cases[index][kind]
+                conversation = core.new_conversation()
+                start = time.perf_counter()
+                result = library.ask(
+                    conversation, question, params=core.sampling(max_tokens=budget, temperature=0.0)
+                )
+                elapsed = (time.perf_counter() - start) * 1e3
+                found = verifier_for(question)
+                assert found is not None
+                rows.append(
+                    {
+                        "question": question,
+                        "mode": (result.library or {}).get("mode"),
+                        "decode_tokens": result.counters.generated_tokens,
+                        "ms": elapsed,
+                        "correct": found[0].check(question, result.reply).ok,
+                        "stored_answer_returned": (result.library or {}).get("mode")
+                        == "recurrence",
+                        "recomputed": result.counters.recomputed_tokens,
+                        "proof": result.proof.verdict,
+                    }
+                )
+                core.forget(conversation)
+            return rows
+
+        recurrence = ask_all(1)  # paraphrase, same numbers
+        transfer = ask_all(2)  # variant: other numbers
+        near = ask_all(3)  # same template, one number changed
+        # A stored answer returned for a near miss is wrong by construction (other numbers).
+        gate_wrong = sum(1 for r in near if r["stored_answer_returned"] and not r["correct"])
+        return {
+            "command": "eval flywheel",
+            "problems": problems,
+            "solved_and_stored": len(solved),
+            "attempts_per_problem": attempts,
+            "first_decode_tokens": first_tokens,
+            "first_ms": first_ms,
+            "recurrence_decode_tokens": sum(r["decode_tokens"] for r in recurrence),
+            "recurrence_ms_median": statistics.median([r["ms"] for r in recurrence])
+            if recurrence
+            else None,
+            "recurrence_correct": sum(r["correct"] for r in recurrence),
+            "recurrence_hits": sum(r["mode"] == "recurrence" for r in recurrence),
+            "transfer_decode_tokens": sum(r["decode_tokens"] for r in transfer),
+            "transfer_correct": sum(r["correct"] for r in transfer),
+            "transfer_hits": sum(r["mode"] == "transfer" for r in transfer),
+            "near_misses": len(near),
+            "near_miss_stored_answers": sum(r["stored_answer_returned"] for r in near),
+            "gate_wrong_answers": gate_wrong,
+            "seed": seed,
+            "results": {"recurrence": recurrence, "transfer": transfer, "near_misses": near},
+            "fingerprint": core.engine.fingerprint,
+            "machine": machine(),
+        }
+    finally:
+        bench.close()

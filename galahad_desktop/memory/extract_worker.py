@@ -1,0 +1,32 @@
+"""Child process for document extraction: `python -m galahad_desktop.memory.extract_worker
+PATH` prints one JSON object, {"text": ...} or {"error": ...}. The parent sets its memory and
+CPU limits, so a hostile PDF or DOCX can only fail this process."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.documents import extract_text
+
+
+def run(path: str) -> int:
+    try:
+        out = {"text": extract_text(Path(path))}
+    except InputError as exc:
+        out = {"error": str(exc)}
+    except MemoryError:
+        out = {"error": f"'{Path(path).name}' needs more memory than a document may use."}
+    except RecursionError:
+        out = {"error": f"'{Path(path).name}' is nested too deeply to read."}
+    except Exception as exc:  # a parser bug on hostile input: report it, never crash the app
+        out = {"error": f"'{Path(path).name}' could not be read ({type(exc).__name__})."}
+    sys.stdout.write(json.dumps(out))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1]))

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build the self-contained Linux bundle: dist/galahad-desktop/ (one folder) and
+# dist/galahad-desktop-linux-x86_64.tar.gz, with the .desktop file and icons, then run the
+# frozen app's self-test (temporary data dir: load model, deposit, resume, exact proof).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY=.venv/bin/python
+$PY -m pip install -q "pyinstaller>=6.10,<7"
+$PY packaging/render_icons.py
+export GALAHAD_MODEL_FILE="$($PY -c 'from galahad_desktop.paths import default_model_path as p; print(p())')"
+rm -rf build/pyinstaller dist/galahad-desktop
+$PY -m PyInstaller --noconfirm --clean --distpath dist --workpath build/pyinstaller \
+  packaging/galahad-desktop.spec
+bundle=dist/galahad-desktop
+mkdir -p "$bundle/share/applications" "$bundle/share/icons/hicolor"
+cp packaging/galahad-desktop.desktop "$bundle/share/applications/"
+for png in assets/icons/galahad-*.png; do
+  size="$(basename "$png" .png | sed 's/galahad-//')"
+  mkdir -p "$bundle/share/icons/hicolor/${size}x${size}/apps"
+  cp "$png" "$bundle/share/icons/hicolor/${size}x${size}/apps/galahad-desktop.png"
+done
+cp assets/galahad.svg "$bundle/share/icons/galahad-desktop.svg"
+echo "build-linux: self-test of the frozen app"
+QT_QPA_PLATFORM=offscreen "$bundle/galahad-desktop" --self-test --json
+tar -C dist -czf dist/galahad-desktop-linux-x86_64.tar.gz galahad-desktop
+du -sh "$bundle" dist/galahad-desktop-linux-x86_64.tar.gz

@@ -1,0 +1,106 @@
+"""Hardening: tampering, hostile documents, crashes, keyring failures and passphrase mode.
+The full-size runs are `galahad eval tamper|hostile|crashes` (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from galahad_desktop import hardening
+from tests.conftest import cli_json, run_cli, story
+
+
+def test_tamper_fuzzer_refuses_every_mutation() -> None:
+    result = hardening.tamper_fuzz(1000, seed=1, log=lambda _m: None)
+    assert result["refused"] == 1000
+    assert result["grafted"] == 0 and result["crashed"] == 0
+    assert result["originals_intact"]
+    assert min(result["by_kind"].values()) >= 40  # every kind of mutation was tried
+    assert result["catalog_also_edited"] > 100
+    assert result["refused_by"]["header digest binding"] > 0
+    assert result["refused_by"]["owner binding"] > 0
+
+
+def test_hostile_documents_get_clear_errors_within_limits() -> None:
+    result = hardening.eval_hostile(log=lambda _m: None, timeout_s=30)
+    assert result["inputs"] >= 19 and result["crashed"] == 0
+    assert result["refused"] == result["inputs"]
+    assert all(r["message"] and "Traceback" not in r["message"] for r in result["results"])
+    assert result["slowest_s"] < 30
+    assert result["cancel_honoured"] and result["cancel_s"] < 5
+
+
+@pytest.mark.model
+def test_passphrase_mode_without_any_keyring(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    no_keyring = {"PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring"}
+    good = {**no_keyring, "GALAHAD_PASSPHRASE": "correct horse battery"}
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(10))
+    deposited = cli_json("deposit", str(doc), "--passphrase", data_dir=data, env=good)
+    key_file = (data / "passphrase-keys.json").read_text()
+    assert "correct horse" not in key_file
+    before = {p: p.read_bytes() for p in data.rglob("*.gkv")}
+    wrong = run_cli(
+        "ask",
+        deposited["document_id"],
+        "hi",
+        data_dir=data,
+        check=False,
+        env={**no_keyring, "GALAHAD_PASSPHRASE": "wrong passphrase!"},
+    )
+    assert wrong.returncode == 6 and "passphrase is wrong" in wrong.stderr
+    missing = run_cli("list", data_dir=data, check=False, env=no_keyring)
+    assert missing.returncode == 6 and "protected by a passphrase" in missing.stderr
+    assert before == {p: p.read_bytes() for p in data.rglob("*.gkv")}
+    asked = cli_json(
+        "ask", deposited["document_id"], "hi", "--max-tokens", "2", data_dir=data, env=good
+    )
+    assert asked["proof"] == "exact" and asked["recomputed_tokens"] == 0
+
+
+@pytest.mark.model
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
+@pytest.mark.parametrize(
+    "point", ["rotate-after-put", "rotate-before-commit", "rotate-after-commit"]
+)
+def test_key_rotation_killed_midway_leaves_one_working_key(tmp_path: Path, point: str) -> None:
+    import keyring
+
+    data = tmp_path / "data"
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(8))
+    deposited = cli_json("deposit", str(doc), data_dir=data)
+    old = cli_json("keys", "status", data_dir=data)["key_id"]
+    proc = run_cli("keys", "rotate", data_dir=data, check=False, env={"GALAHAD_CRASHPOINT": point})
+    assert proc.returncode == -signal.SIGKILL
+    asked = cli_json("ask", deposited["document_id"], "hi", "--max-tokens", "2", data_dir=data)
+    assert asked["proof"] == "exact"
+    active = cli_json("keys", "status", data_dir=data)["key_id"]
+    assert (active == old) == (point != "rotate-after-commit")
+    import sqlite3
+
+    conn = sqlite3.connect(data / "catalog.sqlite")
+    vault_id = bytes(conn.execute("SELECT value FROM meta WHERE key='vault_id'").fetchone()[0])
+    markers = conn.execute(
+        "SELECT count(*) FROM meta WHERE key IN ('pending_key_id', 'retired_key_id')"
+    ).fetchone()[0]
+    conn.close()
+    assert markers == 0  # whatever the crash left was finished or undone on open
+    if point == "rotate-after-commit":
+        assert (
+            keyring.get_password("galahad-desktop", f"master-key/{vault_id.decode()}/{old}") is None
+        )
+
+
+@pytest.mark.model
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
+def test_crash_trials_scaled_down() -> None:
+    result = hardening.crash_trials(6, seed=5, log=lambda _m: None)
+    assert result["survived"] == result["trials"] == 6
+    assert result["by_operation"] == {"deposit": 2, "persist": 2, "rotate": 2}
+    assert result["killed"] >= 1
