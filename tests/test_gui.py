@@ -312,3 +312,22 @@ def test_requests_during_a_deposit_are_serialized_safely(  # type: ignore[no-unt
     window.refresh_lists()
     qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
     assert window.conversation_list.count() == 1
+
+
+def test_mark_verified_and_answer_from_memory(qtbot, open_window) -> None:  # type: ignore[no-untyped-def]
+    window = open_window()
+    _send(qtbot, window, "What is 123456 * 654321 + 17?")  # the 270M model will not know
+    with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as refused:
+        window.verify_button.click()
+    assert "fails its arithmetic check" in refused.args[0]
+
+    window.new_chat()
+    first = _send(qtbot, window, "Say a greeting.")
+    with qtbot.waitSignal(window.verified_added, timeout=WAIT_MS) as stored:
+        window.verify_button.click()
+    assert stored.args[0]["verifier"] == "user"
+    window.new_chat()
+    again = _send(qtbot, window, "Say a greeting.")
+    assert again["library"]["mode"] == "recurrence"
+    assert again["reply"] == first["reply"] and again["generated_tokens"] == 0
+    assert "verified answer from memory" in window.graft_label.text()

@@ -124,13 +124,21 @@ def safe_arithmetic(expression: str) -> Fraction:
 class ArithmeticVerifier:
     name = "arithmetic"
 
+    _BINARY_OP = re.compile(r"[\d)]\s*(?:\*\*|[-+*/×÷^%])\s*[-(\d]")
+
     def _expression(self, question: str) -> str | None:
-        candidates = [c.strip() for c in _EXPRESSION.findall(question.replace("−", "-"))]
-        candidates = [
-            c.rstrip(".").strip()
-            for c in candidates
-            if any(op in c for op in "+-*/×÷^%") and re.search(r"\d", c)
-        ]
+        text = question.replace("−", "-")
+        candidates = []
+        for match in _EXPRESSION.finditer(text):
+            candidate = match.group().strip().rstrip(".").strip()
+            glued = match.start() > 0 and not match.group()[0].isspace()
+            # An operand must be a number: "x2 + 3" or "a + 1" is algebra, not arithmetic.
+            if glued and (text[match.start() - 1].isalnum() or text[match.start() - 1] == "_"):
+                continue
+            if not re.match(r"^(?:\(|-?\d)", candidate) or not re.search(r"[\d)]$", candidate):
+                continue
+            if self._BINARY_OP.search(candidate):
+                candidates.append(candidate)
         if not candidates:
             return None
         expression: str = max(candidates, key=len)

@@ -1,0 +1,149 @@
+"""Verified answers: safe verifiers, the store, recurrence, transfer and the gate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.library import VerifiedLibrary, similarity
+from galahad_desktop.memory.service import Galahad
+from galahad_desktop.memory.verifiers import (
+    ArithmeticVerifier,
+    UnitConversionVerifier,
+    UnsafeExpression,
+    safe_arithmetic,
+    verifier_for,
+)
+from tests.conftest import cli_json
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "ok"),
+    [
+        ("What is 37 * 12 + 5?", "449", True),
+        ("What is 37 * 12 + 5?", "The result is 450.", False),
+        ("Compute (8 + 4) × 3.", "So that gives 36", True),
+        ("What is 7 / 2?", "3.5", True),
+        ("What is 2^10 - 24?", "1000", True),
+        ("Convert 5 km to m.", "5000 m", True),
+        ("How many grams are in 2.5 kg?", "2,500 grams", True),
+        ("Convert 100 C to F", "212 °F", True),
+        ("Convert 3 miles to feet", "15840 feet", True),
+        ("Convert 3 miles to feet", "15000 feet", False),
+    ],
+)
+def test_verifiers_check_answers(question: str, answer: str, ok: bool) -> None:
+    found = verifier_for(question)
+    assert found is not None
+    assert found[0].check(question, answer).ok is ok
+
+
+def test_paraphrases_meet_and_near_misses_do_not() -> None:
+    keys = {
+        q: verifier_for(q)[1]
+        for q in (  # type: ignore[index]
+            "What is 37 * 12 + 5?",
+            "Compute 37*12 + 5.",
+            "what is 37 *12+5",
+            "What is 37 * 12 + 6?",
+            "How many g are in 2 kg?",
+            "Convert 2 kilograms to grams.",
+            "Convert 3 kg to g.",
+        )
+    }
+    assert keys["What is 37 * 12 + 5?"] == keys["Compute 37*12 + 5."] == keys["what is 37 *12+5"]
+    assert keys["What is 37 * 12 + 5?"] != keys["What is 37 * 12 + 6?"]
+    assert keys["How many g are in 2 kg?"] == keys["Convert 2 kilograms to grams."]
+    assert keys["Convert 2 kilograms to grams."] != keys["Convert 3 kg to g."]
+    assert similarity("What is 37 * 12 + 5?", "What is 38 * 12 + 5?") > 0.9
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('id')",
+        "2 ** 100000",
+        "-" * 60 + "1",
+        "1 / 0",
+        "a + 1",
+        "9" * 250,
+    ],
+)
+def test_arithmetic_is_never_evaluated_with_eval(expression: str) -> None:
+    with pytest.raises(UnsafeExpression):
+        safe_arithmetic(expression)
+    assert ArithmeticVerifier().key(f"What is {expression}?") is None
+    assert UnitConversionVerifier().key("Convert 5 km to kg") is None  # mixed dimensions
+    assert ArithmeticVerifier().key("What is x * 3 + 1?") is None
+
+
+@pytest.mark.model
+def test_recurrence_transfer_and_gate(make_core: Callable[..., Galahad]) -> None:
+    core = make_core(n_ctx=2048)
+    library = VerifiedLibrary(core)
+    with pytest.raises(InputError, match="fails its arithmetic check"):
+        library.add("What is 37 * 12 + 5?", "It is 450.")
+    with pytest.raises(InputError, match="mark it as verified yourself"):
+        library.add("Who founded Camelot?", "Arthur")
+    entry = library.add("What is 37 * 12 + 5?", "37 * 12 + 5 = 449.")
+    library.add("Who founded Camelot?", "King Arthur founded Camelot.", user_verified=True)
+    core.close()
+
+    fresh = make_core(n_ctx=2048)
+    library = VerifiedLibrary(fresh)
+    recurrence = library.ask(fresh.new_conversation(), "Compute 37*12 + 5.")
+    assert recurrence.library["mode"] == "recurrence"  # type: ignore[index]
+    assert recurrence.reply == entry.answer
+    assert recurrence.counters.generated_tokens == 0 and recurrence.counters.recomputed_tokens == 0
+    assert recurrence.proof.verdict == "exact"
+    assert "verified answer from memory" in recurrence.library["label"]  # type: ignore[index]
+    # The conversation continues from the grafted state, and resumes exactly.
+    follow = fresh.send(recurrence.conversation_id, "Thanks!", params=fresh.sampling(max_tokens=3))
+    assert follow.counters.recomputed_tokens == 0
+    assert fresh.resume(recurrence.conversation_id).proof.verdict == "exact"
+
+    near = library.ask(
+        fresh.new_conversation(), "What is 37 * 12 + 6?", params=fresh.sampling(max_tokens=6)
+    )
+    assert near.library["mode"] == "transfer" and near.reply != entry.answer  # type: ignore[index]
+    assert near.counters.generated_tokens > 0
+
+    off = fresh.new_conversation()
+    library.set_enabled(off, False)
+    plain = library.ask(off, "What is 37 * 12 + 5?", params=fresh.sampling(max_tokens=4))
+    assert plain.library["mode"] == "none" and plain.counters.generated_tokens > 0  # type: ignore[index]
+    library.remove(entry.id)
+    assert [e.question for e in library.entries()] == ["Who founded Camelot?"]
+    assert library.lookup("What is 37 * 12 + 5?") is None
+
+
+@pytest.mark.model
+def test_eval_flywheel_reports_the_figures(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = cli_json(
+        "eval",
+        "flywheel",
+        "--problems",
+        "4",
+        "--attempts",
+        "2",
+        "--out",
+        str(tmp_path),
+        data_dir=tmp_path / "unused",
+    )
+    for key in (
+        "problems",
+        "first_decode_tokens",
+        "recurrence_decode_tokens",
+        "transfer_decode_tokens",
+        "recurrence_correct",
+        "transfer_correct",
+        "near_misses",
+        "gate_wrong_answers",
+    ):
+        assert key in result
+    assert result["problems"] == 4 and result["gate_wrong_answers"] == 0
+    assert result["recurrence_decode_tokens"] == 0
+    assert result["recurrence_correct"] == result["solved_and_stored"]
+    assert result["near_miss_stored_answers"] == 0
