@@ -160,6 +160,10 @@ class Settings:
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
+    def override(self, changes: dict[str, Any]) -> None:
+        """Apply checked values for this run only (command-line --set); nothing is saved."""
+        self._values.update({key: coerce(key, value) for key, value in changes.items()})
+
     def update(self, changes: dict[str, Any]) -> bool:
         """Apply and save changes; return True when the runtime fingerprint inputs changed."""
         converted = {key: coerce(key, value) for key, value in changes.items()}

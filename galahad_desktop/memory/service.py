@@ -24,7 +24,7 @@ from typing import Any
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, Engine, EngineConfig, ProgressFn
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.errors import InputError, IntegrityError, NotFoundError
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.documents import extract_text_bounded
 from galahad_desktop.paths import default_model_path
@@ -193,10 +193,7 @@ class Galahad:
         try:
             self.settings = Settings(self.data_dir)
             if overrides:
-                from galahad_desktop.settings import coerce
-
-                for key, value in overrides.items():
-                    self.settings._values[key] = coerce(key, value)
+                self.settings.override(overrides)
         except BaseException:
             self.vault.close()
             raise
@@ -281,8 +278,6 @@ class Galahad:
         except crypto.DecryptionFailed:
             found = None
         if found != {"pointer": row[pointer_column], "n_messages": n_messages}:
-            from galahad_desktop.errors import IntegrityError
-
             raise IntegrityError(
                 f"The catalog record of {row['id']} was edited (its latest checkpoint does not "
                 "match its sealed copy); refused."
@@ -411,8 +406,6 @@ class Galahad:
         engine = self.engine
         row = self.vault.block_row(block_id)
         if row["owner_id"] != owner_id:
-            from galahad_desktop.errors import IntegrityError
-
             raise IntegrityError(
                 f"Block {block_id} belongs to {row['owner_id']}, not {owner_id}; refused."
             )
