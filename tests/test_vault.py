@@ -38,7 +38,7 @@ def test_store_read_and_modes(tmp_path: Path) -> None:
     vault = Vault(tmp_path / "d", MemoryKeyStore())
     row = _store(vault)
     block = vault.read_block(row["id"], expected_owner="c-1")
-    assert bytes(block.payload) == np.arange(20000, dtype=np.uint8).tobytes()
+    assert bytes(block.state) == np.arange(20000, dtype=np.uint8).tobytes()
     assert block.tokens == list(range(100))
     for path in [tmp_path / "d", *(tmp_path / "d").rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)

@@ -372,7 +372,9 @@ class Engine:
             raise ModelError("llama.cpp could not serialize the sequence state.")
         return buf, int(used), (time.perf_counter() - start) * 1e3
 
-    def restore(self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int]) -> float:
+    def restore(
+        self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int], size: int | None = None
+    ) -> float:
         """Graft a captured state at its own positions into a cleared context; return ms."""
         if len(tokens) > self.n_ctx:
             raise InputError(
@@ -381,7 +383,7 @@ class Engine:
             )
         start = time.perf_counter()
         self.reset(wipe=False)  # puts the cell cursor back at 0, as in a fresh context
-        size = ctypes.sizeof(payload)
+        size = ctypes.sizeof(payload) if size is None else size
         if llama_cpp.llama_state_seq_set_data(self._ctx, payload, size, 0) != size:
             self.reset()
             raise ModelError("llama.cpp refused the stored state (layout does not match).")

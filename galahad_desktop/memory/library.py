@@ -280,7 +280,7 @@ class VerifiedLibrary:
             )
             block = vault.block_row(graft.block_id)
         stored = vault.read_block(block["id"], expected_owner=entry.id)
-        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens)
+        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens, stored.size)
         persist_start = time.perf_counter()
         row = vault.write_block(
             kind="conversation",
@@ -289,7 +289,7 @@ class VerifiedLibrary:
             tokens=stored.tokens,
             generation=core._next_generation(conv["id"]),
             fingerprint=engine.fingerprint,
-            payload=memoryview(stored.payload).cast("B"),
+            payload=stored.state,
             sealed_meta={
                 "tokens_sha256": tokens_digest(stored.tokens),
                 "proof": stored.meta["proof"],

@@ -414,7 +414,7 @@ class Galahad:
                 row, "the model or its runtime settings changed", counters, progress
             )
         stored = self.vault.read_block(block_id, expected_owner=owner_id)
-        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens)
+        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens, stored.size)
         del stored.payload
         record = proofs.ProofRecord.from_dict(stored.meta["proof"])
         start = time.perf_counter()
@@ -970,7 +970,7 @@ class Galahad:
             return out
         stored = self.vault.read_block(block_id)
         self._live = None
-        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens)
+        restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens, stored.size)
         del stored.payload
         record = proofs.ProofRecord.from_dict(stored.meta["proof"])
         start = time.perf_counter()

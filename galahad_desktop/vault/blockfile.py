@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -164,13 +165,18 @@ def _read_header(handle: BinaryIO) -> tuple[BlockHeader, bytes]:
 
 
 def read_block(
-    path: Path, data_key: bytes, expected_digest: str, keep_payload: bool = True
+    path: Path,
+    data_key: bytes,
+    expected_digest: str,
+    keep_payload: bool = True,
+    buffer_for: Callable[[int], ctypes.Array[ctypes.c_uint8]] | None = None,
 ) -> tuple[BlockHeader, dict[str, Any], ctypes.Array[ctypes.c_uint8] | None]:
     """Authenticate and decrypt a whole block into one buffer ready for llama.cpp.
 
     Nothing is returned unless every chunk authenticated, so a modified file never reaches
     llama.cpp. The payload is decrypted chunk by chunk into a single preallocated buffer;
-    with keep_payload=False (the audit) chunks are authenticated and dropped.
+    with keep_payload=False (the audit) chunks are authenticated and dropped. `buffer_for(n)`
+    may supply a reusable buffer of at least n bytes (the payload fills its first n bytes).
     """
     with open(path, "rb") as handle:
         header, raw = _read_header(handle)
@@ -188,7 +194,13 @@ def read_block(
         except InvalidTag:
             raise BlockFormatError("sealed metadata failed authentication") from None
         meta: dict[str, Any] = json.loads(meta_raw)
-        payload = (ctypes.c_uint8 * header.payload_bytes)() if keep_payload else None
+        payload = None
+        if keep_payload:
+            payload = (
+                buffer_for(header.payload_bytes)
+                if buffer_for is not None
+                else (ctypes.c_uint8 * header.payload_bytes)()
+            )
         view = memoryview(payload).cast("B") if payload is not None else None
         prefix = bytes.fromhex(header.nonce_prefix)
         n_chunks = header.n_chunks

@@ -45,9 +45,14 @@ def _catalog_key_aad(vault_id: str, key_id: str) -> bytes:
 class StoredBlock:
     row: dict[str, Any]
     meta: dict[str, Any]
-    payload: ctypes.Array[ctypes.c_uint8]
+    payload: ctypes.Array[ctypes.c_uint8]  # the vault's reusable buffer: first `size` bytes
+    size: int
     tokens: list[int]
     read_ms: float
+
+    @property
+    def state(self) -> memoryview:
+        return memoryview(self.payload).cast("B")[: self.size]
 
 
 @dataclass
@@ -177,7 +182,9 @@ class Vault:
         return getattr(self, "_master", None) is None
 
     def lock(self) -> None:
-        """Drop key material from memory; `unlock()` fetches it from the keyring again."""
+        """Drop key material and decrypted state from memory; `unlock()` fetches the key
+        from the keyring again."""
+        self._wipe_buffer()
         self._master = None
         self.fields = None  # type: ignore[assignment]
 
@@ -375,7 +382,9 @@ class Vault:
             )
         data_key = self._data_key(row)
         try:
-            header, meta, payload = blockfile.read_block(path, data_key, row["header_sha256"])
+            header, meta, payload = blockfile.read_block(
+                path, data_key, row["header_sha256"], buffer_for=self._state_buffer
+            )
         except blockfile.BlockFormatError as exc:
             raise IntegrityError(f"Block {block_id} was refused: {exc}.") from None
         self._check_header(row, header)
@@ -385,7 +394,25 @@ class Vault:
                 f"Block {block_id} was refused: its token record does not match the block."
             )
         assert payload is not None
-        return StoredBlock(row, meta, payload, tokens, (time.perf_counter() - start) * 1e3)
+        return StoredBlock(
+            row, meta, payload, header.payload_bytes, tokens, (time.perf_counter() - start) * 1e3
+        )
+
+    def _state_buffer(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
+        """One decryption buffer, reused: llama.cpp copies the state out of it, and fresh
+        pages for every restore cost more than the decryption (first-touch page faults)."""
+        buffer = getattr(self, "_buffer", None)
+        if buffer is None or ctypes.sizeof(buffer) < size:
+            self._wipe_buffer()
+            buffer = (ctypes.c_uint8 * size)()
+            self._buffer: ctypes.Array[ctypes.c_uint8] | None = buffer
+        return buffer
+
+    def _wipe_buffer(self) -> None:
+        buffer = getattr(self, "_buffer", None)
+        if buffer is not None:
+            ctypes.memset(buffer, 0, ctypes.sizeof(buffer))
+            self._buffer = None
 
     def delete_block_rows(self, block_ids: list[str]) -> None:
         """Delete catalog rows (and so the wrapped keys) inside the caller's transaction."""
