@@ -53,7 +53,7 @@ def test_passphrase_mode_without_any_keyring(tmp_path: Path) -> None:
     )
     assert wrong.returncode == 6 and "passphrase is wrong" in wrong.stderr
     missing = run_cli("list", data_dir=data, check=False, env=no_keyring)
-    assert missing.returncode == 6 and "protected by a passphrase" in missing.stderr
+    assert missing.returncode == 6 and "uses a passphrase" in missing.stderr
     assert before == {p: p.read_bytes() for p in data.rglob("*.gkv")}
     asked = cli_json(
         "ask", deposited["document_id"], "hi", "--max-tokens", "2", data_dir=data, env=good

@@ -142,7 +142,7 @@ def bench_resume(
         for size in sizes:
             text = bench.text_of_tokens(size)
             core = bench.core
-            deposited = core.deposit_text(f"bench-{size}.txt", text)
+            deposited = core.deposit_text("bench.txt", text)
             row_block = core.vault.block_row(deposited.block_id)
             tokens = core.vault.block_tokens(row_block)
             n = len(tokens)
@@ -173,8 +173,10 @@ def bench_resume(
                 verdicts.append(verdict)
 
                 # llama.cpp's own per-sequence state file (llama-server's slot save): plain.
+                # The context holds the same state (grafted byte-exact), so it is saved as is.
                 engine.reset()
-                engine.evaluate(tokens)
+                again = core.vault.read_block(deposited.block_id)
+                engine.restore(again.payload, again.tokens, again.size)
                 seq_path = bench.tmp / "seq.bin"
                 token_array = (llama_cpp.llama_token * n)(*tokens)
                 start = time.perf_counter()
@@ -198,7 +200,8 @@ def bench_resume(
 
                 # llama-cpp-python's save_state + pickle (what LlamaDiskCache stores).
                 engine.reset()
-                engine.evaluate(tokens)
+                again = core.vault.read_block(deposited.block_id)
+                engine.restore(again.payload, again.tokens, again.size)
                 pickle_path = bench.tmp / "state.pkl"
                 start = time.perf_counter()
                 state = engine.llm.save_state()

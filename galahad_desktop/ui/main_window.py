@@ -407,11 +407,14 @@ class MainWindow(QMainWindow):
         self.render_transcript()
         self.set_context(result["context_tokens"], result["n_ctx"])
         self.speed_label.setText(f"{result['tokens_per_s']:.1f} tok/s")
-        status = (
-            self.graft_status(_graft_of(result), result.get("graft_text"))
-            if result.get("graft_text")
-            else "Saved"
-        )
+        library = result.get("library") or {}
+        if library.get("mode") in ("recurrence", "transfer"):
+            proof = "byte-exact ✓" if result["proof"] == "exact" else result["proof"]
+            status = f"{library['label']} · {proof}"
+        elif result.get("graft_text"):
+            status = self.graft_status(_graft_of(result), result["graft_text"])
+        else:
+            status = "Saved"
         if result["stop_reason"] == "cancelled":
             status = f"Stopped · kept {result['generated_tokens']} tokens · {status}"
         self.set_status(f"{status} · saved in {result['persist_ms']:.0f} ms")
