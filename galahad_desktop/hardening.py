@@ -406,7 +406,8 @@ def crash_trials(trials: int, seed: int, log: Log) -> dict[str, Any]:
 # -- hostile documents ------------------------------------------------------------------------
 
 
-def _minimal_pdf(text: str, pages: int = 1) -> bytes:
+def minimal_pdf(text: str, pages: int = 1) -> bytes:
+    """A small valid PDF with one line of text per page (for tests and the corpus)."""
     objects: list[bytes] = [b"<< /Type /Catalog /Pages 2 0 R >>"]
     kids = " ".join(f"{3 + 2 * i} 0 R" for i in range(pages))
     objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode())
@@ -445,7 +446,7 @@ def hostile_corpus(directory: Path, seed: int = 0) -> list[Path]:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     files: dict[str, bytes] = {}
-    pdf = _minimal_pdf("A perfectly fine page")
+    pdf = minimal_pdf("A perfectly fine page")
     files["truncated.pdf"] = pdf[: len(pdf) // 2]
     files["malformed.pdf"] = b"%PDF-1.7\n" + rng.randbytes(4000)
     files["nested.pdf"] = pdf.replace(
@@ -526,7 +527,7 @@ def eval_hostile(log: Log, timeout_s: float = 30.0, memory_mb: int = 1024) -> di
             log(f"hostile: {path.name}: {outcome} in {elapsed:.2f}s")
         # Cancellation: a slow, valid PDF is stopped within a fraction of a second.
         slow = tmp / "slow-many-pages.pdf"
-        slow.write_bytes(_minimal_pdf("Page text", pages=4000))
+        slow.write_bytes(minimal_pdf("Page text", pages=4000))
         cancel = threading.Event()
         timer = threading.Timer(0.3, cancel.set)
         timer.start()

@@ -11,6 +11,7 @@ import pytest
 from galahad_desktop.engine import proof
 from galahad_desktop.engine.chat_format import GEMMA_TURNS, derive_turn_format
 from galahad_desktop.errors import InputError
+from galahad_desktop.hardening import minimal_pdf
 from galahad_desktop.memory.documents import extract_text
 from galahad_desktop.settings import Settings
 
@@ -54,37 +55,12 @@ def test_settings_are_checked_and_saved(tmp_path: Path) -> None:
     assert Settings(tmp_path).get("n_ctx") == 4096  # a refused change stored nothing
 
 
-def _minimal_pdf(text: str) -> bytes:
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
-
-
 def test_documents_of_each_kind_are_read(tmp_path: Path) -> None:
     import docx
 
     (tmp_path / "a.md").write_text("# Title\n\nSome *markdown*.")
     (tmp_path / "a.py").write_text("def f():\n    return 42\n")
-    (tmp_path / "a.pdf").write_bytes(_minimal_pdf("Hello from a PDF"))
+    (tmp_path / "a.pdf").write_bytes(minimal_pdf("Hello from a PDF"))
     document = docx.Document()
     document.add_paragraph("Hello from a DOCX")
     document.save(str(tmp_path / "a.docx"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ def _llama_log(level: int, text: bytes, user_data: Any) -> None:
     # llama.cpp writes to stderr even with verbose=False; keep the CLI's stderr for our
     # own messages unless asked (GALAHAD_LLAMA_LOG=1).
     if _LOG_TO_STDERR:
-        print(text.decode("utf-8", "replace"), end="", file=__import__("sys").stderr)
+        sys.stderr.write(text.decode("utf-8", "replace"))
 
 
 llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))

@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +152,11 @@ class _Live:
 
 @dataclass
 class Stats:
+    """This session's totals, for the Memory view."""
+
     restored_tokens: int = 0
     recomputed_tokens: int = 0
     grafts: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
