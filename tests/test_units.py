@@ -127,3 +127,20 @@ def test_backend_is_named_from_the_system_info_line() -> None:
     assert backend_name("CUDA : ARCHS = 900 | CPU : AVX2 = 1", True) == "CUDA"
     assert backend_name("Metal : EMBED_LIBRARY = 1 | CPU : NEON = 1", True) == "Metal"
     assert backend_name("Vulkan : ... | CPU : AVX2 = 1", True) == "Vulkan"
+
+
+def test_corpus_names_never_run_out_and_absent_names_are_absent() -> None:
+    from galahad_desktop.bench.corpus import Corpus
+
+    corpus = Corpus(3)
+    texts, needles = [], []
+    for part in range(80):
+        text, planted = corpus.document(1500, part)
+        texts.append(text)
+        needles += planted
+    absent = [corpus.absent_name() for _ in range(20)]
+    everything = "\n".join(texts)
+    assert all(n.name in everything and f"{n.name}'s access code is {n.code}" in everything
+               for n in needles)
+    assert not any(name in everything for name in absent)
+    assert len({n.name for n in needles}) == len(needles)

@@ -56,16 +56,22 @@ class Needle:
 
 
 class Corpus:
+    """Names in filler prose come from their own pool (repeats allowed); needle, decoy and
+    negative-control names are drawn once each from a disjoint pool, so an "absent" name
+    really appears nowhere."""
+
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
-        self.used_names: set[str] = set()
+        everyone = [f"{first} {last}" for first in FIRST for last in LAST]
+        self.rng.shuffle(everyone)
+        self.prose_names = everyone[:240]
+        self.unique_names = everyone[240:]
 
     def name(self) -> str:
-        while True:
-            full = f"{self.rng.choice(FIRST)} {self.rng.choice(LAST)}"
-            if full not in self.used_names:
-                self.used_names.add(full)
-                return full
+        """A name used nowhere else in the corpus."""
+        if not self.unique_names:
+            raise ValueError("the corpus ran out of distinct names")
+        return self.unique_names.pop()
 
     def absent_name(self) -> str:
         """A name that appears nowhere in the corpus (for negative controls)."""
@@ -80,7 +86,7 @@ class Corpus:
     def prose(self) -> str:
         r = self.rng
         return (
-            f"On {self.date()}, {self.name()} {r.choice(VERBS)} {r.randint(2, 90)} "
+            f"On {self.date()}, {r.choice(self.prose_names)} {r.choice(VERBS)} {r.randint(2, 90)} "
             f"{r.choice(THINGS)} at {r.choice(PLACES)} for {r.randint(3, 900)} crowns."
         )
 
