@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["needles", "tamper", "crashes", "hostile", "flywheel"])
     p.add_argument("--problems", type=int, default=30, help="flywheel: problems")
     p.add_argument("--attempts", type=int, default=5, help="flywheel: best-of-N first solve")
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="flywheel: store the verifier's answer when the model fails (tool solve)",
+    )
     p.add_argument("--mutations", type=int, default=1000, help="tamper: mutations to try")
     p.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
     p.add_argument("--blocks", type=int, default=64)

@@ -32,6 +32,9 @@ from tests.conftest import cli_json
         ("Convert 100 C to F", "212 °F", True),
         ("Convert 3 miles to feet", "15840 feet", True),
         ("Convert 3 miles to feet", "15000 feet", False),
+        # A rambling reply whose last number happens to be right is not an answer.
+        ("What is 7 + 1?", "What is 3 + 5? This is 8", False),
+        ("What is 37 * 12 + 5?", "449 (37 times 12 is 444, plus 5)", True),
     ],
 )
 def test_verifiers_check_answers(question: str, answer: str, ok: bool) -> None:
@@ -127,7 +130,8 @@ def test_eval_flywheel_reports_the_figures(tmp_path) -> None:  # type: ignore[no
         "--problems",
         "4",
         "--attempts",
-        "2",
+        "1",
+        "--oracle",
         "--out",
         str(tmp_path),
         data_dir=tmp_path / "unused",
@@ -144,6 +148,10 @@ def test_eval_flywheel_reports_the_figures(tmp_path) -> None:  # type: ignore[no
     ):
         assert key in result
     assert result["problems"] == 4 and result["gate_wrong_answers"] == 0
+    assert result["solved_and_stored"] == 4  # the oracle solves what the model cannot
+    assert result["recurrence_hits"] == 4 and result["recurrence_correct"] == 4
+    assert result["solved_and_stored"] == 4  # the oracle solves what the model cannot
+    assert result["recurrence_hits"] == 4 and result["recurrence_correct"] == 4
     assert result["recurrence_decode_tokens"] == 0
     assert result["recurrence_correct"] == result["solved_and_stored"]
     assert result["near_miss_stored_answers"] == 0

@@ -140,7 +140,9 @@ def test_corpus_names_never_run_out_and_absent_names_are_absent() -> None:
         needles += planted
     absent = [corpus.absent_name() for _ in range(20)]
     everything = "\n".join(texts)
-    assert all(n.name in everything and f"{n.name}'s access code is {n.code}" in everything
-               for n in needles)
+    assert all(
+        n.name in everything and f"{n.name}'s access code is {n.code}" in everything
+        for n in needles
+    )
     assert not any(name in everything for name in absent)
     assert len({n.name for n in needles}) == len(needles)

@@ -40,6 +40,13 @@ def problem(rng: random.Random) -> tuple[str, str, str, str]:
     )
 
 
+def oracle_answer(question: str) -> str:
+    """The verifier's own value, phrased as an answer: what a tool-assisted solve stores."""
+    found = verifier_for(question)
+    assert found is not None
+    return f"The answer is {found[0].check(question, '').expected}."
+
+
 def eval_flywheel(
     problems: int,
     attempts: int,
@@ -48,7 +55,11 @@ def eval_flywheel(
     overrides: dict[str, Any],
     log: Log,
     budget: int = 48,
+    oracle: bool = False,
 ) -> dict[str, Any]:
+    """With `oracle`, a problem the model fails is solved by the verifier itself (like a
+    calculator tool), so recurrence, transfer and the gate can be measured on a model too
+    weak to solve anything; the report says how many the model solved."""
     bench = Bench(model_path, {**overrides, "n_ctx": 2048}, log)
     rng = random.Random(seed)
     try:
@@ -56,6 +67,7 @@ def eval_flywheel(
         library = VerifiedLibrary(core)
         cases = [problem(rng) for _ in range(problems)]
         solved, first_tokens, first_ms = [], 0, 0.0
+        solved_by_model = 0
         for index, (question, _p, _v, _n) in enumerate(cases):
             verifier, _key = verifier_for(question) or (None, None)
             assert verifier is not None
@@ -78,7 +90,12 @@ def eval_flywheel(
                 if verifier.check(question, result.reply).ok:
                     library.add(question, result.reply)
                     solved.append(index)
+                    solved_by_model += 1
                     break
+            else:
+                if oracle:
+                    library.add(question, oracle_answer(question))
+                    solved.append(index)
             log(
                 f"flywheel: problem {index + 1}/{problems}: "
                 f"{'verified and stored' if solved and solved[-1] == index else 'unsolved'}"
@@ -121,6 +138,8 @@ def eval_flywheel(
             "command": "eval flywheel",
             "problems": problems,
             "solved_and_stored": len(solved),
+            "solved_by_model": solved_by_model,
+            "solved_by_oracle": len(solved) - solved_by_model,
             "attempts_per_problem": attempts,
             "first_decode_tokens": first_tokens,
             "first_ms": first_ms,

@@ -48,6 +48,16 @@ def _numbers(text: str) -> list[float]:
     return out
 
 
+def stated_answer(question: str, answer: str, expected: float) -> float | None:
+    """The first number the answer states that is not an echo of the question's own numbers
+    (a model that rambles "What is 3 + 5? ... This is 8" states 3 first, not 8)."""
+    asked = _numbers(question)
+    for value in _numbers(answer):
+        if _close(value, expected) or not any(_close(value, q) for q in asked):
+            return value
+    return None
+
+
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
@@ -161,15 +171,13 @@ class ArithmeticVerifier:
         expression = self._expression(question)
         if expression is None:
             return Verdict(False, "", None, self.name, "no arithmetic expression found")
-        value = safe_arithmetic(expression)
-        expected = float(value)
-        found = _numbers(answer)
-        final = found[-1] if found else None
-        ok = final is not None and _close(final, expected)
+        expected = float(safe_arithmetic(expression))
+        stated = stated_answer(question, answer, expected)
+        ok = stated is not None and _close(stated, expected)
         return Verdict(
             ok,
             _format(expected),
-            None if final is None else _format(final),
+            None if stated is None else _format(stated),
             self.name,
             f"{expression} = {_format(expected)}",
         )
@@ -341,14 +349,12 @@ class UnitConversionVerifier:
         expected = self.expected(question)
         if expected is None:
             return Verdict(False, "", None, self.name, "no unit conversion found")
-        found = _numbers(answer)
-        hit = next(
-            (f for f in found if math.isclose(f, expected, rel_tol=1e-3, abs_tol=1e-6)), None
-        )
+        stated = stated_answer(question, answer, expected)
+        ok = stated is not None and math.isclose(stated, expected, rel_tol=1e-3, abs_tol=1e-6)
         return Verdict(
-            hit is not None,
+            ok,
             _format(expected),
-            _format(hit if hit is not None else found[-1]) if found else None,
+            None if stated is None else _format(stated),
             self.name,
             f"expected {_format(expected)}",
         )
