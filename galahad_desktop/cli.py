@@ -405,11 +405,18 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
         from galahad_desktop.bench.flywheel import eval_flywheel
 
         result = eval_flywheel(
-            args.problems, args.attempts, args.seed, args.model, overrides, out.info
+            args.problems,
+            args.attempts,
+            args.seed,
+            args.model,
+            overrides,
+            out.info,
+            oracle=args.oracle,
         )
         text = (
             f"{result['problems']} problems, {result['solved_and_stored']} verified and "
-            f"stored using {result['first_decode_tokens']} decode tokens; recurrence "
+            f"stored ({result['solved_by_model']} solved by the model) using "
+            f"{result['first_decode_tokens']} decode tokens; recurrence "
             f"{result['recurrence_correct']}/{result['solved_and_stored']} correct with "
             f"{result['recurrence_decode_tokens']} decode tokens; transfer "
             f"{result['transfer_correct']} correct with {result['transfer_decode_tokens']} "

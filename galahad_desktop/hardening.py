@@ -335,8 +335,10 @@ def crash_trials(trials: int, seed: int, log: Log) -> dict[str, Any]:
                 ),
                 "rotate": ("keys", "rotate"),
             }[operation]
+            # Aim at the working part of the operation (after the model has loaded): kill
+            # somewhere in 30-105% of how long it took when it ran to the end.
             expected = durations.get(operation, 3.0)
-            delay = rng.uniform(0.05, expected * 1.1)
+            delay = expected * rng.uniform(0.3, 1.05)
             started = time.monotonic()
             child = subprocess.Popen(
                 _galahad(data, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
