@@ -101,6 +101,22 @@ def main() -> int:
     shot(window, "documents-deposit")
     wait_until(lambda: window.depositing is None and window.bridge.pending() == 0)
 
+    # Some history for the Memory view: a verified answer used again, and two resumes.
+    window.new_chat()
+    window.input.setPlainText("Say a greeting to the knights.")
+    window.send()
+    wait_until(lambda: window.generating is None and window.bridge.pending() == 0)
+    window.mark_verified()
+    wait_until(lambda: window.bridge.pending() == 0)
+    window.new_chat()
+    window.input.setPlainText("Say a greeting to the knights.")
+    window.send()
+    wait_until(lambda: window.generating is None and window.bridge.pending() == 0)
+    for conversation in window.conversations[:2]:
+        window.bridge.call("lock")
+        window.bridge.call("unlock")
+        window.open_conversation(conversation["id"])
+        wait_until(lambda: window.bridge.pending() == 0)
     for dialog_type, name in (
         (SettingsDialog, "settings"),
         (SecurityDialog, "security"),

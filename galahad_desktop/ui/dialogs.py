@@ -334,7 +334,7 @@ class TokenChart(QWidget):
             saved += entry.get("library_saved_tokens", 0)
             series.append((restored, recomputed, saved))
         top = max(1, max(max(point) for point in series))
-        n = max(1, len(series) - 1)
+        n = max(1, len(series) - 1)  # a single point sits at the left edge
 
         def point(i: int, value: int) -> QPointF:
             return QPointF(
@@ -347,8 +347,11 @@ class TokenChart(QWidget):
             (2, QColor("#1a73e8")),
         ):
             painter.setPen(QPen(color, 2))
-            for i in range(1, len(series)):
-                painter.drawLine(point(i - 1, series[i - 1][index]), point(i, series[i][index]))
+            painter.setBrush(color)
+            for i in range(len(series)):
+                if i:
+                    painter.drawLine(point(i - 1, series[i - 1][index]), point(i, series[i][index]))
+                painter.drawEllipse(point(i, series[i][index]), 3, 3)
         painter.setPen(QPen(self.palette().text().color()))
         painter.drawText(4, rect.top() + 10, f"{top:,}")
         painter.drawText(
@@ -406,9 +409,10 @@ class MemoryDialog(QDialog):
         )
         self.library_list.clear()
         for entry in library:
+            question = " ".join(entry["question"].split())[:80]
+            answer = " ".join(entry["answer"].split())[:80]
             item = QListWidgetItem(
-                f"{entry['question']} → {entry['answer']}  "
-                f"({entry['verifier']}, used {entry['uses']}×)"
+                f"{question} → {answer}  ({entry['verifier']}, used {entry['uses']}×)"
             )
             item.setData(Qt.ItemDataRole.UserRole, entry["id"])
             self.library_list.addItem(item)
