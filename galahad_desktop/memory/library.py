@@ -56,9 +56,13 @@ class Hit:
     runner_up: float
 
 
+def template(text: str) -> str:
+    """The question with its numbers masked: same template, other numbers."""
+    return re.sub(r"\d+(?:\.\d+)?", "#", normalize(text))
+
+
 def _grams(text: str) -> set[str]:
-    masked = re.sub(r"\d+(?:\.\d+)?", "#", normalize(text))
-    padded = f"  {masked}  "
+    padded = f"  {template(text)}  "
     return {padded[i : i + 3] for i in range(len(padded) - 2)}
 
 
@@ -202,7 +206,17 @@ class VerifiedLibrary:
         if not scored:
             return None
         best, entry = scored[0]
-        runner_up = scored[1][0] if len(scored) > 1 else 0.0
+        # The runner-up that matters is the best candidate of another template: entries of
+        # one template are interchangeable starting points (transfer never returns their
+        # stored answer), entries of different templates are a real ambiguity.
+        runner_up = next(
+            (
+                score
+                for score, other in scored[1:]
+                if template(other.question) != template(entry.question)
+            ),
+            0.0,
+        )
         if best >= GATE and best - runner_up >= MARGIN:
             return Hit(entry, "transfer", best, runner_up)
         return None
