@@ -86,6 +86,14 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=2,
     ),
     Setting(
+        "system_prompt",
+        str,
+        "none",
+        "System prompt preset for new conversations (folded into the first turn).",
+        runtime=False,
+        choices=("none", "concise", "coder", "tutor", "translator"),
+    ),
+    Setting(
         "temperature", float, 0.0, "Sampling temperature; 0 is greedy.", runtime=False, minimum=0.0
     ),
     Setting("top_p", float, 0.95, "Nucleus sampling mass.", runtime=False, minimum=0.0),
@@ -102,6 +110,16 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+# Built-in presets: product text, not user data, so they may live in plain settings.
+SYSTEM_PROMPTS: dict[str, str] = {
+    "none": "",
+    "concise": "You are a helpful assistant. Answer briefly and precisely.",
+    "coder": "You are an expert programmer. Answer with correct, idiomatic code and short "
+    "explanations; use fenced code blocks.",
+    "tutor": "You are a patient tutor. Explain step by step and check understanding.",
+    "translator": "You translate the user's text faithfully; reply with the translation only.",
+}
 
 
 def coerce(key: str, value: Any) -> Any:

@@ -280,3 +280,25 @@ def test_a_head_pointed_back_at_an_older_checkpoint_is_refused(
         )
     with pytest.raises(IntegrityError, match="was edited"):
         fresh.resume(conversation)
+
+
+def test_system_prompt_preset_is_folded_into_the_first_turn(
+    make_core: Callable[..., Galahad],
+) -> None:
+    from galahad_desktop.settings import SYSTEM_PROMPTS
+
+    core = make_core(system_prompt="coder")
+    with_preset = core.new_conversation()
+    plain = core.new_conversation(system_prompt="none")
+    core.send(with_preset, "Hello.", params=core.sampling(max_tokens=2))
+    tokens = core.vault.block_tokens(core.vault.block_row(core.head_block(with_preset)))
+    core.send(plain, "Hello.", params=core.sampling(max_tokens=2))
+    plain_tokens = core.vault.block_tokens(core.vault.block_row(core.head_block(plain)))
+    preset = core.engine.encode_text(SYSTEM_PROMPTS["coder"])
+    as_text = core.engine.detokenize(tokens)
+    assert SYSTEM_PROMPTS["coder"] in as_text
+    assert SYSTEM_PROMPTS["coder"] not in core.engine.detokenize(plain_tokens)
+    assert len(tokens) >= len(plain_tokens) + len(preset) - 2
+    assert core.messages(with_preset)[0].text == "Hello."  # the message is what the user wrote
+    with pytest.raises(InputError, match="must be one of"):
+        core.new_conversation(system_prompt="pirate")

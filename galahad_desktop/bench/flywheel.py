@@ -150,6 +150,9 @@ def eval_flywheel(
             "recurrence_correct": sum(r["correct"] for r in recurrence),
             "recurrence_hits": sum(r["mode"] == "recurrence" for r in recurrence),
             "transfer_decode_tokens": sum(r["decode_tokens"] for r in transfer),
+            "transfer_ms_median": statistics.median([r["ms"] for r in transfer])
+            if transfer
+            else None,
             "transfer_correct": sum(r["correct"] for r in transfer),
             "transfer_hits": sum(r["mode"] == "transfer" for r in transfer),
             "near_misses": len(near),

@@ -28,7 +28,7 @@ from galahad_desktop.errors import InputError, IntegrityError, NotFoundError
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.documents import extract_text_bounded
 from galahad_desktop.paths import default_model_path
-from galahad_desktop.settings import Settings
+from galahad_desktop.settings import SYSTEM_PROMPTS, Settings, coerce
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.keys import KeyStore, open_keystore
 from galahad_desktop.vault.vault import Vault, new_id, tokens_digest
@@ -517,7 +517,9 @@ class Galahad:
         return None
 
     # -- conversations -------------------------------------------------------------------
-    def new_conversation(self, document_id: str | None = None, title: str = "") -> str:
+    def new_conversation(
+        self, document_id: str | None = None, title: str = "", system_prompt: str | None = None
+    ) -> str:
         if document_id is not None:
             self._document_row(document_id)
         conversation_id = new_id("c")
@@ -535,6 +537,9 @@ class Galahad:
                     "n_tokens": 0,
                     "n_messages": 0,
                     "seal": self._seal("conversations", conversation_id, None, 0),
+                    "system_prompt": coerce("system_prompt", system_prompt)
+                    if system_prompt is not None
+                    else self.settings.get("system_prompt"),
                     "created_at": now,
                     "updated_at": now,
                 },
@@ -735,7 +740,11 @@ class Galahad:
         if not text.strip():
             raise InputError("The message is empty.")
         engine = self.engine
-        user_tokens = engine.encode_text(text) + engine.encode_template(
+        preset = SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
+        first_turn = seq == 0 and not conv["document_id"]
+        # Gemma has no system role: a preset is folded into the first user turn's tokens.
+        prompt = f"{preset}\n\n{text}" if preset and first_turn else text
+        user_tokens = engine.encode_text(prompt) + engine.encode_template(
             engine.turns.user_close_model_open
         )
         if len(user_tokens) + 64 > engine.room():

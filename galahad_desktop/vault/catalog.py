@@ -53,6 +53,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "n_tokens": int,
             "n_messages": int,
             "library": int,
+            "system_prompt": str,
             "seal": bytes,
             "created_at": float,
             "updated_at": float,
