@@ -20,13 +20,13 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtCore import QEventLoop, QTimer
+from PySide6.QtWidgets import QApplication
 
-from galahad_desktop.bench.corpus import Corpus  # noqa: E402
-from galahad_desktop.settings import Settings  # noqa: E402
-from galahad_desktop.ui.main_window import MainWindow  # noqa: E402
-from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory  # noqa: E402
+from galahad_desktop.bench.corpus import Corpus
+from galahad_desktop.settings import Settings
+from galahad_desktop.ui.main_window import MainWindow
+from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory
 
 
 class StallMeter:
@@ -93,8 +93,13 @@ def main() -> int:
     window.close()
     bridge.stop()
     app.quit()
-    out = {"longest_stall_ms": results, "target_ms": 50, "resume_status": graft,
-           "tokens": args.tokens, "ok": max(results.values()) < 50}
+    out = {
+        "longest_stall_ms": results,
+        "target_ms": 50,
+        "resume_status": graft,
+        "tokens": args.tokens,
+        "ok": max(results.values()) < 50,
+    }
     if args.json:
         print(json.dumps(out))
     else:
