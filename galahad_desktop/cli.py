@@ -468,8 +468,11 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
     result["saved_to"] = str(args.out / f"{name}.json")
     for path in (args.out / f"{name}.json", args.out / f"{name}-{stamp}.json"):
         path.write_text(json.dumps(result, indent=1, default=str))
-    if name == "bench-resume":
-        benchmarks.plot_resume(result, args.out / "bench-resume.png")
+    plotted = name != "bench-resume" or benchmarks.plot_resume(
+        result, args.out / "bench-resume.png"
+    )
+    if not plotted:
+        out.info("No plot: install the 'bench' extra (matplotlib) for bench-resume.png.")
     out.result(result, text)
     return 0
 

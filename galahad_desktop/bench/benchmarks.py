@@ -334,8 +334,12 @@ def bench_deposit(
         bench.close()
 
 
-def plot_resume(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+def plot_resume(result: dict[str, Any], path: Path) -> bool:
+    """Write the PNG plot; False when matplotlib (the `bench` extra) is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -362,6 +366,7 @@ def plot_resume(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def resume_table(result: dict[str, Any]) -> str:
