@@ -375,6 +375,12 @@ class Galahad:
         engine = self.engine
         ledger = list(engine.tokens)
         payload, used, capture_ms = engine.capture()
+        # Continue from exactly what a resume will rebuild: the live context can hold more
+        # than the per-sequence state carries (with swa_full every sliding-window cell stays
+        # live, the state keeps only the window), which made some later grafts only `close`.
+        # Re-grafting the captured state in place makes this conversation's own continuation
+        # and every future resume compute from the same cells.
+        capture_ms += engine.restore(payload, ledger, used)
         engine.evaluate(engine.probe_tokens)  # the next turn's opening: needed anyway
         if counters is not None:
             counters.new_tokens += len(engine.probe_tokens)
