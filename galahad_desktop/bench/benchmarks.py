@@ -94,6 +94,17 @@ class Bench:
                 high = middle - 1
         return "\n".join(lines[:low])
 
+    def report(self, command: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The envelope every benchmark prints: results with the runtime fingerprint."""
+        engine = self.core.engine
+        return {
+            "command": command,
+            "results": rows,
+            "fingerprint": engine.fingerprint,
+            "fingerprint_details": engine.fingerprint_details,
+            "machine": machine(),
+        }
+
     def close(self) -> None:
         self.core.close()
         for path in sorted(self.tmp.rglob("*"), reverse=True):
@@ -242,13 +253,7 @@ def bench_resume(
             result["ratio_to_floor"] = result["restore_ms"] / result["floor_ms"]
             result["bytes_per_token"] = result["block_bytes"] / n
             rows.append(result)
-        return {
-            "command": "bench resume",
-            "results": rows,
-            "fingerprint": bench.core.engine.fingerprint,
-            "fingerprint_details": bench.core.engine.fingerprint_details,
-            "machine": machine(),
-        }
+        return bench.report("bench resume", rows)
     finally:
         bench.close()
 
@@ -284,13 +289,7 @@ def bench_persist(
                         "block_bytes": block["file_bytes"],
                     }
                 )
-        return {
-            "command": "bench persist",
-            "results": rows,
-            "fingerprint": core.engine.fingerprint,
-            "fingerprint_details": core.engine.fingerprint_details,
-            "machine": machine(),
-        }
+        return bench.report("bench persist", rows)
     finally:
         bench.close()
 
@@ -323,13 +322,7 @@ def bench_deposit(
             }
             row["overhead_percent"] = 100.0 * (row["deposit_ms"] / row["raw_prefill_ms"] - 1)
             rows.append(row)
-        return {
-            "command": "bench deposit",
-            "results": rows,
-            "fingerprint": core.engine.fingerprint,
-            "fingerprint_details": core.engine.fingerprint_details,
-            "machine": machine(),
-        }
+        return bench.report("bench deposit", rows)
     finally:
         bench.close()
 
