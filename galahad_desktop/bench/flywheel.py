@@ -40,6 +40,16 @@ def problem(rng: random.Random) -> tuple[str, str, str, str]:
     )
 
 
+def _summary(mode: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """<mode>_decode_tokens, _ms_median, _correct and _hits for one phase of asks."""
+    return {
+        f"{mode}_decode_tokens": sum(r["decode_tokens"] for r in rows),
+        f"{mode}_ms_median": statistics.median([r["ms"] for r in rows]) if rows else None,
+        f"{mode}_correct": sum(r["correct"] for r in rows),
+        f"{mode}_hits": sum(r["mode"] == mode for r in rows),
+    }
+
+
 def oracle_answer(question: str) -> str:
     """The verifier's own value, phrased as an answer: what a tool-assisted solve stores."""
     found = verifier_for(question)
@@ -143,18 +153,8 @@ def eval_flywheel(
             "attempts_per_problem": attempts,
             "first_decode_tokens": first_tokens,
             "first_ms": first_ms,
-            "recurrence_decode_tokens": sum(r["decode_tokens"] for r in recurrence),
-            "recurrence_ms_median": statistics.median([r["ms"] for r in recurrence])
-            if recurrence
-            else None,
-            "recurrence_correct": sum(r["correct"] for r in recurrence),
-            "recurrence_hits": sum(r["mode"] == "recurrence" for r in recurrence),
-            "transfer_decode_tokens": sum(r["decode_tokens"] for r in transfer),
-            "transfer_ms_median": statistics.median([r["ms"] for r in transfer])
-            if transfer
-            else None,
-            "transfer_correct": sum(r["correct"] for r in transfer),
-            "transfer_hits": sum(r["mode"] == "transfer" for r in transfer),
+            **_summary("recurrence", recurrence),
+            **_summary("transfer", transfer),
             "near_misses": len(near),
             "near_miss_stored_answers": sum(r["stored_answer_returned"] for r in near),
             "gate_wrong_answers": gate_wrong,
