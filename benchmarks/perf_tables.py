@@ -34,17 +34,24 @@ def main() -> int:
             )
         print()
     persist = load("bench-persist")
-    if persist:
+    if persist and persist.get("summary"):
         print(
-            "Per-turn persist (capture + probe + encrypt + write + commit) against conversation "
-            "length, `galahad bench persist --sizes 1000,4000,16000 --turns 3`:\n"
+            "Per-turn save (capture + re-graft + probe + encrypt + write + commit), a chain link "
+            "against a whole state, side by side in one run, `galahad bench persist --sizes "
+            "1000,4000,16000 --turns 3` (medians of the 3 turns):\n"
         )
-        print("| conversation tokens | persist | capture | block |")
-        print("|---|---|---|---|")
-        for r in persist["results"]:
+        print(
+            "| conversation tokens | save as **link** | link on disk | save as whole state | "
+            "whole state on disk | whole ÷ link | resume, chain (links) | resume, whole |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for r in persist["summary"]:
             print(
-                f"| {r['conversation_tokens']:,} | {r['persist_ms']:.0f} ms | "
-                f"{r['capture_ms']:.0f} ms | {r['block_bytes'] / 1e6:.1f} MB |"
+                f"| {r['size']:,} | **{r['chain_persist_ms']:.0f} ms** | "
+                f"{r['chain_block_bytes'] / 1e6:.2f} MB | {r['whole_persist_ms']:.0f} ms | "
+                f"{r['whole_block_bytes'] / 1e6:.1f} MB | {r['whole_over_chain']:.1f}× | "
+                f"{r['chain_resume_ms']:.1f} ms ({r['chain_links']}) | "
+                f"{r['whole_resume_ms']:.1f} ms |"
             )
         print()
     deposit = load("bench-deposit")
@@ -60,6 +67,23 @@ def main() -> int:
                 f"| {r['tokens']:,} | {r['raw_prefill_ms']:,.0f} ms | {r['deposit_ms']:,.0f} ms"
                 f" | {r['overhead_percent']:+.1f}% |"
             )
+        print()
+    memory = load("eval-memory")
+    if memory:
+        m = memory
+        print(
+            "| tokens stored | documents / parts | probes | routed right | answered | zero "
+            "recompute | proofs exact | exact answers | gate refusals | controls | controls "
+            "gated | fabricated | RSS start → end |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(
+            f"| {m['tokens']:,} | {m['documents']} / {m['parts']} | {m['probes']} | "
+            f"{m['routed_right']}/{m['probes']} | {m['answered']} | {m['zero_recompute']} | "
+            f"{m['proofs_exact']} | {m['exact']} | {m['gate_refusals']} | {m['controls']} | "
+            f"{m['controls_gated']} | {m['fabricated']} | {m['rss_start_mb']:.0f} → "
+            f"{m['rss_end_mb']:.0f} MB |"
+        )
         print()
     return 0
 

@@ -85,10 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("deposit", "read a document once and store its KV block")
     p.add_argument("file", type=Path)
-    p = add("ask", "answer a question on a stored document without re-reading it")
-    p.add_argument("document_id")
-    p.add_argument("question")
+    p = add(
+        "ask",
+        "answer from a stored document without re-reading it; a long document (or, with "
+        "only a question, the whole library) goes through the router, which answers from the "
+        f"best part or, when unsure, lists the candidates and exits {GATED_EXIT}",
+    )
+    p.add_argument("target", help="a document id, or the question (ask the whole library)")
+    p.add_argument("question", nargs="?")
+    p.add_argument("--part", help="answer from this part (one of the router's candidates)")
     _sampling_args(p)
+    p = add("add-document", "put a document into a conversation (prefills only the new one)")
+    p.add_argument("conversation_id")
+    p.add_argument("file", type=Path)
+    p = add("compact", "merge a conversation's older chain links into one block")
+    p.add_argument("conversation_id")
+    p.add_argument("--keep", type=int, help="newest turn links kept separate (default: setting)")
+    p = add("routing-log", "the router's recent decisions: scores and margins, no questions")
+    p.add_argument("--limit", type=int, default=20)
     p = add("chat", "streaming chat in the terminal, or one turn with --message")
     p.add_argument("--conversation", help="continue this conversation")
     p.add_argument("--document", help="start a conversation on this document")
@@ -140,7 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=3, help="turns per size (persist)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p = add("eval", "evaluations (throwaway data dir)")
-    p.add_argument("kind", choices=["needles", "tamper", "crashes", "hostile", "flywheel"])
+    p.add_argument(
+        "kind", choices=["needles", "memory", "tamper", "crashes", "hostile", "flywheel"]
+    )
+    p.add_argument("--tokens", type=int, default=200_000, help="memory: tokens to deposit")
+    p.add_argument("--probes", type=int, default=50, help="memory: routed questions")
+    p.add_argument("--doc-tokens", type=int, default=12_000, help="memory: tokens per document")
     p.add_argument("--problems", type=int, default=30, help="flywheel: problems")
     p.add_argument("--attempts", type=int, default=5, help="flywheel: best-of-N first solve")
     p.add_argument(
@@ -152,10 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
     p.add_argument("--blocks", type=int, default=64)
     p.add_argument("--block-tokens", type=int, default=2000)
-    p.add_argument("--controls", type=int, default=16)
+    p.add_argument("--controls", type=int, default=None, help="16 (needles), 20 (memory)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return parser
+
+
+GATED_EXIT = 9  # the router was not sure: candidates listed, nothing answered
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -280,7 +302,10 @@ def _run_turn(
     if not out.as_json:
         print()
         out.info(_turn_text(result))
-    return dict(result.as_dict())
+    obj = dict(result.as_dict())
+    if core.needs_compaction(conversation_id):  # after the reply is out: the user has it
+        obj["compaction"] = core.compact(conversation_id)
+    return obj
 
 
 def cmd_chat(core: Any, out: Output, args: argparse.Namespace) -> int:
@@ -387,10 +412,11 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
             _sizes(args.sizes), args.turns, args.model, overrides, out.info
         )
         text = "\n".join(
-            f"{r['conversation_tokens']:>7,} tokens: persist {r['persist_ms']:.0f} ms"
-            f" (capture {r['capture_ms']:.0f} ms, block "
-            f"{r['block_bytes'] / 1e6:.1f} MB)"
-            for r in result["results"]
+            f"{r['size']:>7,} tokens: per-turn save as a chain link {r['chain_persist_ms']:.0f} ms "
+            f"({r['chain_block_bytes'] / 1e6:.2f} MB), as a whole state "
+            f"{r['whole_persist_ms']:.0f} ms ({r['whole_block_bytes'] / 1e6:.1f} MB): "
+            f"{r['whole_over_chain']:.1f}x"
+            for r in result["summary"]
         )
     elif args.command == "bench":
         result = benchmarks.bench_deposit(
@@ -423,6 +449,27 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
             f"decode tokens; near misses {result['near_misses']}: "
             f"{result['gate_wrong_answers']} wrong stored answers"
         )
+    elif args.kind == "memory":
+        from galahad_desktop.bench.memory_eval import eval_memory
+
+        result = eval_memory(
+            args.tokens,
+            args.probes,
+            20 if args.controls is None else args.controls,
+            args.doc_tokens,
+            args.seed,
+            args.model,
+            overrides,
+            out.info,
+        )
+        text = (
+            f"{result['tokens']:,} tokens in {result['parts']} parts; probes {result['probes']}: "
+            f"routed right {result['routed_right']}, answered {result['answered']} (gate "
+            f"refusals {result['gate_refusals']}), zero recompute {result['zero_recompute']}, "
+            f"exact {result['exact']}; controls {result['controls']}: gated "
+            f"{result['controls_gated']}, fabricated {result['fabricated']}; RSS "
+            f"{result['rss_start_mb']:.0f} -> {result['rss_end_mb']:.0f} MB"
+        )
     elif args.kind in ("tamper", "crashes", "hostile"):
         from galahad_desktop import hardening
 
@@ -451,7 +498,7 @@ def cmd_measure(args: argparse.Namespace, out: Output) -> int:
         result = needles.eval_needles(
             args.blocks,
             args.block_tokens,
-            args.controls,
+            16 if args.controls is None else args.controls,
             args.seed,
             args.model,
             overrides,
@@ -593,6 +640,50 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
         core.close()
 
 
+def cmd_ask(core: Any, out: Output, args: argparse.Namespace) -> int:
+    if args.question is None:
+        document_id, question = None, args.target
+    else:
+        document_id, question = args.target, args.question
+    if document_id is not None and args.part is None:
+        doc = core.vault.catalog.get("documents", document_id)
+        if doc is not None and (doc.get("n_parts") or 1) == 1:
+            # One part: no routing to do; a conversation on the document, as before.
+            conversation_id = core.new_conversation(document_id=document_id)
+            obj = _run_turn(core, out, conversation_id, question, args)
+            if out.as_json:
+                out.result(obj, "")
+            return 0
+    params = core.sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    stream = None if out.as_json else (lambda piece: print(piece, end="", flush=True))
+    result = core.ask(question, document_id, args.part, on_text=stream, params=params)
+    obj = result.as_dict()
+    if not result.answered:
+        d = result.decision
+        lines = [f"Not answered: {d.reason}. Candidates (answer with --part ID):"]
+        for c in d.candidates:
+            lines.append(
+                f"  {c.part_id}  {core.citation(c.part_id)}  share {c.coverage:.2f}  "
+                f"BM25 {c.score:.2f}"
+            )
+        if not d.candidates:
+            lines.append("  (none)")
+        obj["candidates_cited"] = [core.citation(c.part_id) for c in d.candidates]
+        out.result(obj, "\n".join(lines))
+        return GATED_EXIT
+    if not out.as_json:
+        print()
+    graft = result.graft
+    restored = graft.restored_tokens if graft else 0
+    out.result(
+        obj,
+        f"[{result.citation} · restored {restored:,} tokens, recomputed "
+        f"{graft.recomputed_tokens if graft else 0:,} · "
+        f"{graft.proof.verdict if graft else 'already loaded'}]",
+    )
+    return 0
+
+
 def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Output) -> int:
     if command == "deposit":
         result = core.deposit(args.file, progress=_progress(out, "reading"))
@@ -601,14 +692,47 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
             obj,
             f"Stored document {result.document_id} '{result.name}': "
             f"{result.tokens:,} tokens read in {result.prefill_ms / 1e3:.1f} s, "
-            f"block {result.block_bytes / 1e6:.1f} MB",
+            + (f"{result.n_parts} parts, blocks " if result.n_parts > 1 else "block ")
+            + f"{result.block_bytes / 1e6:.1f} MB",
         )
         return 0
     if command == "ask":
-        conversation_id = core.new_conversation(document_id=args.document_id)
-        obj = _run_turn(core, out, conversation_id, args.question, args)
-        if out.as_json:
-            out.result(obj, "")
+        return cmd_ask(core, out, args)
+    if command == "add-document":
+        from galahad_desktop.memory.documents import extract_text_bounded
+
+        text = extract_text_bounded(args.file)
+        turn = core.add_document(
+            args.conversation_id, args.file.name, text, progress=_progress(out, "reading")
+        )
+        c = turn.counters
+        out.result(
+            {**turn.as_dict(), "links": core.chain_links(args.conversation_id)},
+            f"Added '{args.file.name}' to {args.conversation_id}: read {c.new_tokens:,} new "
+            f"tokens, restored {c.restored_tokens:,}, recomputed {c.recomputed_tokens:,}.",
+        )
+        return 0
+    if command == "compact":
+        obj = core.compact(args.conversation_id, args.keep)
+        text = (
+            f"Merged {obj['merged']} links into one; the chain now has {obj['links_after']}."
+            if obj["merged"]
+            else f"Nothing to merge ({obj['links_before']} links)."
+            + (f" {obj['skipped']}." if obj.get("skipped") else "")
+        )
+        out.result(obj, text)
+        return 0
+    if command == "routing-log":
+        entries = core.routing_log(args.limit)
+        out.result(
+            {"entries": entries},
+            "\n".join(
+                f"{e['decision']:>8}  best {e['best_score']:.2f}  margin "
+                f"{e['margin']:.2f}  {e['scope']}  -> {e['part_id']}"
+                for e in entries
+            )
+            or "No routing decisions yet.",
+        )
         return 0
     if command == "chat":
         return cmd_chat(core, out, args)
@@ -625,7 +749,11 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
             f"{c['id']}  {c['n_tokens']:>7,} tok  {c['title'] or '(untitled)'}"
             for c in conversations
         ]
-        lines += [f"{d['id']}  {d['n_tokens']:>7,} tok  {d['name']}" for d in documents]
+        lines += [
+            f"{d['id']}  {d['n_tokens']:>7,} tok  {d['name']}"
+            + (f"  ({d['n_parts']} parts)" if d["n_parts"] > 1 else "")
+            for d in documents
+        ]
         out.result(
             {"conversations": conversations, "documents": documents},
             "\n".join(lines) or "Nothing stored yet.",

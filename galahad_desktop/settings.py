@@ -77,13 +77,64 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=True,
     ),
     Setting(
+        "chain_blocks",
+        bool,
+        True,
+        "Store each turn as a child block holding only its new tokens (a chain); off stores "
+        "the whole state every turn.",
+        runtime=False,
+    ),
+    Setting(
+        "compact_after",
+        int,
+        24,
+        "Merge a conversation's chain into one block (in the background) once it has more "
+        "links than this; the newest `checkpoints` turns stay separate.",
+        runtime=False,
+        minimum=4,
+    ),
+    Setting(
         "checkpoints",
         int,
         8,
-        "Turn checkpoints kept per conversation (regenerate and edit restore them; an older "
-        "turn is re-read). Each costs about 8 MB plus 3 KB per token on the default model.",
+        "Turn boundaries kept as their own links when a chain is compacted (regenerate and "
+        "edit restore them; an older turn is re-read).",
         runtime=False,
         minimum=2,
+    ),
+    Setting(
+        "part_tokens",
+        int,
+        0,
+        "Tokens per part of a long document; 0 fits each part in the context with room "
+        "for a question and its answer.",
+        runtime=False,
+        minimum=0,
+    ),
+    Setting(
+        "part_overlap",
+        int,
+        64,
+        "Tokens of the previous part repeated at the start of the next one.",
+        runtime=False,
+        minimum=0,
+    ),
+    Setting(
+        "route_min_strength",
+        float,
+        0.5,
+        "Router: the least share of the question (its words and word pairs, weighted by "
+        "rarity) the best part must hold to answer without asking.",
+        runtime=False,
+        minimum=0.0,
+    ),
+    Setting(
+        "route_min_margin",
+        float,
+        1.5,
+        "Router: how many times the runner-up's share the best part must hold.",
+        runtime=False,
+        minimum=1.0,
     ),
     Setting(
         "system_prompt",

@@ -131,6 +131,33 @@ def main() -> int:
             wait_until(lambda: window.bridge.pending() == 0)
         shot(dialog, name)
         dialog.close()
+
+    # A document longer than the context: stored in parts, asked through the router.
+    from galahad_desktop.bench.corpus import Corpus
+
+    corpus = Corpus(4)
+    sections, needles = [], []
+    for k in range(8):
+        text, planted = corpus.document(800, k, needles=1, decoys=1)
+        sections.append(f"## Ledger {k + 1}\n\n{text}")
+        needles += planted
+    ledger = Path(tempfile.mkdtemp()) / "harbour-ledger.md"
+    ledger.write_text("\n\n".join(sections))
+    window.deposit(ledger)
+    wait_until(lambda: window.depositing is None and window.bridge.pending() == 0, 600)
+    window.open_ask()
+    ask = window.ask_dialog
+    ask.resize(720, 480)
+    ask.show()
+    ask.question.setText(f"What is {needles[3].name}'s access code?")
+    ask.ask()
+    wait_until(lambda: window.bridge.pending() == 0 and ask.source.text() != "")
+    shot(ask, "ask-routed")
+    ask.question.setText(f"What is {corpus.absent_name()}'s access code?")
+    ask.ask()
+    wait_until(lambda: window.bridge.pending() == 0 and not ask.candidates.isHidden())
+    shot(ask, "ask-gated")
+    ask.close()
     window.close()
     window.bridge.stop()
     app.quit()

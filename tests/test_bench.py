@@ -58,8 +58,11 @@ def test_bench_persist_and_deposit_rows(tmp_path: Path) -> None:
         str(tmp_path),
         data_dir=tmp_path / "unused",
     )
-    assert len(persist["results"]) == 2
+    assert [r["mode"] for r in persist["results"]] == ["chain", "chain", "whole", "whole"]
     assert all(r["persist_ms"] > 0 and r["conversation_tokens"] > 150 for r in persist["results"])
+    (summary,) = persist["summary"]
+    assert summary["chain_block_bytes"] < summary["whole_block_bytes"]
+    assert summary["whole_over_chain"] > 0
     deposit = cli_json(
         "bench",
         "deposit",
@@ -94,3 +97,43 @@ def test_eval_needles_counts(tmp_path: Path) -> None:
     assert 0 <= result["exact"] <= result["probes"]
     assert 0 <= result["fabricated"] <= result["controls"]
     assert result["restore_vs_prefill"] > 0 and result["fingerprint"]
+
+
+def test_eval_memory_counts(tmp_path: Path) -> None:
+    result = cli_json(
+        "--set",
+        "n_ctx=2048",
+        "eval",
+        "memory",
+        "--tokens",
+        "3000",
+        "--doc-tokens",
+        "4500",
+        "--probes",
+        "3",
+        "--controls",
+        "3",
+        "--out",
+        str(tmp_path),
+        data_dir=tmp_path / "unused",
+    )
+    for key in (
+        "tokens",
+        "probes",
+        "routed_right",
+        "zero_recompute",
+        "exact",
+        "controls",
+        "fabricated",
+        "gate_refusals",
+        "rss_start_mb",
+        "rss_end_mb",
+    ):
+        assert key in result, key
+    assert result["tokens"] >= 3000 and result["parts"] >= 2
+    assert result["probes"] == 3 and result["controls"] == 3
+    assert result["routed_right"] == 3  # each record's own part, by name
+    assert result["zero_recompute"] == result["answered"]
+    assert result["controls_gated"] == 3 and result["fabricated"] == 0
+    assert result["rss_end_mb"] > 0 and result["rss_start_mb"] > 0
+    assert (tmp_path / "eval-memory.json").exists()

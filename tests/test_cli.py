@@ -95,14 +95,8 @@ def test_bad_input_gets_one_clear_error_and_changes_nothing(tmp_path: Path, data
     ]
     (tmp_path / "binary.txt").write_bytes(b"\x00\x01\x02")
     cases.append((("deposit", str(tmp_path / "binary.txt")), 4, "binary"))
-    (tmp_path / "long.txt").write_text(story(400))
-    cases.append(
-        (
-            ("deposit", str(tmp_path / "long.txt"), "--set", "n_ctx=1024"),
-            4,
-            "one document may hold at most",
-        )
-    )
+    cases.append((("ask", "What is it?"), 4, "The question has no words"))
+    cases.append((("compact", "c-nope"), 3, "No conversation has the id 'c-nope'"))
     for args, code, message in cases:
         proc = run_cli(*args, data_dir=data_dir, check=False)
         assert proc.returncode == code, (args, proc.stderr)

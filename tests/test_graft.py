@@ -88,7 +88,7 @@ def test_history_is_a_ledger_of_evaluated_tokens(make_core: Callable[..., Galaha
     blocks = core.vault.catalog.rows(
         "blocks", "owner_id = ?", [conversation], order_by="generation"
     )
-    second_tokens = core.vault.block_tokens(blocks[-1])
+    second_tokens = core.vault.chain_tokens(blocks[-1]["id"])  # the ledger through the chain
     probe = core.engine.probe_tokens
     assert second_tokens[: len(first_tokens) + len(probe)] == first_tokens + probe
     # Control tokens typed by a user stay text: one <start_of_turn> per turn in the ledger.
@@ -161,11 +161,14 @@ def test_tampered_block_is_refused_before_llama_cpp(
     assert core.messages(conversation) == []
 
 
-def test_too_long_document_is_refused_and_nothing_is_stored(
-    tmp_path: Path, make_core: Callable[..., Galahad]
+def test_oversized_document_is_refused_and_nothing_is_stored(
+    tmp_path: Path, make_core: Callable[..., Galahad], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from galahad_desktop.memory import service
+
+    monkeypatch.setattr(service, "MAX_DOCUMENT_CHARS", 5_000)
     core = make_core(n_ctx=1024)
-    with pytest.raises(InputError, match=r"at most 512 tokens with the 1,024-token context"):
+    with pytest.raises(InputError, match=r"at most 5,000 are accepted in one document"):
         core.deposit(_doc(tmp_path, story(200)))
     assert core.list_documents() == []
     assert list(core.vault.blocks_dir.iterdir()) == []

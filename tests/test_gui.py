@@ -331,3 +331,66 @@ def test_mark_verified_and_answer_from_memory(qtbot, open_window) -> None:  # ty
     assert again["library"]["mode"] == "recurrence"
     assert again["reply"] == first["reply"] and again["generated_tokens"] == 0
     assert "verified answer from memory" in window.graft_label.text()
+
+
+def test_ask_a_long_document_and_choose_when_the_router_is_unsure(  # type: ignore[no-untyped-def]
+    qtbot, open_window, tmp_path: Path
+) -> None:
+    from galahad_desktop.bench.corpus import Corpus
+
+    corpus = Corpus(21)
+    sections, needles = [], []
+    for k in range(5):
+        text, planted = corpus.document(700, k, needles=1, decoys=1)
+        sections.append(text)
+        needles += planted
+    doc = tmp_path / "ledger.txt"
+    doc.write_text("\n\n".join(sections))
+    window = open_window()
+    with qtbot.waitSignal(window.deposit_finished, timeout=WAIT_MS) as blocker:
+        window.deposit(doc)
+    parts = blocker.args[0]["n_parts"]
+    assert parts >= 2
+    qtbot.waitUntil(lambda: window.document_list.count() == 1, timeout=WAIT_MS)
+    assert f"{parts} parts" in window.document_list.item(0).text()
+    window.document_list.item(0).setSelected(True)
+    window.chat_with_document()  # a long document opens the routed Ask dialog
+    dialog = window.ask_dialog
+    dialog.question.setText(f"What is {needles[0].name}'s access code?")
+    with qtbot.waitSignal(dialog.answered, timeout=WAIT_MS) as asked:
+        qtbot.mouseClick(dialog.ask_button, Qt.MouseButton.LeftButton)
+    result = asked.args[0]
+    assert result["answered"] and f"of {parts}" in result["citation"]
+    assert result["graft"]["recomputed_tokens"] == 0
+    assert result["citation"] in dialog.source.text()
+    dialog.question.setText(f"What is {corpus.absent_name()}'s access code?")
+    with qtbot.waitSignal(dialog.answered, timeout=WAIT_MS) as asked:
+        dialog.ask()
+    assert not asked.args[0]["answered"]
+    assert not dialog.candidates.isHidden() and dialog.candidates.count() >= 1
+    assert "Not answered" in dialog.answer.toPlainText()
+    dialog.candidates.setCurrentRow(0)
+    with qtbot.waitSignal(dialog.answered, timeout=WAIT_MS) as asked:
+        qtbot.mouseClick(dialog.choose_button, Qt.MouseButton.LeftButton)
+    chosen = asked.args[0]
+    assert chosen["answered"] and chosen["part_id"] == dialog.candidates.item(0).data(
+        Qt.ItemDataRole.UserRole
+    )
+
+
+def test_add_a_document_to_an_open_conversation(qtbot, open_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    window = open_window()
+    first = _send(qtbot, window, "Hello there.")
+    doc = tmp_path / "orders.txt"
+    doc.write_text(story(30, secret="Gareth guards the north gate."))
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as blocker:
+        window.add_to_conversation(doc)
+    added = blocker.args[0]
+    counters = added  # a turn result: counters flattened
+    assert counters["recomputed_tokens"] == 0
+    assert counters["new_tokens"] > 0
+    assert added["context_tokens"] > first["context_tokens"] + counters["new_tokens"] - 8
+    assert "orders.txt" in window.transcript.toPlainText()
+    assert "Added 'orders.txt'" in window.graft_label.text()
+    follow = _send(qtbot, window, "Who guards the north gate?")
+    assert follow["recomputed_tokens"] == 0

@@ -261,35 +261,78 @@ def bench_resume(
 def bench_persist(
     sizes: list[int], turns: int, model_path: Path | None, overrides: dict[str, Any], log: Log
 ) -> dict[str, Any]:
+    """Per-turn save of a conversation of each size, as a chain link (only the new tokens)
+    and as a whole state, side by side in one process."""
     bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes) + 200 * turns)}, log)
     rows = []
     try:
         core = bench.core
         for size in sizes:
-            conversation = core.new_conversation()
-            first = core.send(
-                conversation,
-                bench.text_of_tokens(size - 30),
-                params=core.sampling(max_tokens=4, temperature=0.0),
-            )
-            log(f"persist: conversation of {first.context_tokens:,} tokens")
-            for turn in range(turns):
-                result = core.send(
+            for mode in ("chain", "whole"):
+                core.settings.override({"chain_blocks": mode == "chain"})
+                conversation = core.new_conversation()
+                first = core.send(
                     conversation,
-                    f"Add one line about item {turn}.",
-                    params=core.sampling(max_tokens=16, temperature=0.0),
+                    bench.text_of_tokens(size - 30),
+                    params=core.sampling(max_tokens=4, temperature=0.0),
                 )
-                block = core.vault.block_row(core.head_block(conversation))
-                rows.append(
+                log(f"persist ({mode}): conversation of {first.context_tokens:,} tokens")
+                for turn in range(turns):
+                    result = core.send(
+                        conversation,
+                        f"Add one line about item {turn}.",
+                        params=core.sampling(max_tokens=16, temperature=0.0),
+                    )
+                    block = core.vault.block_row(core.head_block(conversation))
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "conversation_tokens": block["pos_end"],
+                            "new_tokens": block["pos_end"] - (block["pos_start"] or 0)
+                            if mode == "chain"
+                            else result.counters.new_tokens + result.counters.generated_tokens,
+                            "persist_ms": result.counters.persist_ms,
+                            "capture_ms": block["capture_ms"],
+                            "block_bytes": block["file_bytes"],
+                        }
+                    )
+                resumes = [core.resume(conversation) for _ in range(3)]
+                rows[-1]["resume_ms"] = _median([g.restore_ms for g in resumes])
+                rows[-1]["resume_proof"] = resumes[-1].proof.verdict
+                rows[-1]["links"] = core.chain_links(conversation)
+                core.forget(conversation)
+        summary = []
+        for size in sizes:
+            chain = [
+                r
+                for r in rows
+                if r["mode"] == "chain" and abs(r["conversation_tokens"] - size) < size * 0.2 + 300
+            ]
+            whole = [
+                r
+                for r in rows
+                if r["mode"] == "whole" and abs(r["conversation_tokens"] - size) < size * 0.2 + 300
+            ]
+            if chain and whole:
+                c_ms = _median([r["persist_ms"] for r in chain])
+                w_ms = _median([r["persist_ms"] for r in whole])
+                summary.append(
                     {
-                        "conversation_tokens": block["n_tokens"],
-                        "new_tokens": result.counters.new_tokens + result.counters.generated_tokens,
-                        "persist_ms": result.counters.persist_ms,
-                        "capture_ms": block["capture_ms"],
-                        "block_bytes": block["file_bytes"],
+                        "size": size,
+                        "chain_persist_ms": c_ms,
+                        "whole_persist_ms": w_ms,
+                        "whole_over_chain": w_ms / c_ms if c_ms else None,
+                        "chain_block_bytes": _median([r["block_bytes"] for r in chain]),
+                        "whole_block_bytes": _median([r["block_bytes"] for r in whole]),
+                        "chain_resume_ms": chain[-1]["resume_ms"],
+                        "whole_resume_ms": whole[-1]["resume_ms"],
+                        "chain_links": chain[-1]["links"],
+                        "resume_proofs": [chain[-1]["resume_proof"], whole[-1]["resume_proof"]],
                     }
                 )
-        return bench.report("bench persist", rows)
+        report = bench.report("bench persist", rows)
+        report["summary"] = summary
+        return report
     finally:
         bench.close()
 

@@ -9,12 +9,13 @@ recomputed (re-read because a block could not be used) and tokens newly evaluate
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import llama_cpp
 import numpy as np
 
 from galahad_desktop.engine import fingerprint as fp
+from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.chat_format import GEMMA_TURNS, TurnFormat, derive_turn_format
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.errors import CancelledError, InputError, ModelError
@@ -137,21 +139,8 @@ class Engine:
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
         self.gpu_layers = (config.n_gpu_layers if config.n_gpu_layers >= 0 else 999) if gpu else 0
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(config.model_path),
-                n_ctx=config.n_ctx,
-                n_batch=config.n_batch,
-                n_ubatch=config.n_ubatch,
-                n_threads=config.n_threads,
-                n_threads_batch=config.n_threads,
-                n_gpu_layers=self.gpu_layers,
-                flash_attn=config.flash_attn,
-                swa_full=config.swa_full,
-                type_k=KV_TYPES[config.kv_type],
-                type_v=KV_TYPES[config.kv_type],
-                logits_all=False,
-                verbose=False,
-            )
+            with _scratch_sequence():
+                self.llm = self._load(config)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
         self._ctx = self.llm._ctx.ctx
@@ -166,6 +155,23 @@ class Engine:
         self.probe_tokens = self.encode_template(self.turns.user_open)
         self.decoded_tokens = 0
         self._count_decodes()
+
+    def _load(self, config: EngineConfig) -> llama_cpp.Llama:
+        return llama_cpp.Llama(
+            model_path=str(config.model_path),
+            n_ctx=config.n_ctx,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            n_threads=config.n_threads,
+            n_threads_batch=config.n_threads,
+            n_gpu_layers=self.gpu_layers,
+            flash_attn=config.flash_attn,
+            swa_full=config.swa_full,
+            type_k=KV_TYPES[config.kv_type],
+            type_v=KV_TYPES[config.kv_type],
+            logits_all=False,
+            verbose=False,
+        )
 
     # -- identity ------------------------------------------------------------------------
     def _fingerprint_details(self) -> dict[str, Any]:
@@ -183,6 +189,8 @@ class Engine:
             "flash_attn": c.flash_attn,
             "kv_type": c.kv_type,
             "swa_full": c.swa_full,
+            "kv_unified": True,
+            "n_seq_max": SCRATCH_SEQ + 1,
             "turn_format": self.turns.as_dict(),
         }
 
@@ -373,6 +381,42 @@ class Engine:
             raise ModelError("llama.cpp could not serialize the sequence state.")
         return buf, int(used), (time.perf_counter() - start) * 1e3
 
+    def capture_from(self, start: int) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
+        """Serialize only the cells at positions >= start (what a chain link holds), in
+        O(new tokens): the range is shared into a scratch sequence (no copy in a unified
+        cache), that sequence is serialized, and its cells are relabelled as sequence 0."""
+        begin = time.perf_counter()
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        llama_cpp.llama_memory_seq_cp(memory, 0, SCRATCH_SEQ, start, -1)
+        try:
+            size = llama_cpp.llama_state_seq_get_size(self._ctx, SCRATCH_SEQ)
+            buf = (ctypes.c_uint8 * size)()
+            used = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, SCRATCH_SEQ)
+        finally:
+            llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+        if used == 0:
+            raise ModelError("llama.cpp could not serialize the new cells.")
+        kvstate.relabel(buf, int(used), SCRATCH_SEQ)
+        return buf, int(used), (time.perf_counter() - begin) * 1e3
+
+    def regraft_window(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
+        """Re-graft the sliding-window cache from its own capture, in place (O(window)):
+        the live context then holds exactly the cells a restore rebuilds (with swa_full it
+        otherwise keeps cells beyond the window that a saved state does not carry). Returns
+        the window's state: its layout is the chain link's."""
+        begin = time.perf_counter()
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        buf = (ctypes.c_uint8 * size)()
+        used = int(llama_cpp.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags))
+        if (
+            used == 0
+            or llama_cpp.llama_state_seq_set_data_ext(self._ctx, buf, used, 0, flags) != used
+        ):
+            self.reset()
+            raise ModelError("llama.cpp could not re-graft the sliding-window cache.")
+        return buf, used, (time.perf_counter() - begin) * 1e3
+
     def restore(
         self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int], size: int | None = None
     ) -> float:
@@ -395,6 +439,29 @@ class Engine:
 
     def close(self) -> None:
         self.llm.close()
+
+
+SCRATCH_SEQ = 1  # a second sequence, only ever used to serialize a range of sequence 0
+
+
+@contextlib.contextmanager
+def _scratch_sequence() -> Iterator[None]:
+    """Create the context with two sequences in one unified cache, so a position range can
+    be serialized through a scratch sequence. Llama() has no parameter for either, so its
+    default-parameter function is wrapped for the duration of the constructor."""
+    original = llama_cpp.llama_cpp.llama_context_default_params
+
+    def with_scratch() -> Any:
+        params = original()
+        params.n_seq_max = SCRATCH_SEQ + 1
+        params.kv_unified = True
+        return params
+
+    llama_cpp.llama_cpp.llama_context_default_params = with_scratch
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_context_default_params = original
 
 
 _BACKENDS = (

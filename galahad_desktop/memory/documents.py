@@ -8,11 +8,13 @@ proportion (zip bombs) are refused before parsing, and extracted text is capped.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from galahad_desktop.errors import CancelledError, InputError
@@ -257,3 +259,63 @@ def extract_text_bounded(
     if "error" in result:
         raise InputError(result["error"])
     return str(result["text"])
+
+
+_PARAGRAPH = re.compile(r"\n\s*\n")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def split_for_parts(text: str, budget: int, count: Callable[[str], int]) -> list[str]:
+    """Cut text into parts of at most about `budget` tokens (by `count`), at paragraph
+    breaks where possible, then sentences, then words, then characters."""
+    if budget < 16:
+        raise InputError(f"A document part needs room for at least 16 tokens, not {budget}.")
+    units: list[tuple[str, str, int]] = []  # (separator before it, text, tokens)
+
+    def add(piece: str, level: int, separator: str) -> None:
+        piece = piece.strip()
+        if not piece:
+            return
+        if level == 3:  # characters: a quarter of the budget cannot exceed it
+            units.append((separator, piece, count(piece)))
+            return
+        n = count(piece)
+        if n <= budget:
+            units.append((separator, piece, n))
+            return
+        if level == 0:
+            pieces = _SENTENCE.split(piece)
+        elif level == 1:
+            words = piece.split()
+            size = max(1, len(words) * budget // (2 * n))
+            pieces = [" ".join(words[i : i + size]) for i in range(0, len(words), size)]
+        else:
+            size = max(1, budget // 4)
+            pieces = [piece[i : i + size] for i in range(0, len(piece), size)]
+        inner = ("\n\n", " ", " ")[level] if level < 2 else ""
+        for index, sub in enumerate(pieces):
+            add(sub, level + 1, separator if index == 0 else inner)
+
+    for paragraph in _PARAGRAPH.split(text):
+        add(paragraph, 0, "\n\n")
+    parts: list[str] = []
+    current: list[str] = []
+    used = 0
+    for separator, piece, n in units:
+        if current and used + n + 1 > budget:
+            parts.append("".join(current).strip())
+            current, used = [], 0
+        current.append((separator if current else "") + piece)
+        used += n + 1
+    if current:
+        parts.append("".join(current).strip())
+    return parts
+
+
+def overlap_tail(text: str, tokens: int) -> str:
+    """The end of a part, about `tokens` long, starting at a word: repeated at the start of
+    the next part so a sentence cut at the boundary is read whole."""
+    if tokens <= 0:
+        return ""
+    words = text.split()
+    return " ".join(words[-max(1, int(tokens / 1.4)) :])

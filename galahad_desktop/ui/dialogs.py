@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QPointF, Qt
+from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -23,11 +23,13 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
+    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
 from galahad_desktop.ui.main_window import human_bytes
+from galahad_desktop.ui.render import markdown_html
 
 if TYPE_CHECKING:
     from galahad_desktop.ui.main_window import MainWindow
@@ -430,3 +432,109 @@ class MemoryDialog(QDialog):
 
     def refresh(self) -> None:
         self.window_.bridge.call("memory", on_done=self._show, on_error=self.window_.show_error)
+
+
+class AskDialog(QDialog):
+    """Ask the library (or one long document): the router picks the part that answers, and
+    when it is unsure the user chooses among its candidates. Nothing is guessed."""
+
+    answered = Signal(object)  # the ask result, answered or not (for tests and the window)
+
+    def __init__(
+        self, window: MainWindow, document_id: str | None = None, name: str | None = None
+    ) -> None:
+        super().__init__(window)
+        self.window_ = window
+        self.document_id = document_id
+        self.setWindowTitle(f"Ask “{name}”" if name else "Ask the library")
+        self.resize(640, 480)
+        self.question = QLineEdit()
+        self.question.setPlaceholderText(
+            "A question about this document" if document_id else "A question about your documents"
+        )
+        self.question.returnPressed.connect(self.ask)
+        self.ask_button = QPushButton("Ask")
+        self.ask_button.clicked.connect(self.ask)
+        self.answer = QTextBrowser()
+        self.source = QLabel()
+        self.source.setWordWrap(True)
+        self.candidates = QListWidget()
+        self.choose_button = QPushButton("Answer from this part")
+        self.choose_button.clicked.connect(self.choose)
+        self.candidates.itemActivated.connect(lambda _item: self.choose())
+        for widget in (self.candidates, self.choose_button):
+            widget.setVisible(False)
+        row = QHBoxLayout()
+        row.addWidget(self.question, 1)
+        row.addWidget(self.ask_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(row)
+        layout.addWidget(self.answer, 1)
+        layout.addWidget(self.source)
+        layout.addWidget(self.candidates)
+        layout.addWidget(self.choose_button)
+        self.last_question = ""
+        self.text = ""
+
+    def ask(self, part_id: str | None = None) -> None:
+        question = self.question.text().strip() if not part_id else self.last_question
+        if not question:
+            return
+        self.last_question = question
+        self.text = ""
+        self.answer.setHtml("<p><i>Finding the part that answers…</i></p>")
+        self.source.setText("")
+        self.ask_button.setEnabled(False)
+        self.window_.bridge.call(
+            "ask",
+            question,
+            self.document_id,
+            part_id if isinstance(part_id, str) else None,
+            on_done=self._done,
+            on_error=self._failed,
+            on_stream=self._streamed,
+        )
+
+    def _streamed(self, piece: str) -> None:
+        self.text += piece
+        self.answer.setHtml(markdown_html(self.text))
+
+    def choose(self) -> None:
+        item = self.candidates.currentItem() or self.candidates.item(0)
+        if item is not None:
+            self.ask(item.data(Qt.ItemDataRole.UserRole))
+
+    def _done(self, result: dict[str, Any]) -> None:
+        self.ask_button.setEnabled(True)
+        routing = result["routing"]
+        gated = not result["answered"]
+        for widget in (self.candidates, self.choose_button):
+            widget.setVisible(gated and bool(result["candidates"]))
+        if gated:
+            self.answer.setHtml(
+                f"<p>Not answered: {routing['reason']}.</p>"
+                + ("<p>Choose the part to answer from:</p>" if result["candidates"] else "")
+            )
+            self.candidates.clear()
+            for candidate in result["candidates"]:
+                item = QListWidgetItem(
+                    f"{candidate['citation']} · matches {candidate['coverage']:.0%} of the question"
+                )
+                item.setData(Qt.ItemDataRole.UserRole, candidate["part_id"])
+                self.candidates.addItem(item)
+            self.source.setText("")
+        else:
+            self.answer.setHtml(markdown_html(result["answer"]))
+            graft = result.get("graft") or {}
+            proof = {"exact": "byte-exact ✓"}.get(graft.get("proof", ""), graft.get("proof", ""))
+            self.source.setText(
+                f"From {result['citation']} · restored {graft.get('restored_tokens', 0):,} "
+                f"tokens, re-read {graft.get('recomputed_tokens', 0):,}"
+                + (f" · {proof}" if proof else "")
+            )
+        self.answered.emit(result)
+
+    def _failed(self, message: str, kind: str) -> None:
+        self.ask_button.setEnabled(True)
+        self.answer.setHtml("")
+        self.window_.show_error(message, kind)

@@ -200,6 +200,7 @@ class MainWindow(QMainWindow):
         file_menu = self.menuBar().addMenu("&File")
         action(file_menu, "New chat", self.new_chat, QKeySequence.StandardKey.New)
         action(file_menu, "Add document…", self.choose_document, QKeySequence.StandardKey.Open)
+        action(file_menu, "Ask the library…", self.open_ask, "Ctrl+L")
         action(file_menu, "Settings…", self.open_settings, "Ctrl+,")
         action(file_menu, "Quit", self.close, QKeySequence.StandardKey.Quit)
         chat_menu = self.menuBar().addMenu("&Conversation")
@@ -208,6 +209,7 @@ class MainWindow(QMainWindow):
         action(chat_menu, "Regenerate last reply", self.regenerate, "Ctrl+R")
         action(chat_menu, "Edit a message…", self.edit_message, "Ctrl+E")
         action(chat_menu, "Search", lambda: self.search.setFocus(), QKeySequence.StandardKey.Find)
+        action(chat_menu, "Add a document to this conversation…", self.choose_stacked_document)
         action(chat_menu, "Forget this conversation…", self.forget_conversation)
         self.library_action = action(chat_menu, "Use verified answers", self.toggle_library)
         self.library_action.setCheckable(True)
@@ -269,8 +271,9 @@ class MainWindow(QMainWindow):
         self._fill_conversations()
         self.document_list.clear()
         for doc in self.documents:
+            parts = f" · {doc['n_parts']} parts" if doc.get("n_parts", 1) > 1 else ""
             item = QListWidgetItem(
-                f"{doc['name']}\n{doc['n_tokens']:,} tokens · "
+                f"{doc['name']}\n{doc['n_tokens']:,} tokens{parts} · "
                 f"{human_bytes(doc['block_bytes'])} · {doc['status']}"
             )
             item.setData(Qt.ItemDataRole.UserRole, doc["id"])
@@ -419,6 +422,7 @@ class MainWindow(QMainWindow):
             status = f"Stopped · kept {result['generated_tokens']} tokens · {status}"
         self.set_status(f"{status} · saved in {result['persist_ms']:.0f} ms")
         self.refresh_lists()
+        self._compact_after_turn(result["conversation_id"])
         self.turn_finished.emit(result)
 
     def _turn_failed(self, message: str, kind: str) -> None:
@@ -560,12 +564,83 @@ class MainWindow(QMainWindow):
         if document_id is None:
             self.show_error("Select a document first.")
             return
+        doc = next((d for d in self.documents if d["id"] == document_id), None)
+        if doc is not None and doc.get("n_parts", 1) > 1:
+            # Longer than the context: each question is routed to the part that answers it.
+            self.open_ask(document_id)
+            return
         self.bridge.call(
             "new_conversation",
             document_id,
             on_done=self.open_conversation,
             on_error=self.show_error,
         )
+
+    def open_ask(self, document_id: str | None = None) -> None:
+        from galahad_desktop.ui.dialogs import AskDialog
+
+        name = None
+        if isinstance(document_id, str):
+            name = next((d["name"] for d in self.documents if d["id"] == document_id), None)
+        else:
+            document_id = None
+        self.ask_dialog = AskDialog(self, document_id, name)
+        if self.show_dialogs:
+            self.ask_dialog.show()
+
+    def choose_stacked_document(self) -> None:
+        if self.conversation_id is None or self.generating is not None:
+            self.show_error("Open a conversation first: the document is added to it.")
+            return
+        path, _ = QFileDialog.getOpenFileName(self, "Add a document to this conversation")
+        if path:
+            self.add_to_conversation(Path(path))
+
+    def add_to_conversation(self, path: Path) -> None:
+        """Read only the new document on top of the conversation (a chain link)."""
+        if self.conversation_id is None:
+            return
+        self.messages.append({"role": "document", "text": path.name})
+        self.render_transcript()
+        self.set_status(f"Reading {path.name} into this conversation…")
+        request = self.bridge.call(
+            "add_document",
+            self.conversation_id,
+            str(path),
+            on_done=self._document_added,
+            on_error=self._turn_failed,
+            on_progress=self._reread_progress,
+        )
+        self._set_generating(request)
+
+    def _document_added(self, result: dict[str, Any]) -> None:
+        self._set_generating(None)
+        self.messages = [{"role": m["role"], "text": m["text"]} for m in result["messages"]]
+        self.render_transcript()
+        self.set_context(result["context_tokens"], result["n_ctx"])
+        c = result  # the turn's counters, flattened
+        self.set_status(
+            f"Added '{result['name']}': read {c['new_tokens']:,} new tokens, restored "
+            f"{c['restored_tokens']:,}, re-read {c['recomputed_tokens']:,} · saved in "
+            f"{result['persist_ms']:.0f} ms"
+        )
+        self.refresh_lists()
+        self.turn_finished.emit(result)
+
+    def _compact_after_turn(self, conversation_id: str) -> None:
+        self.bridge.call(
+            "compact_if_needed",
+            conversation_id,
+            on_done=self._compacted,
+            on_error=self.show_error,
+        )
+
+    def _compacted(self, result: dict[str, Any] | None) -> None:
+        if result and result.get("merged"):
+            self.set_status(
+                f"Compacted: merged {result['merged']} older turns into one block "
+                f"({human_bytes(result['freed_bytes'])} freed)"
+            )
 
     # -- forgetting ----------------------------------------------------------------------
     def _confirm(self, text: str) -> bool:

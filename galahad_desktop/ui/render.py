@@ -33,6 +33,11 @@ def markdown_html(text: str) -> str:
 
 
 def message_html(role: str, text: str, dark: bool) -> str:
+    if role == "document":  # a document put into the conversation: its name, not its text
+        return (
+            '<div style="margin:6px 0"><b style="color:gray">Document</b>'
+            f"<p>📄 {html.escape(text)}</p></div>"
+        )
     who = {"user": "You", "model": "Gemma"}.get(role, role)
     accent = (
         ("#8ab4f8" if dark else "#1a73e8") if role == "user" else ("#81c995" if dark else "#188038")

@@ -17,6 +17,7 @@ from typing import Any
 
 from galahad_desktop.engine.engine import Progress
 from galahad_desktop.errors import InputError
+from galahad_desktop.memory.documents import extract_text_bounded
 from galahad_desktop.memory.library import VerifiedLibrary
 from galahad_desktop.memory.service import Galahad, TurnResult
 from galahad_desktop.settings import BY_KEY, SETTINGS
@@ -202,6 +203,54 @@ class CoreTasks:
 
     def forget(self, item_id: str, **_: Any) -> dict[str, Any]:
         return self.core.forget(item_id)
+
+    def ask(
+        self,
+        question: str,
+        document_id: str | None = None,
+        part_id: str | None = None,
+        stream: Stream | None = None,
+        cancel: threading.Event | None = None,
+        progress: ProgressCb | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        """A routed question (library or one long document); candidates when unsure."""
+        result = self.core.ask(
+            question, document_id, part_id, on_text=stream, cancel=cancel, progress=progress
+        )
+        if result.graft is not None:
+            self._record(None, result.graft.as_dict())
+        out = result.as_dict()
+        out["candidates"] = [
+            {**c, "citation": self.core.citation(c["part_id"])}
+            for c in out["routing"]["candidates"]
+        ]
+        return out
+
+    def add_document(
+        self,
+        conversation_id: str,
+        path: str,
+        progress: ProgressCb | None = None,
+        cancel: threading.Event | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        """Stack a document on an ongoing conversation (only the new one is read)."""
+        source = Path(path)
+        text = extract_text_bounded(source, cancel=cancel)
+        result = self.core.add_document(
+            conversation_id, source.name, text, progress=progress, cancel=cancel
+        )
+        out = self._turn(result)
+        out["name"] = source.name
+        out["messages"] = [asdict(m) for m in self.core.messages(conversation_id)]
+        return out
+
+    def compact_if_needed(self, conversation_id: str, **_: Any) -> dict[str, Any] | None:
+        """Run after a turn, on the worker thread: merge a long chain's older links."""
+        if not self.core.needs_compaction(conversation_id):
+            return None
+        return self.core.compact(conversation_id)
 
     def rotate_key(self, **_: Any) -> dict[str, Any]:
         blocks = len(self.core.vault.catalog.rows("blocks"))

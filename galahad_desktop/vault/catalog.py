@@ -97,8 +97,40 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "block_id": str,
             "seal": bytes,
             "n_tokens": int,
+            "n_parts": int,
             "source_bytes": int,
             "created_at": float,
+        },
+        "id",
+    ),
+    # One row per stored part of a document (a short document is part 1 of 1). The text is
+    # the part's own text (without the overlap), encrypted: the router's index is built from
+    # it in memory after unlock and never written out.
+    "parts": (
+        {
+            "id": str,
+            "document_id": str,
+            "part_no": int,
+            "n_parts": int,
+            "block_id": str,
+            "text_enc": bytes,
+            "seal": bytes,
+            "n_tokens": int,
+            "created_at": float,
+        },
+        "id",
+    ),
+    # Routing decisions, to measure the router: scores and margin, never the question's text.
+    "routing_log": (
+        {
+            "id": str,
+            "at": float,
+            "scope": str,
+            "candidates": str,
+            "best_score": float,
+            "margin": float,
+            "decision": str,
+            "part_id": str,
         },
         "id",
     ),
@@ -120,10 +152,16 @@ class Catalog:
         self.db.execute("PRAGMA foreign_keys=ON")
         for name, (columns, pk) in _TABLES.items():
             self.db[name].create(columns, pk=pk, if_not_exists=True)  # type: ignore[union-attr]
+            table = self.db[name]
+            for column, kind in columns.items():  # a catalog from before the column existed
+                if column not in table.columns_dict:
+                    table.add_column(column, kind)  # type: ignore[union-attr]
         self.db["messages"].create_index(  # type: ignore[union-attr]
             ["conversation_id", "seq"], unique=True, if_not_exists=True
         )
         self.db["blocks"].create_index(["owner_id"], if_not_exists=True)  # type: ignore[union-attr]
+        self.db["blocks"].create_index(["parent_id"], if_not_exists=True)  # type: ignore[union-attr]
+        self.db["parts"].create_index(["document_id"], if_not_exists=True)  # type: ignore[union-attr]
 
     def close(self) -> None:
         self.db.conn.close()

@@ -15,13 +15,14 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from galahad_desktop.engine import kvstate
 from galahad_desktop.errors import BusyError, IntegrityError, KeyAccessError, NotFoundError
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.paths import ensure_private_dir
@@ -31,6 +32,7 @@ from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
 from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
 
 BLOCK_SUFFIX = ".gkv"
+MAX_CHAIN = 100_000
 
 
 def new_id(prefix: str) -> str:
@@ -270,6 +272,8 @@ class Vault:
         sealed_meta: dict[str, Any],
         capture_ms: float,
         chunk_bytes: int = blockfile.CHUNK_BYTES,
+        pos_start: int = 0,
+        rewrite_of: str | None = None,
     ) -> dict[str, Any]:
         """Encrypt and write a block file; return its catalog row, to insert in a transaction.
 
@@ -277,15 +281,17 @@ class Vault:
         orphan file that the audit reports and removes, never a row without its file.
         """
         master = self._require_master()
-        block_id = new_id("b")
+        # A rewrite keeps the block's id (links continue from it) in a new file, so the old
+        # file stays valid until the catalog transaction that switches to the new one.
+        block_id = rewrite_of or new_id("b")
         data_key = crypto.new_key()
         header = blockfile.BlockHeader(
             block_id=block_id,
             kind=kind,
             owner_id=owner_id,
             parent_id=parent_id,
-            pos_start=0,
-            pos_end=len(tokens),
+            pos_start=pos_start,
+            pos_end=pos_start + len(tokens),
             n_tokens=len(tokens),
             generation=generation,
             fingerprint=fingerprint,
@@ -295,6 +301,8 @@ class Vault:
             nonce_prefix=blockfile.new_nonce_prefix(),
         )
         path = self.block_path(block_id)
+        if rewrite_of:
+            path = path.with_name(f"{block_id}-{secrets.token_hex(4)}{BLOCK_SUFFIX}")
         digest, size = blockfile.write_block(path, header, sealed_meta, data_key, payload)
         token_bytes = np.asarray(tokens, dtype="<i4").tobytes()
         return {
@@ -302,8 +310,8 @@ class Vault:
             "kind": kind,
             "owner_id": owner_id,
             "parent_id": parent_id,
-            "pos_start": 0,
-            "pos_end": len(tokens),
+            "pos_start": pos_start,
+            "pos_end": pos_start + len(tokens),
             "n_tokens": len(tokens),
             "generation": generation,
             "fingerprint": fingerprint,
@@ -338,6 +346,8 @@ class Vault:
             "kind": row["kind"],
             "owner_id": row["owner_id"],
             "parent_id": row["parent_id"],
+            "pos_start": row["pos_start"],
+            "pos_end": row["pos_end"],
             "n_tokens": row["n_tokens"],
             "generation": row["generation"],
             "fingerprint": row["fingerprint"],
@@ -362,7 +372,12 @@ class Vault:
                 "an edited catalog)."
             ) from None
 
-    def read_block(self, block_id: str, expected_owner: str | None = None) -> StoredBlock:
+    def read_block(
+        self,
+        block_id: str,
+        expected_owner: str | None = None,
+        buffer_for: Callable[[int], ctypes.Array[ctypes.c_uint8]] | None = None,
+    ) -> StoredBlock:
         """Read, authenticate and decrypt a block. Raises IntegrityError on any mismatch."""
         start = time.perf_counter()
         row = self.block_row(block_id)
@@ -383,7 +398,7 @@ class Vault:
         data_key = self._data_key(row)
         try:
             header, meta, payload = blockfile.read_block(
-                path, data_key, row["header_sha256"], buffer_for=self._state_buffer
+                path, data_key, row["header_sha256"], buffer_for=buffer_for or self._state_buffer
             )
         except blockfile.BlockFormatError as exc:
             raise IntegrityError(f"Block {block_id} was refused: {exc}.") from None
@@ -398,32 +413,121 @@ class Vault:
             row, meta, payload, header.payload_bytes, tokens, (time.perf_counter() - start) * 1e3
         )
 
+    def chain_rows(self, block_id: str) -> list[dict[str, Any]]:
+        """The block and its ancestors, root first. Each link must start where its parent
+        ends; a missing parent or a loop is an IntegrityError."""
+        chain = [self.block_row(block_id)]
+        seen = {block_id}
+        while chain[-1]["parent_id"]:
+            parent_id = chain[-1]["parent_id"]
+            if parent_id in seen or len(chain) > MAX_CHAIN:
+                raise IntegrityError(f"The chain of block {block_id} loops; refused.")
+            parent = self.catalog.get("blocks", parent_id)
+            if parent is None:
+                raise IntegrityError(
+                    f"Block {chain[-1]['id']} continues block {parent_id}, which is missing."
+                )
+            if parent["pos_end"] != chain[-1]["pos_start"]:
+                raise IntegrityError(
+                    f"Block {chain[-1]['id']} starts at position {chain[-1]['pos_start']} but "
+                    f"its parent {parent_id} ends at {parent['pos_end']}; refused."
+                )
+            seen.add(parent_id)
+            chain.append(parent)
+        chain.reverse()
+        if chain[0]["pos_start"] != 0:
+            raise IntegrityError(f"The chain of block {block_id} does not start at position 0.")
+        return chain
+
+    def chain_tokens(self, block_id: str) -> list[int]:
+        """The whole token ledger up to the end of a block (every link's tokens, in order)."""
+        tokens: list[int] = []
+        for row in self.chain_rows(block_id):
+            tokens += self.block_tokens(row)
+        return tokens
+
+    def read_chain(self, block_id: str, owners: set[str]) -> StoredBlock:
+        """Read every link of a block's chain and splice them into the state the block was
+        captured from (byte for byte). Every link must belong to one of `owners`."""
+        start = time.perf_counter()
+        rows = self.chain_rows(block_id)
+        for row in rows:
+            if row["owner_id"] not in owners:
+                raise IntegrityError(
+                    f"Block {row['id']} in the chain of {block_id} belongs to "
+                    f"{row['owner_id']}; refused."
+                )
+        if len(rows) == 1:
+            return self.read_block(block_id)
+        links = [
+            self.read_block(
+                row["id"], buffer_for=self._state_buffer if i == 0 else kvstate.bytes_buffer
+            )
+            for i, row in enumerate(rows)
+        ]
+        head = links[-1]
+        tokens = [t for link in links for t in link.tokens]
+        if head.meta.get("ledger_sha256") != tokens_digest(tokens):
+            raise IntegrityError(
+                f"Block {block_id} was refused: its chain's token ledger does not match."
+            )
+        layout = head.meta.get("layout")
+        if not isinstance(layout, list):
+            raise IntegrityError(f"Block {block_id} has no cell layout to splice its chain.")
+        parsed = [kvstate.parse(link.payload, link.size) for link in links]
+        payload, size = kvstate.assemble(
+            parsed,
+            [[(int(a), int(b)) for a, b in ranges] for ranges in layout],
+            self._splice_buffer,
+        )
+        del parsed
+        for link in links[1:]:  # decrypted state: wipe, do not just drop
+            ctypes.memset(link.payload, 0, ctypes.sizeof(link.payload))
+        del links
+        return StoredBlock(
+            head.row, head.meta, payload, size, tokens, (time.perf_counter() - start) * 1e3
+        )
+
+    def _splice_buffer(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
+        return self._reusable("_spliced", size)
+
+    def children(self, block_id: str) -> list[str]:
+        return [r["id"] for r in self.catalog.rows("blocks", "parent_id = ?", [block_id])]
+
     def _state_buffer(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
         """One decryption buffer, reused: llama.cpp copies the state out of it, and fresh
         pages for every restore cost more than the decryption (first-touch page faults)."""
-        buffer = getattr(self, "_buffer", None)
+        return self._reusable("_buffer", size)
+
+    def _reusable(self, name: str, size: int) -> ctypes.Array[ctypes.c_uint8]:
+        buffer: ctypes.Array[ctypes.c_uint8] | None = getattr(self, name, None)
         if buffer is None or ctypes.sizeof(buffer) < size:
-            self._wipe_buffer()
+            if buffer is not None:  # decrypted state: wipe before letting it go
+                ctypes.memset(buffer, 0, ctypes.sizeof(buffer))
             buffer = (ctypes.c_uint8 * size)()
-            self._buffer: ctypes.Array[ctypes.c_uint8] | None = buffer
+            setattr(self, name, buffer)
         return buffer
 
     def _wipe_buffer(self) -> None:
-        buffer = getattr(self, "_buffer", None)
-        if buffer is not None:
-            ctypes.memset(buffer, 0, ctypes.sizeof(buffer))
-            self._buffer = None
+        for name in ("_buffer", "_spliced"):
+            buffer = getattr(self, name, None)
+            if buffer is not None:
+                ctypes.memset(buffer, 0, ctypes.sizeof(buffer))
+                setattr(self, name, None)
 
     def delete_block_rows(self, block_ids: list[str]) -> None:
         """Delete catalog rows (and so the wrapped keys) inside the caller's transaction."""
         for block_id in block_ids:
             self.catalog.delete("blocks", "id = ?", [block_id])
 
-    def unlink_block_files(self, block_ids: list[str]) -> None:
-        """After the transaction committed: remove the files of deleted blocks."""
+    def unlink_block_files(self, block_ids: list[str], keep: set[str] | None = None) -> None:
+        """After the transaction committed: remove the files of deleted blocks (a rewritten
+        block's earlier files too); `keep` names files still in use."""
         for block_id in block_ids:
-            with contextlib.suppress(FileNotFoundError):
-                self.block_path(block_id).unlink()
+            for path in self.blocks_dir.glob(f"{block_id}*{BLOCK_SUFFIX}"):
+                if keep is None or path.name not in keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
         fsync_dir(self.blocks_dir)
 
     # -- audit ---------------------------------------------------------------------------
@@ -452,6 +556,8 @@ class Vault:
             except (IntegrityError, blockfile.BlockFormatError) as exc:
                 report.problems.append(f"block {row['id']}: {exc}")
         referenced = {r["head_block_id"] for r in self.catalog.rows("conversations")}
+        referenced |= {r["parent_id"] for r in rows.values()}
+        referenced |= {r["block_id"] for r in self.catalog.rows("parts")}
         referenced |= {r["block_id"] for r in self.catalog.rows("documents")}
         for block_id in sorted(b for b in referenced if b):
             if self.catalog.get("blocks", block_id) is None:

@@ -1,0 +1,228 @@
+"""Which stored part answers a question: lexical scoring with SQLite's FTS5 (BM25).
+
+Parts' text is encrypted at rest, so the index lives only in memory: it is built from the
+decrypted parts after unlock and dropped on lock. A confidence gate refuses to pick when the
+best score is weak, or not clearly ahead of the runner-up; the caller then shows candidates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from galahad_desktop.errors import InputError
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Words that say what kind of question it is, not what it is about.
+STOPWORDS = frozenset(
+    """a an and are as at be by can did do does for from has have how i in is it its me my
+    of on or our please tell that the their there this to was were what when where which who
+    whom whose why will with you your about document part""".split()
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    part_id: str
+    document_id: str
+    part_no: int
+    n_parts: int
+    score: float  # BM25
+    coverage: float  # share of the question's IDF weight found in this part
+
+
+@dataclass
+class RouteDecision:
+    question_terms: list[str]
+    candidates: list[Candidate]
+    best_score: float  # BM25 (higher is better)
+    margin: float  # best / runner-up (inf when there is no runner-up)
+    confident: bool
+    reason: str = ""
+    scope: str = "library"
+    strength: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "terms": self.question_terms,
+            "candidates": [asdict(c) for c in self.candidates],
+            "best_score": self.best_score,
+            "strength": self.strength,
+            "margin": self.margin if self.margin != float("inf") else None,
+            "confident": self.confident,
+            "reason": self.reason,
+            "scope": self.scope,
+        }
+
+
+def query_terms(question: str) -> list[str]:
+    seen: list[str] = []
+    for word in _WORD.findall(question.lower()):
+        if word not in STOPWORDS and word not in seen and (len(word) > 1 or word.isdigit()):
+            seen.append(word)
+    return seen
+
+
+def adjacent_pairs(question: str) -> list[str]:
+    words = _WORD.findall(question.lower())
+    pairs: list[str] = []
+    for first, second in itertools.pairwise(words):
+        if first in STOPWORDS or second in STOPWORDS or len(first) < 2 or len(second) < 2:
+            continue
+        pair = f"{first} {second}"
+        if pair not in pairs:
+            pairs.append(pair)
+    return pairs
+
+
+class PartIndex:
+    """An in-memory FTS5 index over parts' text (plaintext in RAM only).
+
+    FTS5 finds the parts that contain any of the question's words or adjacent word pairs and
+    counts in how many parts each occurs; the score is BM25 with Lucene's always-positive
+    IDF, ln(1 + (N - n + 0.5) / (n + 0.5)), because FTS5's own bm25() gives a term found in
+    half the parts no weight at all, which leaves a two-part document unroutable.
+    """
+
+    K1 = 1.2
+    B = 0.75
+
+    def __init__(self) -> None:
+        self.db = sqlite3.connect(":memory:", check_same_thread=False)
+        self.db.execute("PRAGMA temp_store=MEMORY")  # sorts and temp tables never spill to disk
+        self.db.execute(
+            "CREATE VIRTUAL TABLE parts USING fts5(body, part_id UNINDEXED, "
+            "document_id UNINDEXED, part_no UNINDEXED, n_parts UNINDEXED, "
+            "tokenize='unicode61 remove_diacritics 2')"
+        )
+        self.words: dict[str, str] = {}  # part id -> " w1 w2 ... " for phrase counts
+
+    def add(self, rows: Iterable[tuple[str, str, int, int, str]]) -> None:
+        """(part_id, document_id, part_no, n_parts, text) rows."""
+        rows = list(rows)
+        with self.db:
+            self.db.executemany(
+                "INSERT INTO parts(part_id, document_id, part_no, n_parts, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+        for part_id, _doc, _no, _n, text in rows:
+            self.words[part_id] = " " + " ".join(_WORD.findall(text.lower())) + " "
+
+    def remove_document(self, document_id: str) -> None:
+        gone = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT part_id FROM parts WHERE document_id = ?", [document_id]
+            )
+        ]
+        with self.db:
+            self.db.execute("DELETE FROM parts WHERE document_id = ?", [document_id])
+        for part_id in gone:
+            self.words.pop(part_id, None)
+
+    def __len__(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM parts").fetchone()[0])
+
+    def count(self, document_id: str | None = None) -> int:
+        if document_id is None:
+            return len(self)
+        row = self.db.execute("SELECT count(*) FROM parts WHERE document_id = ?", [document_id])
+        return int(row.fetchone()[0])
+
+    def close(self) -> None:
+        self.db.close()
+        self.words.clear()
+
+    def _matching(self, phrase: str, document_id: str | None) -> set[str]:
+        sql = "SELECT part_id FROM parts WHERE parts MATCH ?"
+        args: list[Any] = ['"' + phrase.replace('"', '""') + '"']
+        if document_id is not None:
+            sql += " AND document_id = ?"
+            args.append(document_id)
+        return {r[0] for r in self.db.execute(sql, args)}
+
+    def search(
+        self, question: str, document_id: str | None = None, limit: int = 5
+    ) -> tuple[list[str], list[Candidate]]:
+        """(terms, best candidates first)."""
+        terms = query_terms(question)
+        if not terms:
+            raise InputError("The question has no words to look for in the documents.")
+        # Words, and adjacent word pairs as phrases: a full name or a term of art scores as
+        # itself, not as two common words.
+        phrases = [*terms, *adjacent_pairs(question)]
+        n = self.count(document_id)
+        if n == 0:
+            return terms, []
+        lengths = {p: w.count(" ") - 1 for p, w in self.words.items()}
+        avg = sum(lengths.values()) / max(1, len(lengths))
+        scores: dict[str, float] = {}
+        covered: dict[str, float] = {}
+        ideal = 0.0
+        for phrase in phrases:
+            found = self._matching(phrase, document_id)
+            idf = math.log(1 + (n - len(found) + 0.5) / (len(found) + 0.5))
+            ideal += idf
+            needle = f" {phrase} "
+            for part_id in found:
+                tf = self.words[part_id].count(needle)
+                if tf == 0:
+                    continue  # FTS5 matched across punctuation the word list keeps apart
+                covered[part_id] = covered.get(part_id, 0.0) + idf
+                norm = self.K1 * (1 - self.B + self.B * lengths[part_id] / avg)
+                scores[part_id] = scores.get(part_id, 0.0) + idf * tf * (self.K1 + 1) / (tf + norm)
+        # Most of the question first (coordination level), then BM25.
+        best = sorted(scores.items(), key=lambda item: (-covered[item[0]], -item[1]))[:limit]
+        info = {
+            r[0]: r[1:]
+            for r in self.db.execute(
+                f"SELECT part_id, document_id, part_no, n_parts FROM parts WHERE part_id IN "
+                f"({','.join('?' * len(best))})",
+                [b[0] for b in best],
+            )
+        }
+        candidates = [
+            Candidate(
+                pid, info[pid][0], int(info[pid][1]), int(info[pid][2]), score, covered[pid] / ideal
+            )
+            for pid, score in best
+        ]
+        return terms, candidates
+
+
+def decide(
+    terms: list[str],
+    candidates: list[Candidate],
+    min_strength: float,
+    min_margin: float,
+    scope: str,
+) -> RouteDecision:
+    """The confidence gate: answer only from a clear, strong best match.
+
+    Strength is the share of the question's weight (IDF of its words and word pairs) the
+    best part holds, so one threshold means the same for a two-part document and for a
+    library of thousands of parts; the margin compares it with the runner-up's share."""
+    if not candidates:
+        return RouteDecision(terms, [], 0.0, 0.0, False, "no part matches any word", scope)
+    best = candidates[0].score
+    strength = candidates[0].coverage
+    runner_up = candidates[1].coverage if len(candidates) > 1 else 0.0
+    margin = strength / runner_up if runner_up > 0 else float("inf")
+    if strength < min_strength:
+        reason = f"the best match is weak (strength {strength:.2f} < {min_strength:.2f})"
+        return RouteDecision(terms, candidates, best, margin, False, reason, scope, strength)
+    if margin < min_margin:
+        reason = f"two parts match about as well (margin {margin:.2f} < {min_margin:.2f})"
+        return RouteDecision(terms, candidates, best, margin, False, reason, scope, strength)
+    return RouteDecision(terms, candidates, best, margin, True, "", scope, strength)
