@@ -179,6 +179,9 @@ def tamper_fuzz(mutations: int, seed: int, log: Log) -> dict[str, Any]:
                         "fingerprint",
                         "payload_bytes",
                         "kind",
+                        "parent_id",
+                        "pos_start",
+                        "pos_end",
                     ]
                 )
                 value = target[column]

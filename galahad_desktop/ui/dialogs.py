@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -512,7 +513,7 @@ class AskDialog(QDialog):
             widget.setVisible(gated and bool(result["candidates"]))
         if gated:
             self.answer.setHtml(
-                f"<p>Not answered: {routing['reason']}.</p>"
+                f"<p>Not answered: {html.escape(routing['reason'])}.</p>"
                 + ("<p>Choose the part to answer from:</p>" if result["candidates"] else "")
             )
             self.candidates.clear()
