@@ -365,9 +365,24 @@ def cmd_self_test(args: argparse.Namespace, out: Output) -> int:
         try:
             conversation = second.new_conversation(document_id=deposited.document_id)
             report = second.resume(conversation)
+            # A turn stored as a chain link on the document's block, spliced back exactly.
+            second.send(conversation, "Thank you.", params=second.sampling(max_tokens=4))
+            chained = second.resume(conversation)
+            links = second.chain_links(conversation) + 1
+            # The router (SQLite FTS5, in memory) over the stored part.
+            routed = second.ask(
+                "What is the access code of the vault?", params=second.sampling(max_tokens=4)
+            )
         finally:
             second.close()
-    ok = report.proof.verdict == "exact" and report.recomputed_tokens == 0
+    ok = (
+        report.proof.verdict == "exact"
+        and report.recomputed_tokens == 0
+        and chained.proof.verdict == "exact"
+        and chained.recomputed_tokens == 0
+        and links == 2
+        and routed.answered
+    )
     out.result(
         {
             "ok": ok,
@@ -377,6 +392,9 @@ def cmd_self_test(args: argparse.Namespace, out: Output) -> int:
             "proof": report.proof.verdict,
             "restore_ms": report.restore_ms,
             "prefill_ms": deposited.prefill_ms,
+            "chain_links": links,
+            "chain_proof": chained.proof.verdict,
+            "routed": routed.answered,
             "backend": backend,
         },
         f"self-test {'passed' if ok else 'FAILED'}: {deposited.tokens} tokens, {report.describe()}",

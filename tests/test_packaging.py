@@ -44,4 +44,5 @@ def test_self_test_passes(tmp_path: Path) -> None:
     result = cli_json("--self-test", data_dir=tmp_path / "unused")
     assert result["ok"] is True and result["proof"] == "exact"
     assert result["recomputed_tokens"] == 0 and result["restored_tokens"] == result["tokens"]
+    assert result["chain_links"] == 2 and result["chain_proof"] == "exact" and result["routed"]
     assert not (tmp_path / "unused").exists()
