@@ -1,5 +1,6 @@
 """Longest main-thread stall of the desktop window during a deposit, a resume and a save.
 
+Also while a document is added to an open conversation and while a question is routed.
 A 5 ms QTimer ticks on the main thread while the real window drives the real worker; the
 longest gap between ticks is the longest time the UI could not respond. Target: < 50 ms.
 
@@ -90,6 +91,13 @@ def main() -> int:
     bridge.call("unlock")
     results["resume_ms"] = meter.measure(lambda: window.open_conversation(conversation), idle)
     graft = window.graft_label.text()
+    # A document added to the open conversation (a chain link), then a routed question.
+    extra = Path(tempfile.mkdtemp()) / "appendix.txt"
+    extra.write_text("\n".join(corpus.filler(int(args.tokens * 0.2))))
+    results["add_document_ms"] = meter.measure(lambda: window.add_to_conversation(extra), idle)
+    window.open_ask()
+    window.ask_dialog.question.setText("What was sold at the harbour market?")
+    results["ask_ms"] = meter.measure(window.ask_dialog.ask, idle)
     window.close()
     bridge.stop()
     app.quit()
