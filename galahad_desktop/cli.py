@@ -717,11 +717,8 @@ def _dispatch_core(core: Any, command: str, args: argparse.Namespace, out: Outpu
     if command == "ask":
         return cmd_ask(core, out, args)
     if command == "add-document":
-        from galahad_desktop.memory.documents import extract_text_bounded
-
-        text = extract_text_bounded(args.file)
-        turn = core.add_document(
-            args.conversation_id, args.file.name, text, progress=_progress(out, "reading")
+        turn = core.add_document_file(
+            args.conversation_id, args.file, progress=_progress(out, "reading")
         )
         c = turn.counters
         out.result(

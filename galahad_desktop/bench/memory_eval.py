@@ -138,7 +138,7 @@ def eval_memory(
             )
         answered = [r for r in rows if r["answered"]]
         routed_right = sum(1 for r in rows if r["chosen_part"] == r["expected_part"])
-        n_parts = len(core._part_rows())
+        n_parts = len(core.vault.catalog.rows("parts"))
         restores = [float(r["restore_ms"]) for r in answered if r["restore_ms"]]
         return {
             "command": "eval memory",

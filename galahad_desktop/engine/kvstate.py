@@ -79,9 +79,6 @@ class SeqState:
         """Which positions each section holds, as [start, end) ranges in cache order."""
         return [to_ranges(section.pos) for section in self.sections]
 
-    def n_positions(self) -> int:
-        return max((int(s.pos.max()) + 1 for s in self.sections if s.n_cells), default=0)
-
 
 def to_ranges(positions: np.ndarray) -> Ranges:
     """Compress a strictly increasing position list into [start, end) ranges."""

@@ -921,7 +921,9 @@ class Galahad:
         from, when it belongs to this conversation or its document. A branch starts a new
         chain, so forgetting the original never breaks it."""
         live = self._live
-        if live is None or live.block_id is None or live.block_id != (grafted or live.block_id):
+        if live is None or live.block_id is None:
+            return None
+        if grafted is not None and live.block_id != grafted:
             return None
         if live.owner_id not in (conv["id"], conv["document_id"]):
             return None
@@ -1465,6 +1467,18 @@ class Galahad:
         )
 
     # -- stacked documents ---------------------------------------------------------------
+    def add_document_file(
+        self,
+        conversation_id: str,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TurnResult:
+        """add_document for a file: its text is extracted in a limited child process."""
+        path = Path(path)
+        text = extract_text_bounded(path, cancel=cancel)
+        return self.add_document(conversation_id, path.name, text, progress, cancel)
+
     def add_document(
         self,
         conversation_id: str,

@@ -17,7 +17,6 @@ from typing import Any
 
 from galahad_desktop.engine.engine import Progress
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.documents import extract_text_bounded
 from galahad_desktop.memory.library import VerifiedLibrary
 from galahad_desktop.memory.service import Galahad, TurnResult
 from galahad_desktop.settings import BY_KEY, SETTINGS
@@ -237,9 +236,8 @@ class CoreTasks:
     ) -> dict[str, Any]:
         """Stack a document on an ongoing conversation (only the new one is read)."""
         source = Path(path)
-        text = extract_text_bounded(source, cancel=cancel)
-        result = self.core.add_document(
-            conversation_id, source.name, text, progress=progress, cancel=cancel
+        result = self.core.add_document_file(
+            conversation_id, source, progress=progress, cancel=cancel
         )
         out = self._turn(result)
         out["name"] = source.name
