@@ -24,10 +24,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 
-from galahad_desktop.bench.corpus import Corpus
 from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
-from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory
+from galahad_desktop.ui.worker import CoreBridge, default_core_factory
+from galahad_dev.corpus import Corpus
 
 
 class StallMeter:
@@ -65,7 +65,7 @@ def main() -> int:
     data = Path(tempfile.mkdtemp()) / "data"
     data.mkdir(mode=0o700)
     Settings(data).update({"n_ctx": args.tokens + 1024, "max_tokens": 24})
-    bridge = CoreBridge(default_tasks_factory(data, None))
+    bridge = CoreBridge(default_core_factory(data, None))
     window = MainWindow(bridge, data, show_dialogs=False)
     window.show()
     meter = StallMeter()
@@ -78,7 +78,7 @@ def main() -> int:
     results["deposit_ms"] = meter.measure(lambda: window.deposit(doc), idle)
 
     def chat() -> None:
-        window.document_list.item(0).setSelected(True)
+        window.sidebar.document_list.item(0).setSelected(True)
         window.chat_with_document()
 
     meter.measure(chat, idle)

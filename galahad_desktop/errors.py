@@ -49,7 +49,60 @@ class BusyError(GalahadError):
     exit_code = 8
 
 
+class ContextFullError(GalahadError):
+    """The next turn does not fit the context; the message lists the choices."""
+
+    exit_code = 12
+
+
+class StorageError(GalahadError):
+    """The data directory cannot be written or read (permissions, not a directory, I/O)."""
+
+    exit_code = 10
+
+
+class DiskFullError(StorageError):
+    """No space left: nothing was half-written, but nothing new could be stored."""
+
+    exit_code = 11
+
+
 class CancelledError(GalahadError):
     """The user cancelled a long operation; nothing was stored."""
 
     exit_code = 130
+
+
+def as_user_error(exc: BaseException) -> GalahadError | None:
+    """The user-facing error for an OS or SQLite failure (disk full, a damaged catalog, a
+    file that cannot be read); None for anything else, which is a bug."""
+    import errno
+    import sqlite3
+
+    if isinstance(exc, GalahadError):
+        return exc
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ENOSPC:
+            return DiskFullError(
+                "The disk is full: nothing new could be stored (what was stored before is "
+                "intact). Free some space and try again."
+            )
+        detail = exc.strerror or type(exc).__name__
+        where = f": {exc.filename}" if exc.filename else ""
+        return StorageError(f"A file could not be read or written ({detail}{where}).")
+    if isinstance(exc, sqlite3.DatabaseError):
+        text = str(exc).lower()
+        if "full" in text or "disk i/o" in text:
+            return DiskFullError(
+                "The catalog could not be written (the disk is full or failing); nothing was "
+                "changed. Free some space and try again."
+            )
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+            return StorageError("The catalog is locked by another program; try again.")
+        return IntegrityError(
+            f"The catalog is damaged ({type(exc).__name__}); nothing was changed. Run "
+            "'galahad audit' or restore a backup."
+        )
+    if isinstance(exc, RecursionError | MemoryError):
+        return InputError(f"The input is too large or too deeply nested ({type(exc).__name__}).")
+    return None

@@ -1,20 +1,28 @@
-"""Every setting declared once: key, type, default, description (and whether it changes the bits).
+"""Every setting declared once: key, type, default, range, description (and whether it changes
+the bits of a KV state).
 
 Settings live in `settings.json` in the data directory. They hold no private data (the
-system prompt, which might, is not a setting here). Unknown keys and wrong types are refused
-with a message naming the key.
+system prompt, which might, is not a setting here: only the name of a built-in preset).
+A value is checked against its type and finite range wherever it comes from: `--set`,
+`galahad settings KEY=VALUE`, the Settings dialog, and the file itself. A bad value in the
+file is reported and ignored (the default is used), never fatal.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.vault.atomic import atomic_write_bytes
+from galahad_desktop.system.files import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+AUTO = ("", "auto", "model", "none", "null")  # spellings of "use the model's recommendation"
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,8 @@ class Setting:
     runtime: bool  # True when a change alters the runtime fingerprint (stored blocks re-read)
     choices: tuple[Any, ...] | None = None
     minimum: int | float | None = None
+    maximum: int | float | None = None
+    optional: bool = False  # None means "the model's recommendation"
 
 
 def _default_threads() -> int:
@@ -37,10 +47,12 @@ SETTINGS: tuple[Setting, ...] = (
         "model_path",
         str,
         "",
-        "GGUF model file; empty means the embedded Gemma 3 270M.",
+        "GGUF model file; empty means the embedded Gemma 3 270M demo model.",
         runtime=True,
     ),
-    Setting("n_ctx", int, 8192, "Context size in tokens.", runtime=True, minimum=512),
+    Setting(
+        "n_ctx", int, 8192, "Context size in tokens.", runtime=True, minimum=512, maximum=262_144
+    ),
     Setting(
         "n_gpu_layers",
         int,
@@ -48,15 +60,34 @@ SETTINGS: tuple[Setting, ...] = (
         "Layers offloaded to the GPU; -1 means all when the build has a GPU backend.",
         runtime=True,
         minimum=-1,
+        maximum=1024,
     ),
     Setting(
-        "n_threads", int, _default_threads(), "CPU threads for evaluation.", runtime=True, minimum=1
+        "n_threads",
+        int,
+        _default_threads(),
+        "CPU threads for evaluation.",
+        runtime=True,
+        minimum=1,
+        maximum=max(1, (os.cpu_count() or 1) * 2),
     ),
     Setting(
-        "n_batch", int, 512, "Logical batch size for prompt evaluation.", runtime=True, minimum=32
+        "n_batch",
+        int,
+        512,
+        "Logical batch size for prompt evaluation.",
+        runtime=True,
+        minimum=32,
+        maximum=8192,
     ),
     Setting(
-        "n_ubatch", int, 512, "Physical batch size for prompt evaluation.", runtime=True, minimum=32
+        "n_ubatch",
+        int,
+        512,
+        "Physical batch size for prompt evaluation.",
+        runtime=True,
+        minimum=32,
+        maximum=8192,
     ),
     Setting("flash_attn", bool, False, "Use flash attention.", runtime=True),
     Setting(
@@ -71,9 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
         "swa_full",
         bool,
         True,
-        # Measured: with a ring-buffer SWA cache, cell order after a long prefill differs
-        # from a restore and the proof is only `close`; block size is the same either way.
-        "Full-size sliding-window cache: needed for byte-exact grafts; uses more RAM.",
+        "Full-size sliding-window cache (off: the smaller ring buffer).",
         runtime=True,
     ),
     Setting(
@@ -92,6 +121,7 @@ SETTINGS: tuple[Setting, ...] = (
         "links than this; the newest `checkpoints` turns stay separate.",
         runtime=False,
         minimum=4,
+        maximum=10_000,
     ),
     Setting(
         "checkpoints",
@@ -101,6 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
         "edit restore them; an older turn is re-read).",
         runtime=False,
         minimum=2,
+        maximum=10_000,
     ),
     Setting(
         "part_tokens",
@@ -110,6 +141,7 @@ SETTINGS: tuple[Setting, ...] = (
         "for a question and its answer.",
         runtime=False,
         minimum=0,
+        maximum=262_144,
     ),
     Setting(
         "part_overlap",
@@ -118,6 +150,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Tokens of the previous part repeated at the start of the next one.",
         runtime=False,
         minimum=0,
+        maximum=4096,
     ),
     Setting(
         "route_min_strength",
@@ -127,6 +160,7 @@ SETTINGS: tuple[Setting, ...] = (
         "rarity) the best part must hold to answer without asking.",
         runtime=False,
         minimum=0.0,
+        maximum=1.0,
     ),
     Setting(
         "route_min_margin",
@@ -135,29 +169,68 @@ SETTINGS: tuple[Setting, ...] = (
         "Router: how many times the runner-up's share the best part must hold.",
         runtime=False,
         minimum=1.0,
+        maximum=100.0,
     ),
     Setting(
         "system_prompt",
         str,
         "none",
-        "System prompt preset for new conversations (folded into the first turn).",
+        "System prompt preset for new conversations (the model's system turn, or folded "
+        "into the first turn when the model has none).",
         runtime=False,
         choices=("none", "concise", "coder", "tutor", "translator"),
     ),
     Setting(
-        "temperature", float, 0.0, "Sampling temperature; 0 is greedy.", runtime=False, minimum=0.0
+        "thinking",
+        bool,
+        False,
+        "Let the model think before it answers (Gemma 4) in new conversations; the thoughts "
+        "are shown, never kept in the conversation.",
+        runtime=False,
     ),
-    Setting("top_p", float, 0.95, "Nucleus sampling mass.", runtime=False, minimum=0.0),
+    Setting(
+        "temperature",
+        float,
+        None,
+        "Sampling temperature; 0 is greedy; empty uses the model publisher's recommendation.",
+        runtime=False,
+        minimum=0.0,
+        maximum=5.0,
+        optional=True,
+    ),
+    Setting(
+        "top_p",
+        float,
+        None,
+        "Nucleus sampling mass; empty uses the model publisher's recommendation.",
+        runtime=False,
+        minimum=0.0,
+        maximum=1.0,
+        optional=True,
+    ),
     Setting(
         "top_k",
         int,
-        40,
-        "Sample among the k most likely tokens; 0 disables.",
+        None,
+        "Sample among the k most likely tokens (0 disables); empty uses the model "
+        "publisher's recommendation.",
         runtime=False,
         minimum=0,
+        maximum=262_144,
+        optional=True,
     ),
-    Setting("max_tokens", int, 256, "Most tokens generated per reply.", runtime=False, minimum=1),
-    Setting("seed", int, 0, "Random seed for sampling.", runtime=False),
+    Setting(
+        "max_tokens",
+        int,
+        1024,
+        "Most tokens generated per reply (thoughts included).",
+        runtime=False,
+        minimum=1,
+        maximum=131_072,
+    ),
+    Setting(
+        "seed", int, 0, "Random seed for sampling.", runtime=False, minimum=0, maximum=2**32 - 1
+    ),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
@@ -173,25 +246,51 @@ SYSTEM_PROMPTS: dict[str, str] = {
 }
 
 
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(value)
+
+
 def coerce(key: str, value: Any) -> Any:
     """Check and convert one value; raise InputError naming the key when it does not fit."""
     setting = BY_KEY.get(key)
     if setting is None:
         raise InputError(f"Unknown setting '{key}'. Known settings: {', '.join(BY_KEY)}.")
+    if setting.optional and (
+        value is None or (isinstance(value, str) and value.strip().lower() in AUTO)
+    ):
+        return None
     try:
+        converted: Any
         if setting.type is bool:
-            if isinstance(value, str):
-                lowered = value.strip().lower()
-                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(value)
-                converted: Any = lowered in ("1", "true", "yes", "on")
-            else:
-                converted = bool(value)
-        elif setting.type is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError(value)
+            converted = _bool(value)
+        elif setting.type is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            number = float(value) if isinstance(value, str) and "." in value else value
+            if isinstance(number, float) and not number.is_integer():
+                raise ValueError(value)
+            converted = int(number)
+        elif setting.type is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            converted = float(value)
+            if not math.isfinite(converted):
+                raise InputError(f"Setting '{key}' must be a finite number, got {value!r}.")
         else:
-            converted = setting.type(value)
-    except (TypeError, ValueError):
+            if not isinstance(value, str):
+                raise ValueError(value)
+            converted = value
+    except (TypeError, ValueError, OverflowError):
         raise InputError(
             f"Setting '{key}' must be of type {setting.type.__name__}, got {value!r}."
         ) from None
@@ -199,6 +298,10 @@ def coerce(key: str, value: Any) -> Any:
         raise InputError(f"Setting '{key}' must be one of {', '.join(map(str, setting.choices))}.")
     if setting.minimum is not None and converted < setting.minimum:
         raise InputError(f"Setting '{key}' must be at least {setting.minimum}, got {converted}.")
+    if setting.maximum is not None and converted > setting.maximum:
+        raise InputError(f"Setting '{key}' must be at most {setting.maximum}, got {converted}.")
+    if key == "model_path" and len(converted) > 4096:
+        raise InputError("Setting 'model_path' is too long to be a path.")
     return converted
 
 
@@ -208,18 +311,35 @@ class Settings:
     FILE_NAME = "settings.json"
 
     def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / self.FILE_NAME
+        self.path = Path(data_dir) / self.FILE_NAME
         self._values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+        self.problems: list[str] = []  # saved values that were ignored, and why
         if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            raw = self.path.read_bytes()
+            if len(raw) > 1_000_000:
+                raise ValueError("larger than any settings file")
+            stored = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            self.problems.append(
+                f"The settings file {self.path} is unreadable ({type(exc).__name__}); the "
+                "defaults are used until settings are saved again."
+            )
+            log.warning("settings file unreadable: %s", type(exc).__name__)
+            return
+        if not isinstance(stored, dict):
+            self.problems.append(f"The settings file {self.path} does not hold an object.")
+            return
+        for key, value in stored.items():
+            if key not in BY_KEY:  # keys from a newer version are ignored, not fatal
+                continue
             try:
-                stored = json.loads(self.path.read_text("utf-8"))
-            except (OSError, ValueError) as exc:
-                raise InputError(f"The settings file {self.path} is unreadable: {exc}") from None
-            if not isinstance(stored, dict):
-                raise InputError(f"The settings file {self.path} does not hold an object.")
-            for key, value in stored.items():
-                if key in BY_KEY:  # keys from a newer version are ignored, not fatal
-                    self._values[key] = coerce(key, value)
+                self._values[key] = coerce(key, value)
+            except InputError as exc:
+                self.problems.append(f"Ignored the saved {key}: {exc}")
 
     def get(self, key: str) -> Any:
         if key not in BY_KEY:

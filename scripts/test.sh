@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Set up everything, then run the whole test suite: lint, types, and pytest with the real
-# model, the real OS keyring (gnome-keyring in a private D-Bus session) and Qt offscreen.
+# Set up everything, then run the whole test suite: lint, types, import contracts, pytest
+# with the real models (the embedded Gemma 3 270M and the generated Gemma 4 test model), the
+# real OS keyring (gnome-keyring in a private D-Bus session) and Qt offscreen; then the window
+# tests again on a real X server (Xvfb) with a window manager.
+# Arguments go to pytest (e.g. `scripts/test.sh -m "not model"` for the fast tier alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH" PYTHON="$PWD/.venv/bin/python"
 export QT_QPA_PLATFORM=offscreen PYTHONUNBUFFERED=1
-ruff check galahad_desktop tests benchmarks
+ruff check galahad_desktop galahad_dev tests benchmarks scripts
 mypy
-set +e
-scripts/with-keyring.sh python -m pytest "$@"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-  echo "test.sh: pytest collected no tests; that is a failure here." >&2
-  exit 1
+lint-imports --no-cache
+run_pytest() {  # [--x] pytest arguments
+  local under=()
+  if [ "${1:-}" = "--x" ]; then under=(scripts/with-x.sh); shift; fi
+  set +e
+  scripts/with-keyring.sh "${under[@]}" python -m pytest "$@"
+  local status=$?
+  set -e
+  if [ "$status" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests; that is a failure here." >&2
+    return 1
+  fi
+  return "$status"
+}
+run_pytest "$@"
+if [ "$#" -eq 0 ]; then
+  echo "test.sh: the window tests again, on a real X server with a window manager"
+  run_pytest --x -p no:cacheprovider tests/test_gui.py
 fi
-exit "$status"

@@ -1,9 +1,14 @@
-"""Shared fixtures. Real parts: the PyPI Gemma 3 270M model through llama.cpp, real SQLite
-files, and (for tests marked `keyring`) the real OS keyring via Secret Service.
+"""Shared fixtures.
+
+Two tiers. The fast tier (`pytest -m "not model"`) runs the core's logic on a deterministic
+fake engine (tests/fake_engine.py) and an in-memory keystore: conversations, chains, routing,
+vault, CLI parsing. The model tier uses real parts: the PyPI Gemma 3 270M and a generated
+Gemma 4 test model through llama.cpp, real SQLite files, and (tests marked `keyring`) the
+real OS keyring via Secret Service in a private session.
 
 Tests that need the real keyring fail in CI when it is missing (the test command starts
 gnome-keyring in a private D-Bus session: scripts/with-keyring.sh); outside CI they skip,
-saying why.
+saying why. They never run against a developer's own login keyring.
 """
 
 from __future__ import annotations
@@ -19,18 +24,47 @@ from typing import Any
 
 import pytest
 
-from galahad_desktop.memory.service import Galahad
-from galahad_desktop.paths import default_model_path
+from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.vault.keys import MemoryKeyStore
+from tests.fake_engine import fake_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small context keeps model tests quick; byte-exactness does not depend on it.
-TEST_OVERRIDES = {"n_ctx": 4096, "n_threads": 2}
+TEST_OVERRIDES: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "temperature": 0.0}
+FAMILIES = ("gemma3", "gemma4")
 
 
 @pytest.fixture(scope="session")
-def model_path() -> Path:
+def gemma3_path() -> Path:
+    from galahad_desktop.paths import default_model_path
+
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def gemma4_path(gemma3_path: Path) -> Path:
+    """The Gemma 4 test model: random weights, real architecture, tokenizer and template."""
+    from galahad_dev.gemma4_model import build
+
+    return build(gemma3_path)
+
+
+@pytest.fixture(scope="session")
+def model_path(gemma3_path: Path) -> Path:
+    return gemma3_path
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture()
+def family_model(family: str, request: pytest.FixtureRequest) -> Path | None:
+    """The model file of the parametrized family (None: the embedded Gemma 3)."""
+    if family == "gemma4":
+        return Path(request.getfixturevalue("gemma4_path"))
+    return None
 
 
 @pytest.fixture()
@@ -39,13 +73,22 @@ def keystore() -> MemoryKeyStore:
 
 
 @pytest.fixture()
-def make_core(tmp_path: Path, keystore: MemoryKeyStore) -> Iterator[Callable[..., Galahad]]:
-    """Open a Galahad core on tmp_path/data (a fresh engine each call)."""
+def make_core(
+    tmp_path: Path, keystore: MemoryKeyStore, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Galahad]]:
+    """Open a Galahad core on tmp_path/data (a fresh engine each call) with the real model:
+    the parametrized family when the test asks for `family`, else the embedded Gemma 3."""
     opened: list[Galahad] = []
+    model = None
+    if "family" in request.fixturenames:
+        model = request.getfixturevalue("family_model")
 
-    def factory(**overrides: Any) -> Galahad:
+    def factory(data: Path | None = None, **overrides: Any) -> Galahad:
         core = Galahad(
-            tmp_path / "data", keystore=keystore, overrides={**TEST_OVERRIDES, **overrides}
+            data or tmp_path / "data",
+            model_path=model,
+            keystore=keystore,
+            overrides={**TEST_OVERRIDES, **overrides},
         )
         opened.append(core)
         return core
@@ -54,6 +97,33 @@ def make_core(tmp_path: Path, keystore: MemoryKeyStore) -> Iterator[Callable[...
     for core in opened:
         with contextlib.suppress(Exception):
             core.close()
+
+
+@pytest.fixture()
+def make_fake_core(tmp_path: Path, keystore: MemoryKeyStore) -> Iterator[Callable[..., Galahad]]:
+    """A core on the fake engine (fast tier): real vault, catalog, chains and proofs."""
+    opened: list[Galahad] = []
+
+    def factory(flavour: str = "gemma3", data: Path | None = None, **overrides: Any) -> Galahad:
+        core = Galahad(
+            data or tmp_path / "data",
+            model_path=tmp_path / f"fake-{flavour}.gguf",
+            keystore=keystore,
+            overrides={"n_ctx": 2048, "temperature": 0.0, **overrides},
+            engine_factory=fake_factory(flavour),
+        )
+        opened.append(core)
+        return core
+
+    yield factory
+    for core in opened:
+        with contextlib.suppress(Exception):
+            core.close()
+
+
+def _private_keyring() -> bool:
+    """Only the throwaway keyring scripts/with-keyring.sh starts may be written to."""
+    return os.environ.get("GALAHAD_KEYRING_READY") == "1"
 
 
 def _secret_service_available() -> bool:
@@ -71,11 +141,12 @@ def _secret_service_available() -> bool:
 
 @pytest.fixture()
 def real_keyring() -> None:
-    if _secret_service_available():
+    if _private_keyring() and _secret_service_available():
         return
     message = (
-        "The real OS keyring (Secret Service) is not reachable; run the suite through "
-        "scripts/test.sh, which starts gnome-keyring in a private D-Bus session."
+        "The real OS keyring (Secret Service) in a private session is not available; run the "
+        "suite through scripts/test.sh, which starts a throwaway gnome-keyring (the tests "
+        "never write into your own login keyring)."
     )
     if os.environ.get("CI"):
         pytest.fail(message)
@@ -88,6 +159,8 @@ def run_cli(
     env: dict[str, str] | None = None,
     check: bool = True,
     timeout: float = 300,
+    model: Path | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `galahad` in a new process (a fresh engine), as a user would."""
     full_env = {**os.environ, **(env or {})}
@@ -99,9 +172,14 @@ def run_cli(
         str(data_dir),
         "--set",
         f"n_ctx={TEST_OVERRIDES['n_ctx']}",
+        "--set",
+        "temperature=0",
+        *(["--model", str(model)] if model else []),
         *args,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=full_env, timeout=timeout, input=stdin
+    )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"galahad {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"

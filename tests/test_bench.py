@@ -1,15 +1,32 @@
 """The benchmark and evaluation commands run end to end (tiny sizes) and report what the
-issue asks for. Speed itself is judged from the printed figures, never asserted here."""
+issues ask for. Speed itself is judged from the printed figures, never asserted here."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import cli_json
 
 pytestmark = pytest.mark.model
+
+
+def dev(*args: str, tmp_path: Path, timeout: float = 900) -> dict[str, Any]:
+    """`python -m galahad_dev ...` (the development tools), one JSON object back."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "galahad_dev", "--json", "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
@@ -35,51 +52,43 @@ def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
             "proof_ms",
             "floor_ms",
             "seq_file_ms",
-            "pickle_state_ms",
             "block_bytes",
+            "ratio_to_seq_file",
         ):
             assert row[key] > 0, key
         assert row["proof"] == "exact"
-        assert row["block_bytes"] < row["pickle_state_bytes"]
+        assert set(row["config"]) >= {"flash_attn", "swa_full", "n_batch"}
     assert result["fingerprint"] and (out / "bench-resume.json").exists()
-    assert (out / "bench-resume.png").stat().st_size > 1000
     assert not (tmp_path / "unused").exists()  # benchmarks never touch the user's data
+    plot = dev("bench", "plot", "--from", str(out / "bench-resume.json"), tmp_path=tmp_path)
+    assert Path(plot["plot"]).stat().st_size > 1000
 
 
-def test_bench_persist_and_deposit_rows(tmp_path: Path) -> None:
-    persist = cli_json(
-        "bench",
-        "persist",
-        "--sizes",
-        "200",
-        "--turns",
-        "2",
-        "--out",
-        str(tmp_path),
-        data_dir=tmp_path / "unused",
+def test_bench_deposit_rows(tmp_path: Path) -> None:
+    deposit = cli_json(
+        "bench", "deposit", "--sizes", "200", "--reps", "1", data_dir=tmp_path / "unused"
     )
+    row = deposit["results"][0]
+    assert row["tokens"] <= 200
+    for key in ("raw_prefill_default_ms", "raw_prefill_best_ms", "deposit_ms", "peak_rss_mb"):
+        assert row[key] > 0, key
+    assert row["ask_proof"] == "exact"
+    assert row["config"]["flash_attn"] in (True, False)
+
+
+def test_dev_bench_persist_and_pickle(tmp_path: Path) -> None:
+    persist = dev("bench", "persist", "--sizes", "200", "--turns", "2", tmp_path=tmp_path)
     assert [r["mode"] for r in persist["results"]] == ["chain", "chain", "whole", "whole"]
     assert all(r["persist_ms"] > 0 and r["conversation_tokens"] > 150 for r in persist["results"])
     (summary,) = persist["summary"]
     assert summary["chain_block_bytes"] < summary["whole_block_bytes"]
-    assert summary["whole_over_chain"] > 0
-    deposit = cli_json(
-        "bench",
-        "deposit",
-        "--sizes",
-        "200",
-        "--reps",
-        "1",
-        "--out",
-        str(tmp_path),
-        data_dir=tmp_path / "unused",
-    )
-    row = deposit["results"][0]
-    assert row["raw_prefill_ms"] > 0 and row["deposit_ms"] > 0 and row["tokens"] <= 200
+    pickled = dev("bench", "pickle", "--sizes", "200", "--reps", "1", tmp_path=tmp_path)
+    (row,) = pickled["results"]
+    assert row["block_bytes"] < row["pickle_state_bytes"] and row["pickle_state_ms"] > 0
 
 
 def test_eval_needles_counts(tmp_path: Path) -> None:
-    result = cli_json(
+    result = dev(
         "eval",
         "needles",
         "--blocks",
@@ -88,9 +97,7 @@ def test_eval_needles_counts(tmp_path: Path) -> None:
         "300",
         "--controls",
         "2",
-        "--out",
-        str(tmp_path),
-        data_dir=tmp_path / "unused",
+        tmp_path=tmp_path,
     )
     assert result["probes"] == 2 and result["controls"] == 2
     assert result["zero_recompute"] == result["probes"]
@@ -100,7 +107,7 @@ def test_eval_needles_counts(tmp_path: Path) -> None:
 
 
 def test_eval_memory_counts(tmp_path: Path) -> None:
-    result = cli_json(
+    result = dev(
         "--set",
         "n_ctx=2048",
         "eval",
@@ -113,9 +120,7 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
         "3",
         "--controls",
         "3",
-        "--out",
-        str(tmp_path),
-        data_dir=tmp_path / "unused",
+        tmp_path=tmp_path,
     )
     for key in (
         "tokens",

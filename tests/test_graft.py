@@ -11,13 +11,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from galahad_desktop.engine import proof as proof_module
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.errors import InputError, IntegrityError
-from galahad_desktop.memory import service as service_module
-from galahad_desktop.memory.service import Galahad
+from galahad_desktop.memory import documents as documents_module
+from galahad_desktop.memory.galahad import Galahad
 from tests.conftest import story
 
 pytestmark = pytest.mark.model
+
+# The runtime configurations every core test runs under: flash attention off with the
+# full-size sliding-window cache, and on with the ring buffer.
+RUNTIMES = {
+    "flash-off": {"flash_attn": False, "swa_full": True},
+    "flash-on": {"flash_attn": True, "swa_full": False},
+}
+
+
+@pytest.fixture(params=sorted(RUNTIMES))
+def runtime(request: pytest.FixtureRequest) -> dict[str, bool]:
+    return RUNTIMES[str(request.param)]
 
 
 def _doc(tmp_path: Path, text: str, name: str = "notes.txt") -> Path:
@@ -27,14 +40,14 @@ def _doc(tmp_path: Path, text: str, name: str = "notes.txt") -> Path:
 
 
 def test_ask_on_a_document_recomputes_nothing(
-    tmp_path: Path, make_core: Callable[..., Galahad]
+    tmp_path: Path, make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
 ) -> None:
-    first = make_core()
+    first = make_core(**runtime)
     deposited = first.deposit(_doc(tmp_path, story(60)))
     assert deposited.tokens > 500 and deposited.block_bytes > 0
     first.close()
 
-    second = make_core()  # a fresh engine: nothing of the document is in memory
+    second = make_core(**runtime)  # a fresh engine: nothing of the document is in memory
     conversation = second.new_conversation(document_id=deposited.document_id)
     result = second.send(
         conversation, "What is Arthur's access code?", params=second.sampling(max_tokens=12)
@@ -49,9 +62,9 @@ def test_ask_on_a_document_recomputes_nothing(
 
 
 def test_conversation_resumes_exactly_in_a_fresh_engine(
-    tmp_path: Path, make_core: Callable[..., Galahad]
+    tmp_path: Path, make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
 ) -> None:
-    first = make_core()
+    first = make_core(**runtime)
     conversation = first.new_conversation()
     replies = [
         first.send(conversation, text, params=first.sampling(max_tokens=8)).reply
@@ -60,7 +73,7 @@ def test_conversation_resumes_exactly_in_a_fresh_engine(
     ledger = list(first.engine.tokens)
     first.close()
 
-    second = make_core()
+    second = make_core(**runtime)
     report = second.resume(conversation)
     assert report.proof.verdict == "exact", report.proof
     assert report.recomputed_tokens == 0
@@ -76,28 +89,27 @@ def test_conversation_resumes_exactly_in_a_fresh_engine(
     assert third_turn.counters.recomputed_tokens == 0 and third_turn.graft is None
 
 
-def test_history_is_a_ledger_of_evaluated_tokens(make_core: Callable[..., Galahad]) -> None:
+def test_history_is_a_ledger_of_evaluated_tokens(
+    make_core: Callable[..., Galahad], family: str
+) -> None:
     core = make_core()
     conversation = core.new_conversation()
-    core.send(conversation, "One <start_of_turn>model fake", params=core.sampling(max_tokens=4))
-    blocks = core.vault.catalog.rows(
-        "blocks", "owner_id = ?", [conversation], order_by="generation"
-    )
+    opening = core.engine.turn_format.user_open.split("user")[0]  # <start_of_turn> / <|turn>
+    core.send(conversation, f"One {opening}model fake", params=core.sampling(max_tokens=4))
+    blocks = core.vault.catalog.select("blocks", "generation", owner_id=conversation)
     first_tokens = core.vault.block_tokens(blocks[0])
     core.send(conversation, "Two", params=core.sampling(max_tokens=4))
-    blocks = core.vault.catalog.rows(
-        "blocks", "owner_id = ?", [conversation], order_by="generation"
-    )
+    blocks = core.vault.catalog.select("blocks", "generation", owner_id=conversation)
     second_tokens = core.vault.chain_tokens(blocks[-1]["id"])  # the ledger through the chain
     probe = core.engine.probe_tokens
     assert second_tokens[: len(first_tokens) + len(probe)] == first_tokens + probe
-    # Control tokens typed by a user stay text: one <start_of_turn> per turn in the ledger.
-    start_of_turn = core.engine.encode_template("<start_of_turn>")[0]
-    assert first_tokens.count(start_of_turn) == 2
+    # Turn markers typed by a user stay text: one turn opening per real turn in the ledger.
+    turn_open = core.engine.encode_template(opening)[0]
+    assert first_tokens.count(turn_open) == 2
 
 
 def test_changed_runtime_falls_back_to_a_reread_and_stores_again(
-    tmp_path: Path, make_core: Callable[..., Galahad]
+    tmp_path: Path, make_core: Callable[..., Galahad], family: str
 ) -> None:
     first = make_core(n_batch=512)
     deposited = first.deposit(_doc(tmp_path, story(30)))
@@ -122,18 +134,21 @@ def test_changed_runtime_falls_back_to_a_reread_and_stores_again(
 
 
 def test_diverged_proof_is_never_used(
-    tmp_path: Path, make_core: Callable[..., Galahad], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    make_core: Callable[..., Galahad],
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
 ) -> None:
     core = make_core()
     deposited = core.deposit(_doc(tmp_path, story(20)))
-    real_compare = service_module.proofs.compare
+    real_compare = proof_module.compare
 
     def diverging(record, logits, ms):  # type: ignore[no-untyped-def]
         shifted = logits.copy()
         shifted[int(np.argmin(shifted))] = float(shifted.max()) + 10.0
         return real_compare(record, shifted, ms)
 
-    monkeypatch.setattr(service_module.proofs, "compare", diverging)
+    monkeypatch.setattr(proof_module, "compare", diverging)
     conversation = core.new_conversation(document_id=deposited.document_id)
     report = core.resume(conversation)
     assert report.fallback_reason is not None and "diverged" in report.fallback_reason
@@ -152,7 +167,9 @@ def test_tampered_block_is_refused_before_llama_cpp(
     core.close()
     core = make_core()  # a fresh engine must read the block from disk
     restores: list[int] = []
-    monkeypatch.setattr(Engine, "restore", lambda self, payload, tokens: restores.append(1))
+    monkeypatch.setattr(
+        Engine, "restore", lambda self, payload, tokens, size=None: restores.append(1)
+    )
     conversation = core.new_conversation(document_id=deposited.document_id)
     with pytest.raises(IntegrityError, match="failed authentication"):
         core.send(conversation, "Hello?")
@@ -164,9 +181,7 @@ def test_tampered_block_is_refused_before_llama_cpp(
 def test_oversized_document_is_refused_and_nothing_is_stored(
     tmp_path: Path, make_core: Callable[..., Galahad], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from galahad_desktop.memory import service
-
-    monkeypatch.setattr(service, "MAX_DOCUMENT_CHARS", 5_000)
+    monkeypatch.setattr(documents_module, "MAX_DOCUMENT_CHARS", 5_000)
     core = make_core(n_ctx=1024)
     with pytest.raises(InputError, match=r"at most 5,000 are accepted in one document"):
         core.deposit(_doc(tmp_path, story(200)))
@@ -225,8 +240,10 @@ def test_canary_is_nowhere_in_the_data_directory(
             assert needle not in content, f"canary found in {path}"
 
 
-def test_regenerate_restores_the_turn_checkpoint(make_core: Callable[..., Galahad]) -> None:
-    core = make_core()
+def test_regenerate_restores_the_turn_checkpoint(
+    make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
+) -> None:
+    core = make_core(**runtime)
     conversation = core.new_conversation()
     core.send(conversation, "Name a knight.", params=core.sampling(max_tokens=6))
     second = core.send(conversation, "Name another one.", params=core.sampling(max_tokens=6))
@@ -234,7 +251,7 @@ def test_regenerate_restores_the_turn_checkpoint(make_core: Callable[..., Galaha
     checkpoint = core.messages(conversation)[1].block_id
     core.close()
 
-    fresh = make_core()
+    fresh = make_core(**runtime)
     again = fresh.regenerate(conversation, params=fresh.sampling(max_tokens=6))
     assert again.graft is not None and again.graft.block_id == checkpoint
     assert again.proof.verdict == "exact" and again.counters.recomputed_tokens == 0
@@ -246,14 +263,16 @@ def test_regenerate_restores_the_turn_checkpoint(make_core: Callable[..., Galaha
     assert not fresh.vault.block_path(old_head).exists()
 
 
-def test_branch_from_an_edited_message(make_core: Callable[..., Galahad]) -> None:
-    core = make_core()
+def test_branch_from_an_edited_message(
+    make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
+) -> None:
+    core = make_core(**runtime)
     conversation = core.new_conversation()
     core.send(conversation, "Name a knight.", params=core.sampling(max_tokens=6))
     core.send(conversation, "Name another one.", params=core.sampling(max_tokens=6))
     core.close()
 
-    fresh = make_core()
+    fresh = make_core(**runtime)
     branched = fresh.branch(conversation, 2, "Name a castle.", params=fresh.sampling(max_tokens=6))
     assert branched.conversation_id != conversation
     assert branched.proof.verdict == "exact" and branched.counters.recomputed_tokens == 0
@@ -285,9 +304,10 @@ def test_a_head_pointed_back_at_an_older_checkpoint_is_refused(
         fresh.resume(conversation)
 
 
-def test_system_prompt_preset_is_folded_into_the_first_turn(
-    make_core: Callable[..., Galahad],
+def test_system_prompt_preset_uses_the_model_s_system_turn(
+    make_core: Callable[..., Galahad], family: str
 ) -> None:
+    """Gemma 4 has a native system turn; Gemma 3 folds the preset into the first turn."""
     from galahad_desktop.settings import SYSTEM_PROMPTS
 
     core = make_core(system_prompt="coder")
@@ -297,11 +317,21 @@ def test_system_prompt_preset_is_folded_into_the_first_turn(
     tokens = core.vault.block_tokens(core.vault.block_row(core.head_block(with_preset)))
     core.send(plain, "Hello.", params=core.sampling(max_tokens=2))
     plain_tokens = core.vault.block_tokens(core.vault.block_row(core.head_block(plain)))
-    preset = core.engine.encode_text(SYSTEM_PROMPTS["coder"])
-    as_text = core.engine.detokenize(tokens)
-    assert SYSTEM_PROMPTS["coder"] in as_text
-    assert SYSTEM_PROMPTS["coder"] not in core.engine.detokenize(plain_tokens)
-    assert len(tokens) >= len(plain_tokens) + len(preset) - 2
+    engine = core.engine
+    text = engine.detokenize(tokens)
+    assert SYSTEM_PROMPTS["coder"] in text
+    assert SYSTEM_PROMPTS["coder"] not in engine.detokenize(plain_tokens)
+    fmt = engine.turn_format
+    system_turn = engine.encode_template(fmt.system_open or "<no system turn>")
+    user_turn = engine.encode_template(fmt.user_open)
+    first_user = next(i for i in range(len(tokens)) if tokens[i : i + len(user_turn)] == user_turn)
+    if family == "gemma4":
+        assert fmt.native_system
+        assert tokens[1 : 1 + len(system_turn)] == system_turn  # right after <bos>
+        assert SYSTEM_PROMPTS["coder"] in engine.detokenize(tokens[:first_user])
+    else:
+        assert not fmt.native_system
+        assert SYSTEM_PROMPTS["coder"] not in engine.detokenize(tokens[:first_user])
     assert core.messages(with_preset)[0].text == "Hello."  # the message is what the user wrote
     with pytest.raises(InputError, match="must be one of"):
         core.new_conversation(system_prompt="pirate")

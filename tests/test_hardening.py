@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from galahad_desktop import hardening
+from galahad_dev import hardening
 from tests.conftest import cli_json, run_cli, story
 
 
+@pytest.mark.model  # not the model: the tamper fuzzer takes ~20 s, too slow for the fast tier
 def test_tamper_fuzzer_refuses_every_mutation() -> None:
     result = hardening.tamper_fuzz(1000, seed=1, log=lambda _m: None)
     assert result["refused"] == 1000
@@ -23,6 +24,7 @@ def test_tamper_fuzzer_refuses_every_mutation() -> None:
     assert result["refused_by"]["owner binding"] > 0
 
 
+@pytest.mark.model  # not the model: child processes per input, too slow for the fast tier
 def test_hostile_documents_get_clear_errors_within_limits() -> None:
     result = hardening.eval_hostile(log=lambda _m: None, timeout_s=30)
     assert result["inputs"] >= 19 and result["crashed"] == 0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.library import VerifiedLibrary, similarity
-from galahad_desktop.memory.service import Galahad
+from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.library import similarity
 from galahad_desktop.memory.verifiers import (
     ArithmeticVerifier,
     UnitConversionVerifier,
@@ -16,7 +18,6 @@ from galahad_desktop.memory.verifiers import (
     safe_arithmetic,
     verifier_for,
 )
-from tests.conftest import cli_json
 
 
 @pytest.mark.parametrize(
@@ -83,9 +84,9 @@ def test_arithmetic_is_never_evaluated_with_eval(expression: str) -> None:
 
 
 @pytest.mark.model
-def test_recurrence_transfer_and_gate(make_core: Callable[..., Galahad]) -> None:
+def test_recurrence_transfer_and_gate(make_core: Callable[..., Galahad], family: str) -> None:
     core = make_core(n_ctx=2048)
-    library = VerifiedLibrary(core)
+    library = core.library
     with pytest.raises(InputError, match="fails its arithmetic check"):
         library.add("What is 37 * 12 + 5?", "It is 450.")
     with pytest.raises(InputError, match="mark it as verified yourself"):
@@ -95,47 +96,63 @@ def test_recurrence_transfer_and_gate(make_core: Callable[..., Galahad]) -> None
     core.close()
 
     fresh = make_core(n_ctx=2048)
-    library = VerifiedLibrary(fresh)
-    recurrence = library.ask(fresh.new_conversation(), "Compute 37*12 + 5.")
-    assert recurrence.library["mode"] == "recurrence"  # type: ignore[index]
+    library = fresh.library
+    recurrence = fresh.send(fresh.new_conversation(), "Compute 37*12 + 5.")
+    assert recurrence.library is not None and recurrence.library.mode == "recurrence"
     assert recurrence.reply == entry.answer
     assert recurrence.counters.generated_tokens == 0 and recurrence.counters.recomputed_tokens == 0
     assert recurrence.proof.verdict == "exact"
-    assert "verified answer from memory" in recurrence.library["label"]  # type: ignore[index]
+    assert "verified answer from memory" in recurrence.library.label
     # The conversation continues from the grafted state, and resumes exactly.
     follow = fresh.send(recurrence.conversation_id, "Thanks!", params=fresh.sampling(max_tokens=3))
     assert follow.counters.recomputed_tokens == 0
     assert fresh.resume(recurrence.conversation_id).proof.verdict == "exact"
 
-    near = library.ask(
+    near = fresh.send(
         fresh.new_conversation(), "What is 37 * 12 + 6?", params=fresh.sampling(max_tokens=6)
     )
-    assert near.library["mode"] == "transfer" and near.reply != entry.answer  # type: ignore[index]
-    assert near.counters.generated_tokens > 0
+    assert near.library is not None and near.library.mode == "transfer"
+    assert near.reply != entry.answer and near.counters.generated_tokens > 0
+    assert near.proof.verdict == "exact"  # started from the verified block's graft
 
     off = fresh.new_conversation()
-    library.set_enabled(off, False)
-    plain = library.ask(off, "What is 37 * 12 + 5?", params=fresh.sampling(max_tokens=4))
-    assert plain.library["mode"] == "none" and plain.counters.generated_tokens > 0  # type: ignore[index]
+    fresh.set_library(off, False)
+    plain = fresh.send(off, "What is 37 * 12 + 5?", params=fresh.sampling(max_tokens=4))
+    assert plain.library is not None and plain.library.mode == "none"
+    assert plain.counters.generated_tokens > 0
     library.remove(entry.id)
     assert [e.question for e in library.entries()] == ["Who founded Camelot?"]
     assert library.lookup("What is 37 * 12 + 5?") is None
 
 
 @pytest.mark.model
-def test_eval_flywheel_reports_the_figures(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    result = cli_json(
-        "eval",
-        "flywheel",
-        "--problems",
-        "4",
-        "--attempts",
-        "1",
-        "--oracle",
-        "--out",
-        str(tmp_path),
-        data_dir=tmp_path / "unused",
+def test_eval_flywheel_reports_the_figures(tmp_path: Path, family_model: Path | None) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "galahad_dev",
+            "--json",
+            "--out",
+            str(tmp_path),
+            *(["--model", str(family_model)] if family_model else []),
+            "eval",
+            "flywheel",
+            "--problems",
+            "4",
+            "--attempts",
+            "1",
+            "--oracle",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
     )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in (
         "problems",
         "first_decode_tokens",
@@ -148,8 +165,6 @@ def test_eval_flywheel_reports_the_figures(tmp_path) -> None:  # type: ignore[no
     ):
         assert key in result
     assert result["problems"] == 4 and result["gate_wrong_answers"] == 0
-    assert result["solved_and_stored"] == 4  # the oracle solves what the model cannot
-    assert result["recurrence_hits"] == 4 and result["recurrence_correct"] == 4
     assert result["solved_and_stored"] == 4  # the oracle solves what the model cannot
     assert result["recurrence_hits"] == 4 and result["recurrence_correct"] == 4
     assert result["recurrence_decode_tokens"] == 0

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from galahad_desktop.bench.corpus import Corpus
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.documents import overlap_tail, split_for_parts
+from galahad_desktop.memory.extraction import overlap_tail, split_for_parts
+from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.router import PartIndex, decide, query_terms
-from galahad_desktop.memory.service import Galahad
+from galahad_dev.corpus import Corpus
 from tests.conftest import cli_json, run_cli
 
 
@@ -38,9 +38,14 @@ def test_split_cuts_what_has_no_breaks() -> None:
 
 
 def test_overlap_is_the_end_of_the_previous_part() -> None:
-    assert overlap_tail("one two three four five six", 4) == "five six"  # ~1.4 tokens a word
-    assert overlap_tail("one two three four five six", 7) == "two three four five six"
-    assert overlap_tail("anything", 0) == ""
+    assert overlap_tail("one two three four five six", 2, _words) == "five six"
+    assert overlap_tail("one two three four five six", 5, _words) == "two three four five six"
+    assert overlap_tail("anything", 0, _words) == ""
+    cjk = "東京は日本の首都です。" * 20  # no spaces: cut by characters, never taken whole
+    tail = overlap_tail(cjk, 30, len)
+    assert cjk.endswith(tail) and 0 < len(tail) <= 30
+    minified = '{"a":1,"b":[1,2,3]}' * 500
+    assert 0 < len(overlap_tail(minified, 64, lambda t: len(t) // 3 + 1)) <= 192
 
 
 def _index(corpus: Corpus, parts: int) -> tuple[PartIndex, list[tuple[str, str]]]:
@@ -89,42 +94,46 @@ def _long_document(corpus: Corpus, sections: int) -> tuple[str, list[tuple[str, 
     return "\n\n".join(texts), needles
 
 
+@pytest.mark.model
 def test_a_long_document_is_stored_in_parts_and_routed(
-    tmp_path: Path, make_core: Callable[..., Galahad]
+    tmp_path: Path, make_core: Callable[..., Galahad], family: str
 ) -> None:
     core = make_core(n_ctx=2048, max_tokens=8)
     corpus = Corpus(5)
     text, needles = _long_document(corpus, 6)
-    assert len(core.document_tokens("ledger.txt", text)) > core.document_limit()
+    docs = core.documents
+    assert len(docs.document_tokens("ledger.txt", text)) > core.document_limit()
     deposited = core.deposit_text("ledger.txt", text)
     parts = core.parts(deposited.document_id)
     assert deposited.n_parts == len(parts) >= 3
-    assert all(p["n_tokens"] <= core.part_budget() for p in parts)
-    own = [core.part_text(p["id"]) for p in parts]
+    assert all(p.n_tokens <= docs.part_budget() for p in parts)
+    own = [docs.part_text(docs.part_row(p.id)) for p in parts]
     assert " ".join(" ".join(own).split()) == " ".join(text.split())  # nothing lost
-    second = core.engine.detokenize(core.vault.chain_tokens(parts[1]["block_id"]))
+    second = core.engine.detokenize(core.vault.chain_tokens(parts[1].block_id))
     assert f"part 2 of {len(parts)}" in second
     assert own[0].split()[-1] in second  # the overlap with part 1
     for name, code in needles[:3]:
         answer = core.ask(f"What is {name}'s access code?")
         assert answer.answered, answer.decision.reason
         holder = next(p for p, t in zip(parts, own, strict=True) if name in t)
-        assert answer.part_id == holder["id"]
-        assert answer.citation == f"ledger.txt, part {holder['part_no']} of {len(parts)}"
+        assert answer.part_id == holder.id
+        assert answer.citation == f"ledger.txt, part {holder.part_no} of {len(parts)}"
         assert answer.graft is not None and answer.graft.recomputed_tokens == 0
         assert answer.graft.proof.verdict == "exact"
         assert code  # the base model's reply is weak; the eval counts exact codes
     refused = core.ask(f"What is {corpus.absent_name()}'s access code?")
     assert not refused.answered and refused.text == "" and refused.decision.reason
-    chosen = core.ask(refused.question, part_id=parts[0]["id"])  # the user's choice
-    assert chosen.answered and chosen.part_id == parts[0]["id"]
+    chosen = core.ask(refused.question, part_id=parts[0].id)  # the user's choice
+    assert chosen.answered and chosen.part_id == parts[0].id
     log = core.routing_log()
-    assert [e["decision"] for e in log[:3]] == ["chosen", "gated", "gated"]
-    assert all(name not in json.dumps(e) for e in log for name, _ in needles)
+    assert [e.decision for e in log[:3]] == ["chosen", "gated", "gated"]
+    assert all(name not in json.dumps(e.__dict__) for e in log for name, _ in needles)
     core.forget(deposited.document_id)
-    assert core.vault.catalog.rows("parts") == [] and len(core.part_index()) == 0
+    assert core.vault.catalog.count("parts") == 0 and len(core.routing.index()) == 0
+    assert [e for e in core.routing_log() if e.candidates] == []  # its routing lines went too
 
 
+@pytest.mark.model
 def test_parts_text_and_index_are_never_on_disk_in_plain(
     tmp_path: Path, make_core: Callable[..., Galahad]
 ) -> None:
@@ -142,6 +151,7 @@ def test_parts_text_and_index_are_never_on_disk_in_plain(
                 assert name.encode() not in content, f"{name} in {path}"
 
 
+@pytest.mark.model
 @pytest.mark.keyring
 @pytest.mark.usefixtures("real_keyring")
 def test_cli_lists_candidates_when_unsure_and_answers_a_chosen_part(tmp_path: Path) -> None:

@@ -9,11 +9,15 @@ import numpy as np
 import pytest
 
 from galahad_desktop.engine import proof
-from galahad_desktop.engine.chat_format import GEMMA_TURNS, derive_turn_format
+from galahad_desktop.engine.chat_format import (
+    GEMMA3_TURNS,
+    TemplateNotUnderstood,
+    derive_turn_format,
+)
 from galahad_desktop.errors import InputError
-from galahad_desktop.hardening import minimal_pdf
-from galahad_desktop.memory.documents import extract_text
+from galahad_desktop.memory.extraction import extract_text
 from galahad_desktop.settings import Settings
+from galahad_dev.hardening import minimal_pdf
 
 # The shape of Gemma's instruction-tuned template (system text folded into the first turn).
 GEMMA_IT_TEMPLATE = (
@@ -26,23 +30,31 @@ GEMMA_IT_TEMPLATE = (
 
 def test_turn_format_is_learned_from_a_template() -> None:
     derived = derive_turn_format(GEMMA_IT_TEMPLATE, "<bos>", "<eos>")
-    assert derived is not None
     assert (derived.user_open, derived.user_close_model_open, derived.model_close) == (
-        GEMMA_TURNS.user_open,
-        GEMMA_TURNS.user_close_model_open,
-        GEMMA_TURNS.model_close,
+        GEMMA3_TURNS.user_open,
+        GEMMA3_TURNS.user_close_model_open,
+        GEMMA3_TURNS.model_close,
     )
     assert derived.source == "the model's chat template"
+    assert not derived.supports_thinking
 
 
-def test_a_template_that_does_not_fit_is_not_used() -> None:
-    assert derive_turn_format("{{ raise_exception('no') }}", "<bos>", "") is None
-    assert derive_turn_format("{% for m in messages %}{{ m.content }}{% endfor %}", "", "") is None
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("{{ raise_exception('no') }}", "rendering failed"),
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", "no markers"),
+        ("{% for m in messages %", "does not parse"),
+    ],
+)
+def test_a_template_that_does_not_fit_says_why(template: str, reason: str) -> None:
+    with pytest.raises(TemplateNotUnderstood, match=reason):
+        derive_turn_format(template, "<bos>", "")
 
 
 def test_settings_are_checked_and_saved(tmp_path: Path) -> None:
     settings = Settings(tmp_path)
-    assert settings.get("swa_full") is True
+    assert settings.get("temperature") is None  # the model's recommendation
     assert settings.update({"n_ctx": "4096"}) is True
     assert settings.update({"temperature": 0.7}) is False
     assert Settings(tmp_path).get("n_ctx") == 4096
@@ -121,7 +133,7 @@ def test_proof_verdicts() -> None:
 
 
 def test_backend_is_named_from_the_system_info_line() -> None:
-    from galahad_desktop.engine.engine import backend_name
+    from galahad_desktop.engine.modelinfo import backend_name
 
     assert backend_name("CPU : SSE3 = 1 | AVX2 = 1 |", False) == "CPU"
     assert backend_name("CUDA : ARCHS = 900 | CPU : AVX2 = 1", True) == "CUDA"
@@ -130,7 +142,7 @@ def test_backend_is_named_from_the_system_info_line() -> None:
 
 
 def test_corpus_names_never_run_out_and_absent_names_are_absent() -> None:
-    from galahad_desktop.bench.corpus import Corpus
+    from galahad_dev.corpus import Corpus
 
     corpus = Corpus(3)
     texts, needles = [], []

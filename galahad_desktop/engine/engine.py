@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import dataclasses
 import os
 import sys
 import threading
@@ -25,8 +26,16 @@ import numpy as np
 
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine import kvstate
-from galahad_desktop.engine.chat_format import GEMMA_TURNS, TurnFormat, derive_turn_format
+from galahad_desktop.engine.chat_format import (
+    GEMMA3_TURNS,
+    TemplateNotUnderstood,
+    TurnFormat,
+    derive_turn_format,
+)
+from galahad_desktop.engine.markup import MarkupGuard
+from galahad_desktop.engine.modelinfo import ModelInfo, backend_name, check_model_file, describe
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import CancelledError, InputError, ModelError
 
 _LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
@@ -47,9 +56,14 @@ KV_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
     "q8_0": llama_cpp.GGML_TYPE_Q8_0,
 }
-GGUF_MAGIC = b"GGUF"
 
 ProgressFn = Callable[["Progress"], None]
+TextFn = Callable[[str], None]
+
+# What Google recommends for every Gemma model (used when the GGUF carries no
+# general.sampling.* keys); other families get llama.cpp's own defaults.
+GEMMA_SAMPLING = {"temperature": 1.0, "top_k": 64, "top_p": 0.95}
+GENERIC_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class EngineConfig:
     flash_attn: bool = False
     kv_type: str = "f16"
     swa_full: bool = True
+    embedded: bool = False  # the demo model that ships with the app
 
 
 @dataclass(frozen=True)
@@ -101,38 +116,22 @@ class Counters:
 
 @dataclass
 class Generation:
-    tokens: list[int]
-    text: str
+    tokens: list[int]  # everything sampled (thoughts included), in order
+    text: str  # the answer shown to the user
     stop_reason: str  # end | length | cancelled | context_full
     elapsed_ms: float
     tokens_per_s: float = field(default=0.0)
+    answer_tokens: list[int] = field(default_factory=list)  # without the thought channel
+    thought: str = ""  # the thought channel's text (never part of the answer)
 
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: str
-    name: str
-    architecture: str
-    description: str
-    n_params: int
-    size_bytes: int
-    n_ctx_train: int
-    n_layers: int
-    has_chat_template: bool
-    quantization: str
-
-
-def _check_model_file(path: Path) -> None:
-    if not path.is_file():
-        raise ModelError(f"The model file {path} does not exist.")
-    with open(path, "rb") as handle:
-        if handle.read(4) != GGUF_MAGIC:
-            raise ModelError(f"{path} is not a GGUF model file.")
+    @property
+    def thought_tokens(self) -> int:
+        return len(self.tokens) - len(self.answer_tokens)
 
 
 class Engine:
     def __init__(self, config: EngineConfig, hash_cache: Path | None = None) -> None:
-        _check_model_file(config.model_path)
+        check_model_file(config.model_path)
         if config.kv_type not in KV_TYPES:
             raise InputError(f"Unknown KV cache type '{config.kv_type}'.")
         self.config = config
@@ -144,16 +143,19 @@ class Engine:
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
         self._ctx = self.llm._ctx.ctx
+        self._vocab = self.llm._model.vocab
         self.n_vocab = int(self.llm.n_vocab())
         self.n_ctx = int(self.llm.n_ctx())
-        self.turns = self._turn_format()
+        self.guard = MarkupGuard(self._markers())
+        self.turn_format = self._turn_format()
+        self.turns = Turns(self, self.turn_format)
         self.tokens: list[int] = []
         self.model_sha256 = fp.model_sha256(config.model_path, hash_cache)
         self.fingerprint_details = self._fingerprint_details()
         self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details)
-        self.stop_ids = self._stop_ids()
-        self.probe_tokens = self.encode_template(self.turns.user_open)
+        self.probe_tokens = self.turns.probe
         self.decoded_tokens = 0
+        self._held: int | None = None
         self._count_decodes()
 
     def _load(self, config: EngineConfig) -> llama_cpp.Llama:
@@ -191,32 +193,40 @@ class Engine:
             "swa_full": c.swa_full,
             "kv_unified": True,
             "n_seq_max": SCRATCH_SEQ + 1,
-            "turn_format": self.turns.as_dict(),
+            "turn_format": self.turn_format.as_dict(),
         }
+
+    def _special_text(self, token: int) -> str:
+        return bytes(self.llm.detokenize([token], special=True)).decode("utf-8", "replace")
 
     def _turn_format(self) -> TurnFormat:
         template = self.llm.metadata.get("tokenizer.chat_template")
-        if template:
-            bos = self.llm.detokenize([self.llm.token_bos()], special=True).decode(
-                "utf-8", "replace"
+        if not template:
+            return GEMMA3_TURNS
+        bos = self._special_text(int(self.llm.token_bos()))
+        eos = self._special_text(int(self.llm.token_eos()))
+        try:
+            return derive_turn_format(template, bos, eos)
+        except TemplateNotUnderstood as exc:
+            return dataclasses.replace(
+                GEMMA3_TURNS,
+                understood=False,
+                problem=str(exc),
+                source="Gemma 3 turn format (fallback: the model's template was not understood)",
             )
-            eos = self.llm.detokenize([self.llm.token_eos()], special=True).decode(
-                "utf-8", "replace"
-            )
-            derived = derive_turn_format(template, bos, eos)
-            if derived is not None:
-                return derived
-        return GEMMA_TURNS
 
-    def _stop_ids(self) -> set[int]:
-        stops = {int(self.llm.token_eos())}
-        close = self.encode_template(self.turns.model_close)
-        if close:
-            stops.add(close[0])
-        eot = int(llama_cpp.llama_vocab_eot(self.llm._model.vocab))
-        if eot >= 0:
-            stops.add(eot)
-        return stops
+    def _markers(self) -> list[str]:
+        """Texts of the user-defined tokens llama.cpp would match inside raw text."""
+        flag = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        get_attr = llama_cpp.llama_vocab_get_attr
+        return [
+            self._special_text(token)
+            for token in range(self.n_vocab)
+            if get_attr(self._vocab, token) & flag
+        ]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     @property
     def backend(self) -> str:
@@ -224,47 +234,47 @@ class Engine:
         return backend_name(d["system_info"], d["gpu_offload"])
 
     def model_info(self) -> ModelInfo:
+        return describe(self.llm, self.config.model_path, self.config.embedded)
+
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The publisher's recommended sampling: the GGUF's general.sampling.* keys, else
+        Gemma's published defaults for a Gemma model."""
         meta = self.llm.metadata
-        arch = meta.get("general.architecture", "unknown")
-        buf = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self.llm._model.model, buf, 256)
-        return ModelInfo(
-            path=str(self.config.model_path),
-            name=meta.get("general.name", self.config.model_path.stem),
-            architecture=arch,
-            description=buf.value.decode("utf-8", "replace"),
-            n_params=int(llama_cpp.llama_model_n_params(self.llm._model.model)),
-            size_bytes=self.config.model_path.stat().st_size,
-            n_ctx_train=int(meta.get(f"{arch}.context_length", 0) or 0),
-            n_layers=int(meta.get(f"{arch}.block_count", 0) or 0),
-            has_chat_template=bool(meta.get("tokenizer.chat_template")),
-            quantization=quantization_name(meta),
+        arch = str(meta.get("general.architecture", ""))
+        out: dict[str, float | int] = dict(
+            GEMMA_SAMPLING if arch.startswith("gemma") else GENERIC_SAMPLING
         )
+        for key, name, kind in (
+            ("general.sampling.temp", "temperature", float),
+            ("general.sampling.top_k", "top_k", int),
+            ("general.sampling.top_p", "top_p", float),
+        ):
+            raw = meta.get(key)
+            if raw is not None:
+                with contextlib.suppress(ValueError):
+                    out[name] = kind(float(raw))
+        return out
 
     # -- tokens --------------------------------------------------------------------------
     def encode_template(self, text: str) -> list[int]:
-        """Tokenize template text: control tokens like <start_of_turn> are honoured."""
+        """Tokenize template text: turn markers like <|turn> are honoured."""
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def encode_text(self, text: str) -> list[int]:
-        """Tokenize user or document text: control tokens typed by a user stay plain text."""
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        """Tokenize user or document text: no markup token can come out of it (markers a
+        user typed stay characters)."""
+        return self.guard.tokenize(
+            text,
+            lambda piece: list(
+                self.llm.tokenize(piece.encode("utf-8"), add_bos=False, special=False)
+            ),
+        )
 
     def bos(self) -> list[int]:
         return [int(self.llm.token_bos())]
 
-    def user_turn(self, text: str, with_open: bool) -> list[int]:
-        """Tokens of a user turn and the model's opening; `with_open=False` when the turn's
-        opening tokens (the proof probe) are already in the context."""
-        opening = self.encode_template(self.turns.user_open) if with_open else []
-        return (
-            opening
-            + self.encode_text(text)
-            + self.encode_template(self.turns.user_close_model_open)
-        )
-
     def model_close(self) -> list[int]:
-        return self.encode_template(self.turns.model_close)
+        return list(self.turns.model_close)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return bytes(self.llm.detokenize(list(tokens))).decode("utf-8", "replace")
@@ -289,6 +299,7 @@ class Engine:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), wipe)
         self.llm.n_tokens = 0
         self.tokens = []
+        self._held = None
 
     def room(self) -> int:
         return self.n_ctx - len(self.tokens)
@@ -324,19 +335,39 @@ class Engine:
     def generate(
         self,
         params: SamplingParams,
-        on_text: Callable[[str], None] | None = None,
+        on_text: TextFn | None = None,
         cancel: threading.Event | None = None,
+        on_thought: TextFn | None = None,
     ) -> Generation:
-        """Sample a reply token by token; stop at end of turn, max_tokens, cancel, or a full
-        context (leaving room to close the turn). The stop token itself is not evaluated:
-        the caller closes the turn with the canonical closing tokens."""
+        """Sample a reply token by token; stop at any end-of-generation token, max_tokens,
+        cancel, or a full context (leaving room to close the turn). The stop token itself
+        is not evaluated: the caller closes the turn with the canonical closing tokens.
+        A thought channel (Gemma 4) streams to `on_thought`, never into the answer."""
         sampler = Sampler(params)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        reserve = len(self.model_close()) + len(self.probe_tokens) + 1
+        reserve = len(self.turns.model_close) + len(self.turns.model_open)
+        reserve += len(self.probe_tokens) + 1
         generated: list[int] = []
+        answer: list[int] = []
         pieces: list[str] = []
+        thoughts: list[str] = []
+        in_thought = False
         stop_reason = "length"
         start = time.perf_counter()
+        t_open, t_close = self.turns.thought_open, self.turns.thought_close
+
+        def emit(piece: str) -> None:
+            if not piece:
+                return
+            if in_thought:
+                thoughts.append(piece)
+                if on_thought is not None:
+                    on_thought(piece)
+            else:
+                pieces.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
         for _ in range(params.max_tokens):
             if cancel is not None and cancel.is_set():
                 stop_reason = "cancelled"
@@ -345,30 +376,68 @@ class Engine:
                 stop_reason = "context_full"
                 break
             token = sampler.sample(self.last_logits())
-            if token in self.stop_ids:
+            if self.is_end_of_generation(token):
                 stop_reason = "end"
                 break
             self.llm.eval([token])
             self.tokens.append(token)
             generated.append(token)
-            piece = decoder.decode(bytes(self.llm.detokenize([token])))
-            if piece:
-                pieces.append(piece)
-                if on_text is not None:
-                    on_text(piece)
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            pieces.append(tail)
-            if on_text is not None:
-                on_text(tail)
+            if t_open is not None and token == t_open:
+                emit(decoder.decode(b"", final=True))
+                in_thought = True
+                continue
+            if t_close is not None and token == t_close:
+                emit(decoder.decode(b"", final=True))
+                in_thought = False
+                continue
+            if not in_thought:
+                answer.append(token)
+            emit(decoder.decode(bytes(self.llm.detokenize([token]))))
+        emit(decoder.decode(b"", final=True))
         elapsed = time.perf_counter() - start
+        thought = "".join(thoughts)
+        if thought.startswith("thought"):  # the channel's name, not its content
+            thought = thought[len("thought") :]
         return Generation(
             generated,
             "".join(pieces),
             stop_reason,
             elapsed * 1e3,
             len(generated) / elapsed if elapsed > 0 else 0.0,
+            answer,
+            thought.strip(),
         )
+
+    # -- a held state, to return to after a thinking turn -------------------------------
+    def hold(self) -> None:
+        """Remember what the context holds now, so the turn can be re-read from here: its
+        cells are shared into the scratch sequence (no copy in a unified cache), which
+        keeps them even where the sliding window would let them go."""
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+        llama_cpp.llama_memory_seq_cp(memory, 0, SCRATCH_SEQ, -1, -1)
+        self._held = len(self.tokens)
+
+    def return_to_hold(self) -> int:
+        """Put the context back exactly as it was at hold() (never by trimming: the sliding
+        window cannot roll back); returns how many tokens were dropped."""
+        if self._held is None:
+            raise ModelError("No held state to return to.")
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        llama_cpp.llama_memory_seq_rm(memory, 0, -1, -1)
+        llama_cpp.llama_memory_seq_cp(memory, SCRATCH_SEQ, 0, -1, -1)
+        llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+        dropped = len(self.tokens) - self._held
+        self.tokens = self.tokens[: self._held]
+        self.llm.n_tokens = self._held
+        self._held = None
+        return dropped
+
+    def release_hold(self) -> None:
+        if self._held is not None:
+            memory = llama_cpp.llama_get_memory(self._ctx)
+            llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+            self._held = None
 
     # -- state capture / restore ---------------------------------------------------------
     def capture(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
@@ -386,6 +455,7 @@ class Engine:
         O(new tokens): the range is shared into a scratch sequence (no copy in a unified
         cache), that sequence is serialized, and its cells are relabelled as sequence 0."""
         begin = time.perf_counter()
+        self.release_hold()
         memory = llama_cpp.llama_get_memory(self._ctx)
         llama_cpp.llama_memory_seq_cp(memory, 0, SCRATCH_SEQ, start, -1)
         try:
@@ -441,7 +511,7 @@ class Engine:
         self.llm.close()
 
 
-SCRATCH_SEQ = 1  # a second sequence, only ever used to serialize a range of sequence 0
+SCRATCH_SEQ = 1  # a second sequence: serializes a range of sequence 0, or holds a state
 
 
 @contextlib.contextmanager
@@ -464,87 +534,5 @@ def _scratch_sequence() -> Iterator[None]:
         llama_cpp.llama_cpp.llama_context_default_params = original
 
 
-_BACKENDS = (
-    ("CUDA", "CUDA"),
-    ("ROCm", "ROCm"),
-    ("HIP", "ROCm"),
-    ("Metal", "Metal"),
-    ("MTL", "Metal"),
-    ("Vulkan", "Vulkan"),
-    ("SYCL", "SYCL"),
-    ("OpenCL", "OpenCL"),
-)
-
-
-def backend_name(system_info: str, gpu_offload: bool) -> str:
-    """The accelerator backend llama.cpp was built with, from its system info line."""
-    if gpu_offload:
-        for marker, name in _BACKENDS:
-            if marker in system_info:
-                return name
-        return "GPU"
-    return "CPU"
-
-
 def default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
-
-
-# llama.cpp's LLAMA_FTYPE values for the quantizations people use with Gemma.
-_FILE_TYPES = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K",
-    11: "Q3_K_S",
-    12: "Q3_K_M",
-    13: "Q3_K_L",
-    14: "Q4_K_S",
-    15: "Q4_K_M",
-    16: "Q5_K_S",
-    17: "Q5_K_M",
-    18: "Q6_K",
-    32: "BF16",
-}
-
-
-def quantization_name(meta: dict[str, Any]) -> str:
-    raw = meta.get("general.file_type")
-    try:
-        return _FILE_TYPES.get(int(raw), f"type {raw}") if raw is not None else "unknown"
-    except ValueError:
-        return str(raw)
-
-
-def inspect_gguf(path: Path) -> dict[str, Any]:
-    """Name, architecture, size, quantization, context length and template of a GGUF file,
-    read with the vocabulary only (no weights are loaded)."""
-    _check_model_file(path)
-    try:
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    except (ValueError, RuntimeError) as exc:
-        raise ModelError(f"llama.cpp could not read {path}: {exc}") from None
-    try:
-        meta = dict(llm.metadata)
-        arch = meta.get("general.architecture", "unknown")
-        buf = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(llm._model.model, buf, 256)
-        description = buf.value.decode("utf-8", "replace")
-        return {
-            "path": str(path),
-            "name": meta.get("general.name", path.stem),
-            "architecture": arch,
-            "description": description,
-            "parameters": meta.get("general.size_label", ""),
-            "n_params": int(llama_cpp.llama_model_n_params(llm._model.model)),
-            "quantization": quantization_name(meta),
-            "context_length": int(meta.get(f"{arch}.context_length", 0) or 0),
-            "has_chat_template": bool(meta.get("tokenizer.chat_template")),
-            "size_bytes": path.stat().st_size,
-        }
-    finally:
-        llm.close()

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.vault.atomic import atomic_write_bytes
+from galahad_desktop.system.files import atomic_write_bytes
 
 FINGERPRINT_SCHEME = 1
 

@@ -357,3 +357,18 @@ def cut(
     """The cells at positions >= start of every section: what a child block stores."""
     targets = [[(max(a, start), b) for a, b in ranges if b > start] for ranges in full.layout()]
     return assemble([full], targets, buffer_for)
+
+
+def splice(
+    buffers: Sequence[tuple[object, int]],
+    layout: object,
+    buffer_for: Callable[[int], ctypes.Array[ctypes.c_uint8]],
+) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+    """Splice a chain's states (root first) into the state whose sections hold `layout`'s
+    positions: what the head block was captured from, byte for byte."""
+    try:
+        targets = [[(int(a), int(b)) for a, b in ranges] for ranges in layout]  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        raise KVLayoutError("the block's cell layout is not readable") from None
+    parsed = [parse(buffer, size) for buffer, size in buffers]
+    return assemble(parsed, targets, buffer_for)

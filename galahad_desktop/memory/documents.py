@@ -1,321 +1,377 @@
-"""Text extraction for deposited documents: plain text and source files, Markdown, PDF, DOCX.
-
-Every failure is an InputError naming the file and the problem. Work is bounded: files over
-MAX_FILE_BYTES are refused before reading, DOCX archives whose unpacked size is out of
-proportion (zip bombs) are refused before parsing, and extracted text is capped.
-"""
+"""Documents: read once, stored as blocks (in parts when longer than the context), stacked on
+a conversation as a chain link that reads only the new document."""
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
+import logging
 import threading
 import time
-import zipfile
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from galahad_desktop.errors import CancelledError, InputError
+from galahad_desktop.engine import proof as proofs
+from galahad_desktop.engine.engine import Counters, Engine, Progress, ProgressFn
+from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.faults import crashpoint
+from galahad_desktop.memory.conversations import Conversations
+from galahad_desktop.memory.extraction import extract_text_bounded, overlap_tail, split_for_parts
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
+from galahad_desktop.vault.vault import new_id
 
-MAX_FILE_BYTES = 64 * 1024 * 1024
-MAX_TEXT_CHARS = 8 * 1024 * 1024
-MAX_DOCX_UNPACKED = 256 * 1024 * 1024
-TEXT_SUFFIXES = frozenset(
-    [
-        ".txt",
-        ".md",
-        ".markdown",
-        ".rst",
-        ".org",
-        ".csv",
-        ".tsv",
-        ".log",
-        ".json",
-        ".jsonl",
-        ".yaml",
-        ".yml",
-        ".toml",
-        ".ini",
-        ".cfg",
-        ".xml",
-        ".html",
-        ".htm",
-        ".css",
-        ".py",
-        ".pyi",
-        ".js",
-        ".ts",
-        ".tsx",
-        ".jsx",
-        ".c",
-        ".h",
-        ".cc",
-        ".cpp",
-        ".hpp",
-        ".rs",
-        ".go",
-        ".java",
-        ".kt",
-        ".swift",
-        ".rb",
-        ".php",
-        ".sh",
-        ".bash",
-        ".zsh",
-        ".sql",
-        ".r",
-        ".m",
-        ".scala",
-        ".lua",
-        ".pl",
-        ".tex",
-        ".ipynb",
-        ".vue",
-        ".svelte",
-    ]
-)
-SUPPORTED = "text and source files, .md, .pdf and .docx"
+log = logging.getLogger(__name__)
+ANSWER_RESERVE = 512  # room kept free after a document for a question and its answer
+MAX_DOCUMENT_CHARS = 40_000_000
+DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
 
 
-_SIGNATURES = (
-    (b"%PDF-", "a PDF", ".pdf"),
-    (b"PK\x03\x04", "a ZIP archive (e.g. .docx)", ".docx"),
-    (b"\x89PNG", "a PNG image", None),
-    (b"\xff\xd8\xff", "a JPEG image", None),
-    (b"\x7fELF", "a program", None),
-    (b"GGUF", "a model file", None),
-)
+class Documents:
+    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.catalog = live.vault.catalog
+        self.conversations = conversations
+        self.on_parts_added: Any = lambda parts: None  # the router's index follows deposits
 
+    @property
+    def engine(self) -> Engine:
+        return self.live.engine
 
-def _decode_text(data: bytes, name: str) -> str:
-    for magic, what, suffix in _SIGNATURES:
-        if data.startswith(magic):
-            hint = f"; rename it to {suffix}" if suffix else ""
-            raise InputError(f"'{name}' looks like {what}, not text{hint}.")
-    if b"\x00" in data[:65536]:
-        raise InputError(f"'{name}' looks like a binary file, not text ({SUPPORTED}).")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"'{name}' is not valid UTF-8 text (bad byte at offset {exc.start})."
-        ) from None
+    # -- records -------------------------------------------------------------------------
+    def row(self, document_id: str) -> dict[str, Any]:
+        return self.conversations.document_row(document_id)
 
+    def name(self, row: dict[str, Any]) -> str:
+        return str(self.vault.fields.decrypt_text(row["name_enc"], "documents", "name", row["id"]))
 
-def _pdf_text(path: Path) -> str:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    def text(self, document_id: str) -> str:
+        row = self.row(document_id)
+        return str(self.vault.fields.decrypt_text(row["text_enc"], "documents", "text", row["id"]))
 
-    try:
-        reader = PdfReader(path, strict=False)
-        if reader.is_encrypted:
-            raise InputError(f"'{path.name}' is an encrypted PDF; decrypt it first.")
-        pages = []
-        total = 0
-        for page in reader.pages:
-            text = page.extract_text() or ""
-            total += len(text)
-            if total > MAX_TEXT_CHARS:
-                raise InputError(f"'{path.name}' holds more text than one document may.")
-            pages.append(text)
-    except InputError:
-        raise
-    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-        raise InputError(f"'{path.name}' is not a readable PDF: {exc}") from None
-    return "\n\n".join(pages)
+    def part_rows(self, document_id: str | None = None) -> list[dict[str, Any]]:
+        if document_id is None:
+            return self.catalog.select("parts", "document_id, part_no")
+        return self.catalog.select("parts", "part_no", document_id=document_id)
 
+    def part_text(self, part: dict[str, Any]) -> str:
+        return str(self.vault.fields.decrypt_text(part["text_enc"], "parts", "text", part["id"]))
 
-def _docx_text(path: Path) -> str:
-    try:
-        with zipfile.ZipFile(path) as archive:
-            unpacked = sum(info.file_size for info in archive.infolist())
-            if unpacked > MAX_DOCX_UNPACKED:
-                raise InputError(
-                    f"'{path.name}' unpacks to {unpacked / 1e6:.0f} MB; refused as a "
-                    "possible zip bomb."
+    def part_row(self, part_id: str) -> dict[str, Any]:
+        part = self.catalog.get("parts", part_id)
+        if part is None:
+            raise NotFoundError(f"No document part has the id '{part_id}'.")
+        return part
+
+    def parts(self, document_id: str) -> list[PartSummary]:
+        self.row(document_id)
+        return [
+            PartSummary(r["id"], r["part_no"], r["n_parts"], r["block_id"], r["n_tokens"])
+            for r in self.part_rows(document_id)
+        ]
+
+    def summaries(self) -> list[DocumentSummary]:
+        out = []
+        for r in self.catalog.select("documents", "created_at desc"):
+            block = self.catalog.get("blocks", r["block_id"])
+            out.append(
+                DocumentSummary(
+                    r["id"],
+                    self.name(r),
+                    r["n_tokens"],
+                    block["file_bytes"] if block else 0,
+                    r["source_bytes"],
+                    r["created_at"],
+                    "stored" if block else "missing block",
+                    r.get("n_parts") or 1,
                 )
-    except zipfile.BadZipFile:
-        raise InputError(f"'{path.name}' is not a readable .docx (not a zip archive).") from None
-    import docx
+            )
+        return out
 
-    try:
-        document = docx.Document(str(path))
-    except Exception as exc:  # python-docx raises many types on malformed input
-        raise InputError(f"'{path.name}' is not a readable .docx: {exc}") from None
-    parts = [paragraph.text for paragraph in document.paragraphs]
-    for table in document.tables:
-        for row in table.rows:
-            parts.append(" | ".join(cell.text for cell in row.cells))
-    return "\n".join(parts)
+    # -- tokens --------------------------------------------------------------------------
+    def limit(self) -> int:
+        return self.engine.n_ctx - ANSWER_RESERVE
 
-
-def extract_text(path: Path) -> str:
-    """The document's text, or an InputError that names the file and the problem."""
-    path = Path(path)
-    _precheck(path)
-    return _extract(path)
-
-
-def _precheck(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"'{path}' does not exist.")
-    if not path.is_file():
-        raise InputError(f"'{path}' is not a file.")
-    size = path.stat().st_size
-    if size == 0:
-        raise InputError(f"'{path.name}' is empty.")
-    if size > MAX_FILE_BYTES:
-        raise InputError(
-            f"'{path.name}' is {size / 2**20:,.0f} MiB; documents may be at most "
-            f"{MAX_FILE_BYTES / 2**20:.0f} MiB."
+    def document_tokens(self, name: str, text: str) -> list[int]:
+        return self.engine.turns.document_turn(
+            f'Document "{name}":\n\n{text}', DOCUMENT_ACK.format(name=name)
         )
-    suffix = path.suffix.lower()
-    if suffix not in (".pdf", ".docx", "") and suffix not in TEXT_SUFFIXES:
-        raise InputError(f"'{path.name}': the type '{suffix}' is not supported ({SUPPORTED}).")
 
-
-def _extract(path: Path) -> str:
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".pdf":
-            text = _pdf_text(path)
-        elif suffix == ".docx":
-            text = _docx_text(path)
-        elif suffix in TEXT_SUFFIXES or suffix == "":
-            text = _decode_text(path.read_bytes(), path.name)
-        else:
-            raise InputError(f"'{path.name}': the type '{suffix}' is not supported ({SUPPORTED}).")
-    except PermissionError:
-        raise InputError(f"'{path.name}' cannot be read (permission denied).") from None
-    text = text.replace("\r\n", "\n").strip()
-    if not text:
-        raise InputError(f"'{path.name}' contains no text.")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InputError(f"'{path.name}' holds more text than one document may.")
-    return text
-
-
-def _limit_child(memory_bytes: int, cpu_seconds: int) -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
-
-
-def extract_text_bounded(
-    path: Path,
-    timeout_s: float = 120.0,
-    memory_mb: int = 2048,
-    cancel: threading.Event | None = None,
-) -> str:
-    """extract_text in a child process with memory, CPU and wall-clock limits; cancellable.
-
-    Quick refusals (missing, empty, too big, unsupported type) happen here without a child.
-    """
-    path = Path(path)
-    _precheck(path)
-    if getattr(sys, "frozen", False):
-        command = [sys.executable, "--extract-worker", str(path)]
-    else:
-        command = [sys.executable, "-m", "galahad_desktop.memory.extract_worker", str(path)]
-    child = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: _limit_child(memory_mb * 1024 * 1024, int(timeout_s) + 1),
-    )
-    deadline = time.monotonic() + timeout_s
-    chunks: list[bytes] = []
-    reader = threading.Thread(
-        target=lambda: chunks.append(child.stdout.read() if child.stdout else b""), daemon=True
-    )
-    reader.start()
-    while reader.is_alive():
-        reader.join(0.05)
-        if cancel is not None and cancel.is_set():
-            child.kill()
-            child.wait()
-            raise CancelledError(f"Reading '{path.name}' was cancelled; nothing was stored.")
-        if time.monotonic() > deadline:
-            child.kill()
-            child.wait()
-            raise InputError(f"'{path.name}' took longer than {timeout_s:.0f} s to read; refused.")
-    code = child.wait()
-    raw = b"".join(chunks)
-    if not raw:
-        raise InputError(
-            f"'{path.name}' could not be read within the limits ({memory_mb} MB of memory, "
-            f"{timeout_s:.0f} s); the reader stopped with code {code}."
+    def part_tokens(
+        self, name: str, part_no: int, n_parts: int, overlap: str, text: str
+    ) -> list[int]:
+        """One part of a long document as its own document turn, under a short header (title,
+        part i of n, and the end of the previous part) so the model knows where it is."""
+        if n_parts == 1:
+            return self.document_tokens(name, text)
+        lead = f"(continued from part {part_no - 1}) …{overlap}\n\n" if overlap else ""
+        return self.engine.turns.document_turn(
+            f'Document "{name}", part {part_no} of {n_parts}:\n\n{lead}{text}',
+            f'I have read part {part_no} of {n_parts} of "{name}".',
         )
-    try:
-        result = json.loads(raw)
-    except ValueError:
-        raise InputError(
-            f"'{path.name}' could not be read (the reader's output was cut)."
-        ) from None
-    if "error" in result:
-        raise InputError(result["error"])
-    return str(result["text"])
 
+    def _count(self, text: str) -> int:
+        return len(self.engine.encode_text(text))
 
-_PARAGRAPH = re.compile(r"\n\s*\n")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+    def part_budget(self) -> int:
+        """Tokens per part: the setting, or what fits with room for a question and answer."""
+        limit = self.limit()
+        configured = self.live.settings.get("part_tokens")
+        return int(min(configured, limit) if configured else limit)
 
+    def plan_parts(self, name: str, text: str) -> list[tuple[str, list[int], str]]:
+        """(own text, tokens, overlap) for every part; one part when the document fits."""
+        tokens = self.document_tokens(name, text)
+        budget = self.part_budget()
+        if len(tokens) <= budget:
+            return [(text, tokens, "")]
+        overlap_tokens = self.live.settings.get("part_overlap")
+        overhead = len(self.part_tokens(name, 999, 999, "x", "")) + overlap_tokens + 16
+        room = budget - overhead
+        if room < 64:
+            raise InputError(
+                f"The {self.engine.n_ctx:,}-token context leaves too little room to store "
+                f"'{name}' in parts; raise n_ctx (or lower part_overlap)."
+            )
+        for attempt in range(4):
+            pieces = split_for_parts(text, room, self._count)
+            planned = []
+            for index, piece in enumerate(pieces):
+                overlap = (
+                    overlap_tail(pieces[index - 1], overlap_tokens, self._count) if index else ""
+                )
+                planned.append(
+                    (piece, self.part_tokens(name, index + 1, len(pieces), overlap, piece), overlap)
+                )
+            if all(len(p[1]) <= budget for p in planned):
+                return planned
+            room = int(room * 0.9)  # token counts of pieces do not add up exactly: retry
+            log.info("document parts ran over the budget; retrying (attempt %d)", attempt + 1)
+        raise InputError(f"'{name}' could not be cut into parts of {budget:,} tokens.")
 
-def split_for_parts(text: str, budget: int, count: Callable[[str], int]) -> list[str]:
-    """Cut text into parts of at most about `budget` tokens (by `count`), at paragraph
-    breaks where possible, then sentences, then words, then characters."""
-    if budget < 16:
-        raise InputError(f"A document part needs room for at least 16 tokens, not {budget}.")
-    units: list[tuple[str, str, int]] = []  # (separator before it, text, tokens)
+    def rendered_part(self, block_id: str) -> list[int] | None:
+        """A stored part's tokens rebuilt for the current model (None: not a part)."""
+        parts = self.catalog.select("parts", block_id=block_id)
+        if not parts:
+            return None
+        part = parts[0]
+        document = self.row(part["document_id"])
+        name = self.name(document)
+        overlap = ""
+        if part["part_no"] > 1:
+            previous = self.catalog.select(
+                "parts", document_id=part["document_id"], part_no=part["part_no"] - 1
+            )
+            if previous:
+                overlap = overlap_tail(
+                    self.part_text(previous[0]),
+                    self.live.settings.get("part_overlap"),
+                    self._count,
+                )
+        tokens = self.part_tokens(
+            name, part["part_no"], part["n_parts"], overlap, self.part_text(part)
+        )
+        if len(tokens) > self.limit():
+            raise InputError(
+                f"Part {part['part_no']} of '{name}' does not fit this model's context; "
+                "store the document again (forget it, then add it) to cut it anew."
+            )
+        return tokens
 
-    def add(piece: str, level: int, separator: str) -> None:
-        piece = piece.strip()
-        if not piece:
-            return
-        if level == 3:  # characters: a quarter of the budget cannot exceed it
-            units.append((separator, piece, count(piece)))
-            return
-        n = count(piece)
-        if n <= budget:
-            units.append((separator, piece, n))
-            return
-        if level == 0:
-            pieces = _SENTENCE.split(piece)
-        elif level == 1:
-            words = piece.split()
-            size = max(1, len(words) * budget // (2 * n))
-            pieces = [" ".join(words[i : i + size]) for i in range(0, len(words), size)]
-        else:
-            size = max(1, budget // 4)
-            pieces = [piece[i : i + size] for i in range(0, len(piece), size)]
-        inner = ("\n\n", " ", " ")[level] if level < 2 else ""
-        for index, sub in enumerate(pieces):
-            add(sub, level + 1, separator if index == 0 else inner)
+    # -- depositing ----------------------------------------------------------------------
+    def deposit(
+        self,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        name: str | None = None,
+    ) -> DepositResult:
+        """Read a document once, store its KV block, and return what it cost."""
+        path = Path(path)
+        text = extract_text_bounded(path, cancel=cancel)
+        return self.deposit_text(name or path.name, text, path.stat().st_size, progress, cancel)
 
-    for paragraph in _PARAGRAPH.split(text):
-        add(paragraph, 0, "\n\n")
-    parts: list[str] = []
-    current: list[str] = []
-    used = 0
-    for separator, piece, n in units:
-        if current and used + n + 1 > budget:
-            parts.append("".join(current).strip())
-            current, used = [], 0
-        current.append((separator if current else "") + piece)
-        used += n + 1
-    if current:
-        parts.append("".join(current).strip())
-    return parts
+    def deposit_text(
+        self,
+        name: str,
+        text: str,
+        source_bytes: int | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> DepositResult:
+        """Store a document given as text (the file was read already, or it was generated).
 
+        A document longer than the context is cut into parts, each prefilled at its own
+        positions under a short header and stored as its own block. Every part is durable
+        when written; the document exists (in one transaction) once all parts are.
+        """
+        if not text.strip():
+            raise InputError(f"'{name}' contains no text.")
+        if len(text) > MAX_DOCUMENT_CHARS:
+            raise InputError(
+                f"'{name}' has {len(text):,} characters; at most {MAX_DOCUMENT_CHARS:,} are "
+                "accepted in one document. Nothing was stored."
+            )
+        engine = self.engine
+        plan = self.plan_parts(name, text)
+        total = sum(len(tokens) for _piece, tokens, _overlap in plan)
+        document_id = new_id("d")
+        self.live.drop()
+        prefill_ms = capture_ms = 0.0
+        persist_start = time.perf_counter()
+        persist_ms = 0.0
+        rows: list[dict[str, Any]] = []
+        done = 0
+        try:
+            for _piece, tokens, _overlap in plan:
+                engine.reset()
+                offset = done
 
-def overlap_tail(text: str, tokens: int) -> str:
-    """The end of a part, about `tokens` long, starting at a word: repeated at the start of
-    the next part so a sentence cut at the boundary is read whole."""
-    if tokens <= 0:
-        return ""
-    words = text.split()
-    return " ".join(words[-max(1, int(tokens / 1.4)) :])
+                def report(p: Progress, offset: int = offset) -> None:
+                    if progress is not None:
+                        progress(
+                            Progress(offset + p.done, total, time.perf_counter() - persist_start)
+                        )
+
+                prefill_ms += engine.evaluate(tokens, progress=report, cancel=cancel)
+                step = time.perf_counter()
+                row, _record = self.live.persist("document", document_id, None, 1)
+                persist_ms += (time.perf_counter() - step) * 1e3
+                capture_ms += row["capture_ms"]
+                rows.append(row)
+                done += len(tokens)
+            crashpoint("deposit-before-commit")
+            fields = self.vault.fields
+            seals = self.live.seals
+            now = time.time()
+            added = []
+            with self.vault.transaction():
+                for row in rows:
+                    self.catalog.insert("blocks", row)
+                for index, (row, (piece, tokens, _overlap)) in enumerate(
+                    zip(rows, plan, strict=True)
+                ):
+                    part_id = new_id("p")
+                    self.catalog.insert(
+                        "parts",
+                        {
+                            "id": part_id,
+                            "document_id": document_id,
+                            "part_no": index + 1,
+                            "n_parts": len(plan),
+                            "block_id": row["id"],
+                            "text_enc": fields.encrypt_text(piece, "parts", "text", part_id),
+                            "seal": seals.seal("parts", part_id, row["id"], 0),
+                            "n_tokens": len(tokens),
+                            "created_at": now,
+                        },
+                    )
+                    added.append((part_id, document_id, index + 1, len(plan), piece))
+                self.catalog.insert(
+                    "documents",
+                    {
+                        "id": document_id,
+                        "name_enc": fields.encrypt_text(name, "documents", "name", document_id),
+                        "text_enc": fields.encrypt_text(text, "documents", "text", document_id),
+                        "block_id": rows[0]["id"],
+                        "seal": seals.seal("documents", document_id, rows[0]["id"], 0),
+                        "n_tokens": total,
+                        "n_parts": len(plan),
+                        "source_bytes": source_bytes
+                        if source_bytes is not None
+                        else len(text.encode("utf-8")),
+                        "created_at": now,
+                    },
+                )
+        except BaseException:
+            self.vault.unlink_block_files([row["id"] for row in rows])
+            raise
+        self.on_parts_added(added)
+        if len(plan) == 1:
+            self.live.mark(document_id, rows[0]["id"])
+        return DepositResult(
+            document_id,
+            name,
+            total,
+            prefill_ms,
+            capture_ms,
+            persist_ms,
+            sum(row["file_bytes"] for row in rows),
+            rows[0]["id"],
+            len(plan),
+        )
+
+    # -- stacked documents ---------------------------------------------------------------
+    def add_to_conversation_file(
+        self,
+        conversation_id: str,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TurnResult:
+        """add_to_conversation for a file: its text is extracted in a limited child."""
+        path = Path(path)
+        text = extract_text_bounded(path, cancel=cancel)
+        return self.add_to_conversation(conversation_id, path.name, text, progress, cancel)
+
+    def add_to_conversation(
+        self,
+        conversation_id: str,
+        name: str,
+        text: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TurnResult:
+        """Put a document into an ongoing conversation: graft what it holds, prefill only the
+        new document on top, and store that as the chain's next link (earlier documents
+        and turns are never re-read)."""
+        if not text.strip():
+            raise InputError(f"'{name}' contains no text.")
+        conversations = self.conversations
+        conv = conversations.row(conversation_id)
+        counters = Counters()
+        graft = conversations.ensure_live(conv, counters, progress)
+        engine = self.engine
+        ack = DOCUMENT_ACK.format(name=name)
+        tokens = engine.turns.document_turn(f'Document "{name}":\n\n{text}', ack, opening=False)
+        if len(tokens) + 64 > engine.room():
+            raise InputError(
+                f"'{name}' is {len(tokens):,} tokens; this conversation has room for "
+                f"{max(0, engine.room() - 64):,} more. Ask the library instead, or start a new "
+                "conversation. Nothing was stored."
+            )
+        user_start = len(engine.tokens) - len(engine.probe_tokens)
+        counters.prefill_ms += engine.evaluate(tokens, progress=progress, cancel=cancel)
+        counters.new_tokens += len(tokens)
+        reply_end = len(engine.tokens)
+        persist_start = time.perf_counter()
+        seq = conv["n_messages"] or 0
+        row, _record = self.live.persist(
+            "conversation",
+            conv["id"],
+            conversations.live_parent(conv, conv["head_block_id"] or None),
+            self.live.next_generation(conv["id"]),
+            counters,
+        )
+        conversations.commit_turn(
+            conv,
+            row,
+            seq,
+            name,
+            ack,
+            (user_start, reply_end, reply_end),
+            [],
+            roles=("document", "model"),
+            content=text,
+        )
+        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
+        return TurnResult(
+            conv["id"],
+            ack,
+            "document",
+            counters,
+            graft.proof if graft else proofs.NO_PROOF,
+            graft,
+            len(engine.tokens),
+            engine.n_ctx,
+            0.0,
+        )

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.documents import extract_text
+from galahad_desktop.memory.extraction import extract_text
 
 
 def run(path: str) -> int:

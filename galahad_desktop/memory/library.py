@@ -19,15 +19,16 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, ProgressFn
+from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError
-from galahad_desktop.memory.service import Galahad, TurnResult
+from galahad_desktop.memory.conversations import Conversations
+from galahad_desktop.memory.live import MODEL_CHANGED, LiveContext, Rendered
+from galahad_desktop.memory.results import LibraryUse, TurnResult
 from galahad_desktop.memory.verifiers import Verdict, normalize, verifier_for
 from galahad_desktop.vault.vault import new_id, tokens_digest
 
@@ -80,8 +81,10 @@ def problem_key(question: str) -> tuple[str, str]:
 
 
 class VerifiedLibrary:
-    def __init__(self, core: Galahad) -> None:
-        self.core = core
+    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
 
     # -- entries -------------------------------------------------------------------------
     def check(self, question: str, answer: str) -> Verdict | None:
@@ -104,33 +107,26 @@ class VerifiedLibrary:
             raise InputError(
                 "No verifier can check this question; mark it as verified yourself to store it."
             )
-        core, engine, vault = self.core, self.core.engine, self.core.vault
+        engine, vault = self.live.engine, self.vault
         fields = vault.fields
         lookup = fields.lookup_tag(key, "verified")
-        for row in vault.catalog.rows("verified", "lookup = ?", [lookup]):
+        for row in vault.catalog.select("verified", lookup=lookup):
             self.remove(row["id"])  # one entry per problem: the newest verified answer
         entry_id = new_id("v")
-        turns = engine.turns
-        user = (
-            engine.bos()
-            + engine.encode_template(turns.user_open)
-            + engine.encode_text(question)
-            + engine.encode_template(turns.user_close_model_open)
-        )
-        tokens = user + engine.encode_text(answer) + engine.model_close()
+        tokens, user_start, user_end = self.tokens_for(question, answer)
         if len(tokens) + 64 > engine.n_ctx:
             raise InputError("The question and answer do not fit the context.")
         engine.reset()
-        core._live = None
+        self.live.drop()
         engine.evaluate(tokens)
-        row, _record = core._persist_state("verified", entry_id, None, 1)
+        row, _record = self.live.persist("verified", entry_id, None, 1)
         verdict_info = {
             "ok": True,
             "verifier": verifier,
             "user_verified": verdict is None,
             "expected": verdict.expected if verdict else None,
             "detail": verdict.detail if verdict else "marked verified by the user",
-            "boundaries": [1, len(user), len(tokens)],
+            "boundaries": [user_start, user_end, len(tokens)],
         }
         now = time.time()
         with vault.transaction():
@@ -152,11 +148,43 @@ class VerifiedLibrary:
                     "created_at": now,
                 },
             )
-        core._live = None  # the context holds the entry, not a conversation
+        self.live.drop()  # the context holds the entry, not a conversation
         return self.entry(entry_id)
 
+    def tokens_for(self, question: str, answer: str) -> tuple[list[int], int, int]:
+        """An entry's tokens (a fresh conversation's first turn: the question, the verified
+        answer) and where the user turn starts and ends."""
+        turns = self.live.engine.turns
+        start = turns.start()
+        user = start + turns.user_turn(question)
+        tokens = user + self.live.engine.encode_text(answer) + turns.model_close
+        return tokens, len(start) - len(turns.probe), len(user)
+
+    def rendered(self, row: dict[str, Any]) -> Rendered | None:
+        """An entry's ledger rebuilt for the current model."""
+        entries = self.vault.catalog.select("verified", block_id=row["id"])
+        if not entries:
+            return None
+        entry = self._entry(entries[0])
+        tokens, user_start, user_end = self.tokens_for(entry.question, entry.answer)
+
+        def apply(new_row: dict[str, Any]) -> list[str]:
+            verdict = {**entry.verdict, "boundaries": [user_start, user_end, len(tokens)]}
+            self.vault.catalog.update(
+                "verified",
+                entry.id,
+                {
+                    "verdict_enc": self.vault.fields.encrypt_text(
+                        json.dumps(verdict), "verified", "verdict", entry.id
+                    )
+                },
+            )
+            return []
+
+        return Rendered(tokens, apply)
+
     def _entry(self, row: dict[str, Any]) -> Entry:
-        f = self.core.vault.fields
+        f = self.vault.fields
         return Entry(
             row["id"],
             f.decrypt_text(row["question_enc"], "verified", "question", row["id"]),
@@ -170,33 +198,31 @@ class VerifiedLibrary:
         )
 
     def entry(self, entry_id: str) -> Entry:
-        row = self.core.vault.catalog.get("verified", entry_id)
+        row = self.vault.catalog.get("verified", entry_id)
         if row is None:
             raise NotFoundError(f"No verified answer has the id '{entry_id}'.")
         return self._entry(row)
 
     def entries(self) -> list[Entry]:
-        rows = self.core.vault.catalog.rows("verified", order_by="created_at desc")
+        rows = self.vault.catalog.select("verified", "created_at desc")
         return [self._entry(r) for r in rows]
 
     def remove(self, entry_id: str) -> None:
-        vault = self.core.vault
+        vault = self.vault
         row = vault.catalog.get("verified", entry_id)
         if row is None:
             raise NotFoundError(f"No verified answer has the id '{entry_id}'.")
-        blocks = [r["id"] for r in vault.catalog.rows("blocks", "owner_id = ?", [entry_id])]
+        blocks = [r["id"] for r in vault.catalog.select("blocks", owner_id=entry_id)]
         with vault.transaction():
-            vault.catalog.delete("verified", "id = ?", [entry_id])
+            vault.catalog.delete("verified", id=entry_id)
             vault.delete_block_rows(blocks)
         vault.unlink_block_files(blocks)
 
     # -- routing -------------------------------------------------------------------------
     def lookup(self, question: str) -> Hit | None:
         key, _verifier = problem_key(question)
-        vault = self.core.vault
-        exact = vault.catalog.rows(
-            "verified", "lookup = ?", [vault.fields.lookup_tag(key, "verified")]
-        )
+        vault = self.vault
+        exact = vault.catalog.select("verified", lookup=vault.fields.lookup_tag(key, "verified"))
         if exact:
             return Hit(self._entry(exact[0]), "recurrence", 1.0, 0.0)
         scored = sorted(
@@ -222,14 +248,14 @@ class VerifiedLibrary:
         return None
 
     def set_enabled(self, conversation_id: str, enabled: bool) -> None:
-        self.core._conversation_row(conversation_id)
-        with self.core.vault.transaction():
-            self.core.vault.catalog.update(
+        self.conversations.row(conversation_id)
+        with self.vault.transaction():
+            self.vault.catalog.update(
                 "conversations", conversation_id, {"library": 1 if enabled else 0}
             )
 
     def enabled(self, conversation_id: str) -> bool:
-        row = self.core._conversation_row(conversation_id)
+        row = self.conversations.row(conversation_id)
         return row.get("library") is None or bool(row["library"])
 
     # -- asking --------------------------------------------------------------------------
@@ -237,25 +263,47 @@ class VerifiedLibrary:
         self,
         conversation_id: str,
         question: str,
-        on_text: Callable[[str], None] | None = None,
+        on_text: TextFn | None = None,
         cancel: threading.Event | None = None,
         params: SamplingParams | None = None,
         progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
     ) -> TurnResult:
-        core = self.core
-        conv = core._conversation_row(conversation_id)
+        """A turn through the library: a stored verified answer (zero decode tokens), a
+        start from a similar verified problem, or an ordinary turn."""
+        conversations = self.conversations
+        conv = conversations.row(conversation_id)
         hit = self.lookup(question) if self.enabled(conversation_id) else None
-        fresh = not conv["head_block_id"] and not conv["document_id"]
+        # A stored entry is a plain conversation's first turn; one with a system prompt or
+        # thinking starts differently, so the answer is appended there instead.
+        fresh = (
+            not conv["head_block_id"]
+            and not conv["document_id"]
+            and not conv.get("thinking")
+            and not conversations.system_text(conv)
+        )
         if hit is None or (hit.mode == "transfer" and not fresh):
-            result = core.send(conversation_id, question, on_text, cancel, params, progress)
-            result.library = {"mode": "none", "score": hit.score if hit else None}
+            result = conversations.send(
+                conversation_id, question, on_text, cancel, params, progress, on_thought
+            )
+            result.library = LibraryUse("none", hit.score if hit else None)
             return result
         counters = Counters()
-        core._check_seal("conversations", conv, "head_block_id")
+        self.live.seals.check("conversations", conv, "head_block_id")
         if hit.mode == "transfer":
-            graft = core._graft(hit.entry.block_id, hit.entry.id, counters, progress)
-            result = core._turn(
-                conv, question, counters, graft, None, 0, [], on_text, cancel, params
+            graft = self.live.graft(hit.entry.block_id, hit.entry.id, counters, progress)
+            result = conversations.turn(
+                conv,
+                question,
+                counters,
+                graft,
+                None,
+                0,
+                [],
+                on_text,
+                cancel,
+                params,
+                on_thought=on_thought,
             )
         elif fresh:
             result = self._recur_fresh(conv, question, hit.entry, counters)
@@ -263,22 +311,22 @@ class VerifiedLibrary:
             result = self._recur_append(conv, question, hit.entry, counters, progress)
         if hit.mode == "recurrence" and on_text is not None:
             on_text(result.reply)
-        with core.vault.transaction():
-            core.vault.catalog.update("verified", hit.entry.id, {"uses": hit.entry.uses + 1})
-        result.library = {
-            "mode": hit.mode,
-            "entry_id": hit.entry.id,
-            "score": hit.score,
-            "runner_up": hit.runner_up,
-            "verified_at": hit.entry.created_at,
-            "verifier": hit.entry.verifier,
-            "label": (
+        with self.vault.transaction():
+            self.vault.catalog.update("verified", hit.entry.id, {"uses": hit.entry.uses + 1})
+        result.library = LibraryUse(
+            hit.mode,
+            hit.score,
+            hit.entry.id,
+            hit.runner_up,
+            hit.entry.created_at,
+            hit.entry.verifier,
+            (
                 f"verified answer from memory "
                 f"({time.strftime('%Y-%m-%d', time.localtime(hit.entry.created_at))})"
                 if hit.mode == "recurrence"
                 else f"answered from a similar verified problem (similarity {hit.score:.2f})"
             ),
-        }
+        )
         return result
 
     def _recur_fresh(
@@ -286,12 +334,11 @@ class VerifiedLibrary:
     ) -> TurnResult:
         """Graft the verified block as the conversation's first turn: zero decode tokens,
         zero recomputed; the conversation's checkpoint is the same state, re-keyed."""
-        core, engine, vault = self.core, self.core.engine, self.core.vault
+        live, vault = self.live, self.vault
+        engine = live.engine
         block = vault.block_row(entry.block_id)
         if block["fingerprint"] != engine.fingerprint:
-            graft = core._reprefill(
-                block, "the model or its runtime settings changed", counters, None
-            )
+            graft = live.reread(block, MODEL_CHANGED, counters, None)
             block = vault.block_row(graft.block_id)
         stored = vault.read_block(block["id"], expected_owner=entry.id)
         restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens, stored.size)
@@ -301,8 +348,9 @@ class VerifiedLibrary:
             owner_id=conv["id"],
             parent_id=None,
             tokens=stored.tokens,
-            generation=core._next_generation(conv["id"]),
+            generation=live.next_generation(conv["id"]),
             fingerprint=engine.fingerprint,
+            model_sha256=engine.model_sha256,
             payload=stored.state,
             sealed_meta={
                 "tokens_sha256": tokens_digest(stored.tokens),
@@ -313,18 +361,17 @@ class VerifiedLibrary:
             capture_ms=0.0,
         )
         persist_ms = (time.perf_counter() - persist_start) * 1e3
-        del stored.payload
         record = proofs.ProofRecord.from_dict(stored.meta["proof"])
-        start = time.perf_counter()
-        engine.evaluate(record.probe_tokens)
-        result = proofs.compare(record, engine.last_logits(), (time.perf_counter() - start) * 1e3)
-        counters.restored_tokens += len(stored.tokens)
+        n_tokens = len(stored.tokens)
+        del stored
+        result = live.prove(record)
+        counters.restored_tokens += n_tokens
         counters.restore_ms += restore_ms
         counters.proof_ms += result.proof_ms
         counters.new_tokens += len(record.probe_tokens)
         start = time.perf_counter()
-        boundaries = entry.verdict.get("boundaries", [1, len(stored.tokens), len(stored.tokens)])
-        core._commit_turn(
+        boundaries = entry.verdict.get("boundaries", [1, n_tokens, n_tokens])
+        self.conversations.commit_turn(
             conv,
             row,
             0,
@@ -334,16 +381,16 @@ class VerifiedLibrary:
             [],
         )
         counters.persist_ms += persist_ms + (time.perf_counter() - start) * 1e3
-        core.stats.restored_tokens += len(stored.tokens)
-        graft_report = None
+        live.stats.restored_tokens += n_tokens
         return TurnResult(
             conv["id"],
             entry.answer,
             "verified",
             counters,
             result,
-            graft_report,
+            None,
             len(engine.tokens),
+            engine.n_ctx,
             0.0,
         )
 
@@ -356,12 +403,11 @@ class VerifiedLibrary:
         progress: ProgressFn | None,
     ) -> TurnResult:
         """Mid-conversation: the stored answer is appended as tokens (prefill, no decoding)."""
-        core, engine = self.core, self.core.engine
-        graft = core._ensure_live(conv, counters, progress, seal_checked=True)
+        live, conversations = self.live, self.conversations
+        engine = live.engine
+        graft = conversations.ensure_live(conv, counters, progress, seal_checked=True)
         user_start = len(engine.tokens) - len(engine.probe_tokens)
-        user_tokens = engine.encode_text(question) + engine.encode_template(
-            engine.turns.user_close_model_open
-        )
+        user_tokens = engine.turns.user_turn(question, bool(conv.get("thinking")))
         answer_tokens = engine.encode_text(entry.answer) + engine.model_close()
         if len(user_tokens) + len(answer_tokens) + 64 > engine.room():
             raise InputError("This conversation's context is full. Start a new conversation.")
@@ -371,14 +417,14 @@ class VerifiedLibrary:
         counters.new_tokens += len(user_tokens) + len(answer_tokens)
         reply_end = len(engine.tokens)
         start = time.perf_counter()
-        row, _record = core._persist_state(
+        row, _record = live.persist(
             "conversation",
             conv["id"],
-            conv["head_block_id"],
-            core._next_generation(conv["id"]),
+            conversations.live_parent(conv, conv["head_block_id"]),
+            live.next_generation(conv["id"]),
             counters,
         )
-        core._commit_turn(
+        conversations.commit_turn(
             conv,
             row,
             conv["n_messages"] or 0,
@@ -396,5 +442,6 @@ class VerifiedLibrary:
             graft.proof if graft else proofs.NO_PROOF,
             graft,
             len(engine.tokens),
+            engine.n_ctx,
             0.0,
         )

@@ -52,8 +52,26 @@ class RouteDecision:
     def best(self) -> Candidate | None:
         return self.candidates[0] if self.candidates else None
 
+    def explain(self) -> str:
+        """Why the question was answered or refused, in words."""
+        if not self.candidates:
+            return "Not answered: no stored document holds any of the question's words."
+        best = self.candidates[0]
+        if self.confident:
+            lead = (
+                "no other part matches"
+                if self.margin == float("inf")
+                else f"{self.margin:.1f}× ahead of the next part"
+            )
+            return (
+                f"Answered from part {best.part_no} of {best.n_parts}: it holds "
+                f"{self.strength:.0%} of what the question asks about, {lead}."
+            )
+        return f"Not answered: {self.reason}."
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "why": self.explain(),
             "terms": self.question_terms,
             "candidates": [asdict(c) for c in self.candidates],
             "best_score": self.best_score,

@@ -55,8 +55,7 @@ def choose_key_storage(data_dir: Path) -> str | bool | None:
     """None: use the OS keyring. A string: the passphrase. False: the user gave up."""
     from PySide6.QtWidgets import QInputDialog, QLineEdit, QMessageBox
 
-    from galahad_desktop.errors import KeyAccessError
-    from galahad_desktop.vault.keys import KeyringKeyStore, keystore_mode_file
+    from galahad_desktop.memory.galahad import Galahad
 
     def ask(prompt: str) -> str | None:
         text, ok = QInputDialog.getText(
@@ -64,16 +63,16 @@ def choose_key_storage(data_dir: Path) -> str | bool | None:
         )
         return text if ok else None
 
-    if keystore_mode_file(data_dir).exists():
+    mode, problem = Galahad.key_storage(data_dir)
+    if mode == "passphrase":
         return ask("Passphrase for your Galahad data:") or False
-    try:
-        KeyringKeyStore()
+    if mode == "keyring":
         return None
-    except KeyAccessError as exc:
+    if mode == "unavailable":
         answer = QMessageBox.question(
             None,
             "No keyring",
-            f"{exc}\n\nProtect your data with a passphrase instead? It is never stored; "
+            f"{problem}\n\nProtect your data with a passphrase instead? It is never stored; "
             "without it the data cannot be opened.",
         )
         if answer != QMessageBox.StandardButton.Yes:
@@ -83,6 +82,7 @@ def choose_key_storage(data_dir: Path) -> str | bool | None:
             QMessageBox.warning(None, "Galahad Desktop", "The passphrases did not match.")
             return False
         return first
+    return False
 
 
 def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int:
@@ -91,7 +91,7 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
 
     from galahad_desktop.paths import asset_path
     from galahad_desktop.ui.main_window import MainWindow
-    from galahad_desktop.ui.worker import CoreBridge, default_tasks_factory
+    from galahad_desktop.ui.worker import CoreBridge, default_core_factory
 
     os.umask(0o077)  # every file this process creates is private, whoever creates it
     data_dir = ensure_private_dir(Path(data_dir or default_data_dir()))
@@ -107,7 +107,7 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
     if passphrase is False:
         return 1
     chosen = passphrase if isinstance(passphrase, str) else None
-    bridge = CoreBridge(default_tasks_factory(data_dir, model_path, chosen))
+    bridge = CoreBridge(default_core_factory(data_dir, model_path, chosen))
     window = MainWindow(bridge, data_dir)
     window.show()
     code = app.exec()

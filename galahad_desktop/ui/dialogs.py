@@ -1,10 +1,11 @@
-"""Settings, Security and Memory dialogs. Like the window, they only talk to the worker."""
+"""Settings, Security, Memory, Ask and Context-full dialogs. Like the window, they only talk
+to the worker; they know the window only as a Host (ui/host.py)."""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
@@ -29,34 +30,42 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from galahad_desktop.ui.main_window import human_bytes
+from galahad_desktop.memory.continuation import ContextFull
+from galahad_desktop.memory.results import AskResult, MemoryStats, ModelInfo, UsageEntry
+from galahad_desktop.settings import Setting
+from galahad_desktop.ui.format import human_bytes
+from galahad_desktop.ui.host import Host
 from galahad_desktop.ui.render import markdown_html
 
-if TYPE_CHECKING:
-    from galahad_desktop.ui.main_window import MainWindow
+
+def describe_model(info: ModelInfo) -> str:
+    return (
+        f"{info.name} · {info.architecture} · {info.n_params / 1e6:,.0f}M parameters · "
+        f"{info.quantization} · context {info.n_ctx_train:,} · "
+        f"chat template: {'yes' if info.has_chat_template else 'no'} · {info.label}"
+    )
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window_ = window
+    saved = Signal(bool)  # runtime changed
+
+    def __init__(self, host: Host, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.host = host
         self.setWindowTitle("Settings")
         self.editors: dict[str, QWidget] = {}
+        self.optional: set[str] = set()
         self.runtime_keys: set[str] = set()
         self.initial: dict[str, Any] = {}
         layout = QVBoxLayout(self)
         self.form = QFormLayout()
         model_row = QHBoxLayout()
         self.model_path = QLineEdit()
-        self.model_path.setPlaceholderText("Embedded Gemma 3 270M")
+        self.model_path.setPlaceholderText("Embedded Gemma 3 270M (demo)")
         browse = QPushButton("Choose GGUF…")
         browse.clicked.connect(self.choose_model)
-        self.download_button = QPushButton("Download…")
-        self.download_button.setToolTip("Download a Gemma GGUF from the Hugging Face Hub")
-        self.download_button.clicked.connect(self.download_model)
         model_row.addWidget(self.model_path, 1)
         model_row.addWidget(browse)
-        model_row.addWidget(self.download_button)
         self.model_info = QLabel()
         self.model_info.setWordWrap(True)
         self.form.addRow("Model", model_row)
@@ -72,54 +81,62 @@ class SettingsDialog(QDialog):
         self.buttons.accepted.connect(self.save)
         self.buttons.rejected.connect(self.reject)
         layout.addWidget(self.buttons)
-        window.bridge.call("settings", on_done=self._loaded, on_error=window.show_error)
+        host.bridge.call("declared_settings", on_done=self._declared, on_error=host.show_error)
 
-    def _loaded(self, data: dict[str, Any]) -> None:
-        values = data["values"]
+    def _declared(self, declared: tuple[Setting, ...]) -> None:
+        self.declared = declared
+        self.host.bridge.call(
+            "settings_values", on_done=self._loaded, on_error=self.host.show_error
+        )
+
+    def _loaded(self, values: dict[str, Any]) -> None:
         self.initial = dict(values)
         self.model_path.setText(values.get("model_path", ""))
         self.model_path.textChanged.connect(self._changed)
         if values.get("model_path"):
             self.inspect(values["model_path"])
-        else:
-            info = self.window_.info.get("model", {})
-            self.model_info.setText(self._describe(info) if info else "")
-        for spec in data["declared"]:
-            key = spec["key"]
-            if key == "model_path":
+        elif self.host.info is not None:
+            self.model_info.setText(describe_model(self.host.info.model))
+        for spec in self.declared:
+            if spec.key == "model_path":
                 continue
-            value = values[key]
+            value = values[spec.key]
             editor: QWidget
-            if spec["type"] == "bool":
+            if spec.type is bool:
                 editor = QCheckBox()
                 editor.setChecked(bool(value))
                 editor.toggled.connect(self._changed)
-            elif spec["choices"]:
+            elif spec.choices:
                 editor = QComboBox()
-                editor.addItems([str(c) for c in spec["choices"]])
+                editor.addItems([str(c) for c in spec.choices])
                 editor.setCurrentText(str(value))
                 editor.currentTextChanged.connect(self._changed)
-            elif spec["type"] == "int":
+            elif spec.optional:
+                editor = QLineEdit("" if value is None else str(value))
+                editor.setPlaceholderText("the model's recommendation")
+                editor.textChanged.connect(self._changed)
+                self.optional.add(spec.key)
+            elif spec.type is int:
                 editor = QSpinBox()
-                minimum = spec["minimum"]
-                editor.setRange(int(minimum) if minimum is not None else -(2**31), 2**31 - 1)
+                limit = 2**31 - 1  # a spin box holds a C int
+                editor.setRange(int(spec.minimum or 0), min(limit, int(spec.maximum or limit)))
                 editor.setValue(int(value))
                 editor.valueChanged.connect(self._changed)
-            elif spec["type"] == "float":
+            elif spec.type is float:
                 editor = QDoubleSpinBox()
                 editor.setDecimals(3)
-                editor.setRange(float(spec["minimum"] or 0.0), 100.0)
+                editor.setRange(float(spec.minimum or 0.0), float(spec.maximum or 100.0))
                 editor.setSingleStep(0.05)
                 editor.setValue(float(value))
                 editor.valueChanged.connect(self._changed)
             else:
                 editor = QLineEdit(str(value))
                 editor.textChanged.connect(self._changed)
-            editor.setToolTip(spec["description"])
-            if spec["runtime"]:
-                self.runtime_keys.add(key)
-            self.editors[key] = editor
-            self.form.addRow(key.replace("_", " "), editor)
+            editor.setToolTip(spec.description)
+            if spec.runtime:
+                self.runtime_keys.add(spec.key)
+            self.editors[spec.key] = editor
+            self.form.addRow(spec.key.replace("_", " "), editor)
 
     def values(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model_path": self.model_path.text().strip()}
@@ -131,7 +148,8 @@ class SettingsDialog(QDialog):
             elif isinstance(editor, QSpinBox | QDoubleSpinBox):
                 out[key] = editor.value()
             elif isinstance(editor, QLineEdit):
-                out[key] = editor.text()
+                text = editor.text().strip()
+                out[key] = None if key in self.optional and not text else text
         return out
 
     def changed_runtime(self) -> list[str]:
@@ -142,7 +160,7 @@ class SettingsDialog(QDialog):
         changed = self.changed_runtime()
         self.warning.setText(
             f"Changing {', '.join(changed)} alters the runtime fingerprint: stored blocks will "
-            "be re-read (not grafted) on next use, then stored again."
+            "be re-read (not grafted) once on next use, then stored again."
             if changed
             else ""
         )
@@ -157,68 +175,11 @@ class SettingsDialog(QDialog):
 
     def inspect(self, path: str) -> None:
         self.model_info.setText("Reading the model's metadata…")
-        self.window_.bridge.call(
+        self.host.bridge.call(
             "inspect_model",
-            path,
-            on_done=lambda info: self.model_info.setText(self._describe(info)),
+            Path(path),
+            on_done=lambda info: self.model_info.setText(describe_model(info)),
             on_error=lambda message, kind: self.model_info.setText(message),
-        )
-
-    def download_model(self) -> None:
-        from PySide6.QtWidgets import QInputDialog
-
-        repo, ok = QInputDialog.getText(
-            self,
-            "Download from the Hugging Face Hub",
-            "Repository (e.g. google/gemma-3-1b-it-qat-q4_0-gguf):",
-        )
-        if not ok or not repo.strip():
-            return
-        filename, ok = QInputDialog.getText(
-            self, "Download from the Hugging Face Hub", "GGUF file in that repository:"
-        )
-        if ok and filename.strip():
-            self.start_download(repo.strip(), filename.strip())
-
-    def start_download(self, repo: str, filename: str) -> None:
-        self.download_button.setEnabled(False)
-        self.model_info.setText(f"Downloading {filename}…")
-        self.download_request = self.window_.bridge.call(
-            "download_model",
-            repo,
-            filename,
-            on_done=self._downloaded,
-            on_error=self._download_failed,
-            on_progress=self._download_progress,
-        )
-
-    def _download_progress(self, done: int, total: int, rate: float, eta: float) -> None:
-        self.model_info.setText(
-            f"Downloading: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB · {rate / 1e6:.1f} MB/s"
-        )
-
-    def _downloaded(self, result: dict[str, Any]) -> None:
-        self.download_button.setEnabled(True)
-        self.model_path.setText(result["path"])
-        self.inspect(result["path"])
-
-    def _download_failed(self, message: str, kind: str) -> None:
-        self.download_button.setEnabled(True)
-        self.model_info.setText(message)
-
-    def reject(self) -> None:
-        request = getattr(self, "download_request", None)
-        if request is not None:
-            request.cancel.set()  # the partial file stays; the next download resumes it
-        super().reject()
-
-    @staticmethod
-    def _describe(info: dict[str, Any]) -> str:
-        return (
-            f"{info.get('name')} · {info.get('architecture')} · "
-            f"{info.get('n_params', 0) / 1e6:,.0f}M parameters · {info.get('quantization')} · "
-            f"context {info.get('context_length') or info.get('n_ctx_train', 0):,} · "
-            f"chat template: {'yes' if info.get('has_chat_template') else 'no'}"
         )
 
     def save(self) -> None:
@@ -226,26 +187,24 @@ class SettingsDialog(QDialog):
         if not changes:
             self.accept()
             return
-        self.window_.bridge.call(
-            "update_settings", changes, on_done=self._saved, on_error=self.window_.show_error
+        self.host.bridge.call(
+            "update_settings", changes, on_done=self._saved, on_error=self.host.show_error
         )
 
-    def _saved(self, result: dict[str, Any]) -> None:
-        if result["runtime_changed"]:
-            self.window_.set_status(
-                "Settings saved · the model is reloaded on next use; "
-                "stored blocks will be re-read once"
+    def _saved(self, runtime_changed: bool) -> None:
+        if runtime_changed:
+            self.host.set_status(
+                "Settings saved · the model is reloaded; stored blocks will be re-read once"
             )
-            self.window_.bridge.call(
-                "open", on_done=self.window_._opened, on_error=self.window_.show_error
-            )
+            self.host.engine_changed()
+        self.saved.emit(runtime_changed)
         self.accept()
 
 
 class SecurityDialog(QDialog):
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window_ = window
+    def __init__(self, host: Host, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.host = host
         self.setWindowTitle("Security")
         layout = QVBoxLayout(self)
         self.summary = QLabel("…")
@@ -260,7 +219,7 @@ class SecurityDialog(QDialog):
         self.audit_button = QPushButton("Run audit")
         self.audit_button.clicked.connect(self.audit)
         self.forget_button = QPushButton("Forget this conversation…")
-        self.forget_button.clicked.connect(window.forget_conversation)
+        self.forget_button.clicked.connect(host.forget_conversation)
         for button in (self.rotate_button, self.lock_button, self.audit_button, self.forget_button):
             row.addWidget(button)
         layout.addLayout(row)
@@ -271,45 +230,43 @@ class SecurityDialog(QDialog):
         self.refresh()
 
     def refresh(self) -> None:
-        self.window_.bridge.call("security", on_done=self._show, on_error=self.window_.show_error)
+        self.host.bridge.call("key_status", on_done=self._show, on_error=self.host.show_error)
 
-    def _show(self, info: dict[str, Any]) -> None:
-        self.locked = info["locked"]
+    def _show(self, status: Any) -> None:
+        self.locked = status.locked
         self.lock_button.setText("Unlock" if self.locked else "Lock")
         self.summary.setText(
-            f"<b>Master key</b> {info['key_id']} is kept by <b>{info['keyring']}</b> and never "
-            f"written to a file.<br>Data directory: {info['data_dir']}<br>"
-            f"State: {'locked — keys dropped from memory' if self.locked else 'unlocked'}"
+            f"<b>Master key</b> {html.escape(status.key_id)} is kept by "
+            f"<b>{html.escape(status.backend)}</b> and never written to a file.<br>Data "
+            f"directory: {html.escape(status.data_dir)}<br>State: "
+            f"{'locked — keys dropped from memory' if self.locked else 'unlocked'}"
         )
 
     def rotate(self) -> None:
         self.output.setPlainText("Rotating…")
-        self.window_.bridge.call(
-            "rotate_key", on_done=self._rotated, on_error=self.window_.show_error
-        )
+        self.host.bridge.call("rotate_key", on_done=self._rotated, on_error=self.host.show_error)
 
-    def _rotated(self, result: dict[str, Any]) -> None:
+    def _rotated(self, result: Any) -> None:
         self.output.setPlainText(
-            f"New master key {result['key_id']}; re-wrapped "
-            f"{result['blocks']} block keys (payloads untouched)."
+            f"New master key {result.key_id}; re-wrapped {result.blocks_rewrapped} block keys "
+            "(payloads untouched)."
         )
         self.refresh()
 
     def toggle_lock(self) -> None:
-        task = "unlock" if self.locked else "lock"
-        self.window_.bridge.call(
-            task, on_done=lambda _r: self.refresh(), on_error=self.window_.show_error
+        self.host.bridge.call(
+            "unlock" if self.locked else "lock",
+            on_done=lambda _r: self.refresh(),
+            on_error=self.host.show_error,
         )
 
     def audit(self) -> None:
-        self.output.setPlainText("Checking every block…")
-        self.window_.bridge.call("audit", on_done=self._audited, on_error=self.window_.show_error)
+        self.output.setPlainText("Checking every block and catalog record…")
+        self.host.bridge.call("audit", on_done=self._audited, on_error=self.host.show_error)
 
-    def _audited(self, report: dict[str, Any]) -> None:
-        lines = [
-            f"{report['ok']} of {report['blocks']} blocks authenticated and match the catalog."
-        ]
-        lines += [f"problem: {p}" for p in report["problems"]] or ["No problems found."]
+    def _audited(self, report: Any) -> None:
+        lines = [f"{report.ok} of {report.blocks} blocks authenticated and match the catalog."]
+        lines += [f"problem: {p}" for p in report.problems] or ["No problems found."]
         self.output.setPlainText("\n".join(lines))
 
 
@@ -318,7 +275,7 @@ class TokenChart(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self.history: list[dict[str, Any]] = []
+        self.history: list[UsageEntry] = []
         self.setMinimumSize(420, 200)
 
     def paintEvent(self, event: QPaintEvent) -> None:
@@ -332,12 +289,12 @@ class TokenChart(QWidget):
         restored = recomputed = saved = 0
         series: list[tuple[int, int, int]] = []
         for entry in self.history:
-            restored += entry["restored"]
-            recomputed += entry["recomputed"]
-            saved += entry.get("library_saved_tokens", 0)
+            restored += entry.restored
+            recomputed += entry.recomputed
+            saved += entry.library_saved_tokens
             series.append((restored, recomputed, saved))
         top = max(1, max(max(point) for point in series))
-        n = max(1, len(series) - 1)  # a single point sits at the left edge
+        n = max(1, len(series) - 1)
 
         def point(i: int, value: int) -> QPointF:
             return QPointF(
@@ -365,13 +322,13 @@ class TokenChart(QWidget):
 
 
 class MemoryDialog(QDialog):
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
+    def __init__(self, host: Host, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.host = host
         self.setWindowTitle("Memory")
         layout = QVBoxLayout(self)
         self.summary = QLabel("…")
         self.summary.setWordWrap(True)
-        self.window_ = window
         self.chart = TokenChart()
         self.library_list = QListWidget()
         remove = QPushButton("Remove selected verified answer")
@@ -383,69 +340,62 @@ class MemoryDialog(QDialog):
         layout.addWidget(remove)
         self.refresh()
 
-    def _show(self, stats: dict[str, Any]) -> None:
-        history = stats["history"]
-        restore_ms = sum(h["restore_ms"] for h in history)
-        prefill_ms = sum(h["prefill_ms"] for h in history)
-        recomputed = stats["recomputed_tokens_total"]
+    def refresh(self) -> None:
+        self.host.bridge.call("memory_stats", on_done=self._show, on_error=self.host.show_error)
+        self.host.bridge.call(
+            "verified_entries", on_done=self._library, on_error=self.host.show_error
+        )
+
+    def _show(self, stats: MemoryStats) -> None:
+        restore_ms = sum(h.restore_ms for h in stats.history)
+        prefill_ms = sum(h.prefill_ms for h in stats.history)
+        recomputed = stats.recomputed_tokens_total
         per_token = prefill_ms / recomputed if recomputed else None
         saved = (
-            f"≈ {(stats['restored_tokens_total'] * per_token - restore_ms) / 1e3:,.1f} s "
-            "saved (at this machine's measured re-read speed)"
+            f"≈ {(stats.restored_tokens_total * per_token - restore_ms) / 1e3:,.1f} s saved "
+            "(at this machine's measured re-read speed)"
             if per_token
             else f"restore time {restore_ms / 1e3:.2f} s in total"
         )
         self.summary.setText(
-            f"<b>{stats['blocks']}</b> blocks on disk · {human_bytes(stats['bytes'])} · "
-            f"{stats['tokens_stored']:,} tokens stored<br>"
-            f"<b>{stats['restored_tokens_total']:,}</b> tokens restored instead of recomputed, "
-            f"{recomputed:,} recomputed · {saved}"
+            f"<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
+            f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
+            f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
+            f"{stats.library_saved_tokens_total:,} decode tokens saved by verified answers"
         )
-        library = stats.get("library", [])
-        self.summary.setText(
-            self.summary.text()
-            + (
-                f"<br><b>{len(library)}</b> verified answers, used "
-                f"{sum(e['uses'] for e in library)} times, "
-                f"{stats.get('library_saved_tokens_total', 0):,} decode tokens saved"
-            )
-        )
-        self.library_list.clear()
-        for entry in library:
-            question = " ".join(entry["question"].split())[:80]
-            answer = " ".join(entry["answer"].split())[:80]
-            item = QListWidgetItem(
-                f"{question} → {answer}  ({entry['verifier']}, used {entry['uses']}×)"
-            )
-            item.setData(Qt.ItemDataRole.UserRole, entry["id"])
-            self.library_list.addItem(item)
-        self.chart.history = history
+        self.chart.history = stats.history
         self.chart.update()
+
+    def _library(self, entries: list[Any]) -> None:
+        self.library_list.clear()
+        for entry in entries:
+            question = " ".join(entry.question.split())[:80]
+            answer = " ".join(entry.answer.split())[:80]
+            item = QListWidgetItem(f"{question} → {answer}  ({entry.verifier}, used {entry.uses}×)")
+            item.setData(Qt.ItemDataRole.UserRole, entry.id)
+            self.library_list.addItem(item)
 
     def remove_selected(self) -> None:
         for item in self.library_list.selectedItems():
-            self.window_.bridge.call(
-                "remove_verified",
+            self.host.bridge.call(
+                "verified_remove",
                 item.data(Qt.ItemDataRole.UserRole),
                 on_done=lambda _r: self.refresh(),
-                on_error=self.window_.show_error,
+                on_error=self.host.show_error,
             )
-
-    def refresh(self) -> None:
-        self.window_.bridge.call("memory", on_done=self._show, on_error=self.window_.show_error)
 
 
 class AskDialog(QDialog):
     """Ask the library (or one long document): the router picks the part that answers, and
     when it is unsure the user chooses among its candidates. Nothing is guessed."""
 
-    answered = Signal(object)  # the ask result, answered or not (for tests and the window)
+    answered = Signal(object)  # the AskResult, answered or not (for tests and the window)
 
     def __init__(
-        self, window: MainWindow, document_id: str | None = None, name: str | None = None
+        self, host: Host, parent: QWidget, document_id: str | None = None, name: str | None = None
     ) -> None:
-        super().__init__(window)
-        self.window_ = window
+        super().__init__(parent)
+        self.host = host
         self.document_id = document_id
         self.setWindowTitle(f"Ask “{name}”" if name else "Ask the library")
         self.resize(640, 480)
@@ -486,7 +436,7 @@ class AskDialog(QDialog):
         self.answer.setHtml("<p><i>Finding the part that answers…</i></p>")
         self.source.setText("")
         self.ask_button.setEnabled(False)
-        self.window_.bridge.call(
+        self.host.bridge.call(
             "ask",
             question,
             self.document_id,
@@ -505,37 +455,73 @@ class AskDialog(QDialog):
         if item is not None:
             self.ask(item.data(Qt.ItemDataRole.UserRole))
 
-    def _done(self, result: dict[str, Any]) -> None:
+    def _done(self, result: AskResult) -> None:
         self.ask_button.setEnabled(True)
-        routing = result["routing"]
-        gated = not result["answered"]
+        gated = not result.answered
+        candidates = result.decision.candidates
         for widget in (self.candidates, self.choose_button):
-            widget.setVisible(gated and bool(result["candidates"]))
+            widget.setVisible(gated and bool(candidates))
         if gated:
             self.answer.setHtml(
-                f"<p>Not answered: {html.escape(routing['reason'])}.</p>"
-                + ("<p>Choose the part to answer from:</p>" if result["candidates"] else "")
+                f"<p>{html.escape(result.why)}</p>"
+                + ("<p>Choose the part to answer from:</p>" if candidates else "")
             )
             self.candidates.clear()
-            for candidate in result["candidates"]:
+            for candidate, cited in zip(candidates, result.candidates_cited, strict=True):
                 item = QListWidgetItem(
-                    f"{candidate['citation']} · matches {candidate['coverage']:.0%} of the question"
+                    f"{cited} · matches {candidate.coverage:.0%} of the question"
                 )
-                item.setData(Qt.ItemDataRole.UserRole, candidate["part_id"])
+                item.setData(Qt.ItemDataRole.UserRole, candidate.part_id)
                 self.candidates.addItem(item)
-            self.source.setText("")
         else:
-            self.answer.setHtml(markdown_html(result["answer"]))
-            graft = result.get("graft") or {}
-            proof = {"exact": "byte-exact ✓"}.get(graft.get("proof", ""), graft.get("proof", ""))
+            self.answer.setHtml(markdown_html(result.text))
+            graft = result.graft
+            proof = ""
+            if graft is not None:
+                proof = "byte-exact ✓" if graft.proof.verdict == "exact" else graft.proof.verdict
             self.source.setText(
-                f"From {result['citation']} · restored {graft.get('restored_tokens', 0):,} "
-                f"tokens, re-read {graft.get('recomputed_tokens', 0):,}"
+                f"From {result.citation} · restored "
+                f"{graft.restored_tokens if graft else 0:,} tokens, re-read "
+                f"{graft.recomputed_tokens if graft else 0:,}"
                 + (f" · {proof}" if proof else "")
+                + f" · {result.why}"
             )
         self.answered.emit(result)
 
     def _failed(self, message: str, kind: str) -> None:
         self.ask_button.setEnabled(True)
         self.answer.setHtml("")
-        self.window_.show_error(message, kind)
+        self.host.show_error(message, kind)
+
+
+class ContextFullDialog(QDialog):
+    """The next message does not fit: stop, continue from a summary, or keep the documents
+    and the last turns — each with what it re-reads."""
+
+    def __init__(self, full: ContextFull, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("The conversation is full")
+        self.choice = "stop"
+        layout = QVBoxLayout(self)
+        head = QLabel(
+            f"This conversation uses {full.context_tokens:,} of {full.n_ctx:,} tokens; the "
+            f"next message needs {full.needed_tokens:,} more. Nothing is dropped silently — "
+            "choose how to go on:"
+        )
+        head.setWordWrap(True)
+        layout.addWidget(head)
+        self.buttons: dict[str, QPushButton] = {}
+        for option in full.options:
+            button = QPushButton(f"{option.label} — re-reads {option.reread_tokens:,} tokens")
+            button.setToolTip(option.detail)
+            button.clicked.connect(lambda _c=False, kind=option.kind: self._choose(kind))
+            self.buttons[option.kind] = button
+            layout.addWidget(button)
+            note = QLabel(option.detail)
+            note.setWordWrap(True)
+            note.setStyleSheet("color: gray")
+            layout.addWidget(note)
+
+    def _choose(self, kind: str) -> None:
+        self.choice = kind
+        self.accept()

@@ -1,69 +1,68 @@
-"""The main window: conversations and documents on the left, the chat on the right.
+"""The main window: the sidebar (search, conversations by date, documents), the first screen
+or the chat, the model switcher, and the status line (graft, tokens/s, context).
 
 It never touches the core: every action is a request to the worker (CoreBridge.call) and
-every result arrives as a callback on the main thread.
+every result arrives as a typed value in a callback on the main thread.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QPalette
+from PySide6.QtCore import QByteArray, QSettings, QTimer, Signal
+from PySide6.QtGui import (
+    QAction,
+    QActionGroup,
+    QCloseEvent,
+    QKeySequence,
+)
 from PySide6.QtWidgets import (
-    QFileDialog,
-    QHBoxLayout,
+    QApplication,
+    QComboBox,
     QInputDialog,
     QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
     QMainWindow,
     QMessageBox,
-    QPlainTextEdit,
     QProgressBar,
-    QPushButton,
     QSplitter,
-    QTextBrowser,
-    QVBoxLayout,
-    QWidget,
+    QStackedWidget,
+    QToolBar,
 )
 
-from galahad_desktop.ui.render import message_html
+from galahad_desktop.memory.continuation import ContextFull, Continued
+from galahad_desktop.memory.results import (
+    ConversationSummary,
+    EngineInfo,
+    ModelFile,
+    OpenedConversation,
+    TurnResult,
+)
+from galahad_desktop.models.catalog import Recommendation
+from galahad_desktop.ui import theme
+from galahad_desktop.ui.chat_view import ChatView, ShownMessage
+from galahad_desktop.ui.format import graft_status, turn_status
+from galahad_desktop.ui.sidebar import Sidebar
+from galahad_desktop.ui.welcome import Welcome
+from galahad_desktop.ui.window_documents import DocumentActions
+from galahad_desktop.ui.window_models import ModelActions
 from galahad_desktop.ui.worker import CoreBridge, Request
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
-def keyring_label(backend: str) -> str:
-    """'keyring.backends.SecretService.Keyring' -> 'SecretService'."""
-    parts = [p for p in backend.split(".") if p not in ("keyring", "backends", "Keyring")]
-    return parts[-1] if parts else backend
-
-
-def ago(timestamp: float) -> str:
-    seconds = max(0, time.time() - timestamp)
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if seconds >= size:
-            return f"{int(seconds // size)} {unit} ago"
-    return "just now"
-
-
-class MainWindow(QMainWindow):
-    # Emitted after each finished request the tests and the stall benchmark wait on.
-    conversation_opened = Signal(dict)
-    turn_finished = Signal(dict)
-    deposit_finished = Signal(dict)
+class MainWindow(ModelActions, DocumentActions, QMainWindow):
+    # Emitted after requests the tests and the stall benchmark wait on.
+    opened = Signal(object)  # EngineInfo
+    conversation_opened = Signal(object)  # OpenedConversation
+    turn_finished = Signal(object)  # TurnResult
+    deposit_finished = Signal(object)  # DepositResult
+    import_finished = Signal(object)  # ImportResult
     lists_refreshed = Signal()
+    models_listed = Signal()
     error_shown = Signal(str)
+    verified_added = Signal(object)
+    context_full = Signal(object)  # ContextFull (tests answer it through `context_choice`)
+
+    splitter: QSplitter
 
     def __init__(self, bridge: CoreBridge, data_dir: Path, show_dialogs: bool = True) -> None:
         super().__init__()
@@ -71,112 +70,78 @@ class MainWindow(QMainWindow):
         self.data_dir = data_dir
         self.show_dialogs = show_dialogs  # tests turn modal dialogs into signals
         self.ui_settings = QSettings(str(data_dir / "ui.ini"), QSettings.Format.IniFormat)
+        self.info: EngineInfo | None = None
         self.conversation_id: str | None = None
-        self.messages: list[dict[str, Any]] = []
         self.generating: Request | None = None
-        self.depositing: Request | None = None
-        self.documents: list[dict[str, Any]] = []
-        self.conversations: list[dict[str, Any]] = []
+        self.working: Request | None = None  # a deposit, an import or a download
+        self.model_files: list[ModelFile] = []
+        self.recommendation: Recommendation | None = None
+        self.context_choice = "stop"  # what a test answers when the context is full
+        self.drop_choice = "add"  # what a test answers for a document dropped on a chat
         self.n_ctx = 0
-        self.info: dict[str, Any] = {}
-        # No constructor keyword properties anywhere in ui/: PySide6 6.12 over-releases
-        # their values (a refcount bug that aborts the interpreter at exit).
-        self._render_timer = QTimer(self)
-        self._render_timer.setSingleShot(True)
-        self._render_timer.setInterval(60)
-        self._render_timer.timeout.connect(self.render_transcript)
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
         self._build()
         self._actions()
+        self._apply_theme()
         geometry = self.ui_settings.value("geometry")
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
         else:
-            self.resize(1100, 720)
+            self.resize(1180, 760)
+        splitter_state = self.ui_settings.value("splitter")
+        if isinstance(splitter_state, QByteArray):
+            self.splitter.restoreState(splitter_state)
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(200)
+        self._search_timer.timeout.connect(self._search)
         self.set_status("Loading the model…")
-        self.bridge.call("open", on_done=self._opened, on_error=self.show_error)
+        self.engine_changed()
+        self.refresh_lists()
 
     # -- layout --------------------------------------------------------------------------
     def _build(self) -> None:
-        sidebar = QWidget()
-        side = QVBoxLayout(sidebar)
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search conversations (Ctrl+F)")
-        self.search.textChanged.connect(self._fill_conversations)
-        self.new_button = QPushButton("New chat")
-        self.new_button.clicked.connect(self.new_chat)
-        self.conversation_list = QListWidget()
-        self.conversation_list.setWordWrap(True)
-        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conversation_list.itemActivated.connect(self._conversation_chosen)
-        self.conversation_list.itemClicked.connect(self._conversation_chosen)
-        self.document_list = QListWidget()
-        self.document_list.setWordWrap(True)
-        self.document_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.add_document_button = QPushButton("Add document…")
-        self.add_document_button.clicked.connect(self.choose_document)
-        self.chat_document_button = QPushButton("Chat with this document")
-        self.chat_document_button.clicked.connect(self.chat_with_document)
-        self.deposit_bar = QProgressBar()
-        self.deposit_label = QLabel()
-        self.deposit_cancel = QPushButton("Cancel")
-        self.deposit_cancel.clicked.connect(self.cancel_deposit)
-        for widget in (self.deposit_bar, self.deposit_label, self.deposit_cancel):
-            widget.setVisible(False)
-        for side_widget in (
-            self.search,
-            self.new_button,
-            QLabel("<b>Conversations</b>"),
-            self.conversation_list,
-            QLabel("<b>Documents</b>"),
-            self.document_list,
-            self.add_document_button,
-            self.chat_document_button,
-            self.deposit_bar,
-            self.deposit_label,
-            self.deposit_cancel,
-        ):
-            side.addWidget(side_widget)
-
-        chat = QWidget()
-        layout = QVBoxLayout(chat)
-        self.transcript = QTextBrowser()
-        self.transcript.setOpenLinks(False)
-        self.input = QPlainTextEdit()
-        self.input.setPlaceholderText("Message Gemma (Ctrl+Enter to send)")
-        self.input.setFixedHeight(90)
-        buttons = QHBoxLayout()
-        self.send_button = QPushButton("Send")
-        self.send_button.clicked.connect(self.send)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(self.stop)
-        self.stop_button.setEnabled(False)
-        self.regenerate_button = QPushButton("Regenerate")
-        self.regenerate_button.clicked.connect(self.regenerate)
-        self.edit_button = QPushButton("Edit a message…")
-        self.edit_button.clicked.connect(self.edit_message)
-        self.verify_button = QPushButton("Mark verified")
-        self.verify_button.setToolTip(
-            "Store the last answer in the verified library (checkable answers must pass)"
-        )
-        self.verify_button.clicked.connect(self.mark_verified)
-        for button in (self.regenerate_button, self.edit_button, self.verify_button):
-            buttons.addWidget(button)
-        buttons.addStretch(1)
-        buttons.addWidget(self.stop_button)
-        buttons.addWidget(self.send_button)
-        layout.addWidget(self.transcript, 1)
-        layout.addWidget(self.input)
-        layout.addLayout(buttons)
-
-        splitter = QSplitter()
-        splitter.addWidget(sidebar)
-        splitter.addWidget(chat)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([300, 800])
-        self.setCentralWidget(splitter)
-
+        self.sidebar = Sidebar()
+        self.sidebar.new_button.clicked.connect(self.new_chat)
+        self.sidebar.conversation_chosen.connect(self.open_conversation)
+        self.sidebar.rename_requested.connect(self.rename)
+        self.sidebar.export_requested.connect(self.export_conversation)
+        self.sidebar.forget_requested.connect(self.forget)
+        self.sidebar.search_changed.connect(lambda _t: self._search_timer.start())
+        self.sidebar.add_document_button.clicked.connect(self.choose_document)
+        self.sidebar.chat_document_button.clicked.connect(self.chat_with_document)
+        self.sidebar.deposit_cancel.clicked.connect(self.cancel_work)
+        self.chat = ChatView()
+        self.chat.send_button.clicked.connect(self.send)
+        self.chat.stop_button.clicked.connect(self.stop)
+        self.chat.regenerate_button.clicked.connect(self.regenerate)
+        self.chat.edit_button.clicked.connect(self.edit_message)
+        self.chat.verify_button.clicked.connect(self.mark_verified)
+        self.chat.copied.connect(lambda text: self.set_status(f"Copied {len(text):,} characters"))
+        self.welcome = Welcome()
+        self.welcome.get_model.connect(self.get_gemma4)
+        self.welcome.cancel_download.connect(self.cancel_work)
+        self.welcome.choose_documents.connect(self.choose_document)
+        self.welcome.start_chat.connect(self.new_chat)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self.welcome)
+        self.pages.addWidget(self.chat)
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(self.pages)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([300, 880])
+        self.setCentralWidget(self.splitter)
+        toolbar = QToolBar("Model")
+        toolbar.setObjectName("model-toolbar")
+        toolbar.setMovable(False)
+        toolbar.addWidget(QLabel(" Model: "))
+        self.model_switcher = QComboBox()
+        self.model_switcher.setMinimumWidth(320)
+        self.model_switcher.activated.connect(self._model_chosen)
+        toolbar.addWidget(self.model_switcher)
+        self.addToolBar(toolbar)
         self.graft_label = QLabel()
         self.speed_label = QLabel()
         self.context_meter = QProgressBar()
@@ -187,6 +152,23 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.graft_label, 1)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.context_meter)
+
+    # Convenience for tests and scripts: the chat's widgets by their old names.
+    @property
+    def input(self) -> Any:
+        return self.chat.input
+
+    @property
+    def send_button(self) -> Any:
+        return self.chat.send_button
+
+    @property
+    def transcript(self) -> Any:
+        return self.chat.transcript
+
+    @property
+    def conversation_list(self) -> Any:
+        return self.sidebar.conversation_list
 
     def _actions(self) -> None:
         def action(menu: Any, text: str, slot: Any, shortcut: Any = None) -> QAction:
@@ -201,6 +183,8 @@ class MainWindow(QMainWindow):
         action(file_menu, "New chat", self.new_chat, QKeySequence.StandardKey.New)
         action(file_menu, "Add document…", self.choose_document, QKeySequence.StandardKey.Open)
         action(file_menu, "Ask the library…", self.open_ask, "Ctrl+L")
+        action(file_menu, "Import conversations…", self.import_conversations, "Ctrl+I")
+        action(file_menu, "Get Gemma 4…", lambda: self.get_gemma4(""))
         action(file_menu, "Settings…", self.open_settings, "Ctrl+,")
         action(file_menu, "Quit", self.close, QKeySequence.StandardKey.Quit)
         chat_menu = self.menuBar().addMenu("&Conversation")
@@ -208,7 +192,11 @@ class MainWindow(QMainWindow):
         action(chat_menu, "Stop", self.stop, "Escape")
         action(chat_menu, "Regenerate last reply", self.regenerate, "Ctrl+R")
         action(chat_menu, "Edit a message…", self.edit_message, "Ctrl+E")
-        action(chat_menu, "Search", lambda: self.search.setFocus(), QKeySequence.StandardKey.Find)
+        action(chat_menu, "Rename…", self.rename_current, "F2")
+        action(chat_menu, "Export…", lambda: self.export_conversation(self.conversation_id))
+        action(chat_menu, "Search", self.focus_search, "Ctrl+K")
+        action(chat_menu, "Previous conversation", lambda: self.step_conversation(-1), "Alt+Up")
+        action(chat_menu, "Next conversation", lambda: self.step_conversation(1), "Alt+Down")
         action(chat_menu, "Add a document to this conversation…", self.choose_stacked_document)
         action(chat_menu, "Forget this conversation…", self.forget_conversation)
         self.library_action = action(chat_menu, "Use verified answers", self.toggle_library)
@@ -216,18 +204,57 @@ class MainWindow(QMainWindow):
         self.library_action.setChecked(True)
         action(chat_menu, "Forget selected document…", self.forget_document)
         view_menu = self.menuBar().addMenu("&View")
+        themes = QActionGroup(self)
+        current = str(self.ui_settings.value("theme", "system"))
+        for name in theme.THEMES:
+            act = action(
+                view_menu, f"{name.capitalize()} theme", lambda _c=False, n=name: self.set_theme(n)
+            )
+            act.setCheckable(True)
+            act.setChecked(name == current)
+            themes.addAction(act)
+        view_menu.addSeparator()
+        action(
+            view_menu, "Larger text", lambda: self.change_font(1), QKeySequence.StandardKey.ZoomIn
+        )
+        action(
+            view_menu,
+            "Smaller text",
+            lambda: self.change_font(-1),
+            QKeySequence.StandardKey.ZoomOut,
+        )
+        view_menu.addSeparator()
         action(view_menu, "Security…", self.open_security)
         action(view_menu, "Memory…", self.open_memory)
 
-    # -- helpers -------------------------------------------------------------------------
-    def dark(self) -> bool:
-        return self.palette().color(QPalette.ColorRole.Window).lightness() < 128
+    # -- look ----------------------------------------------------------------------------
+    def _apply_theme(self) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            theme.apply(
+                app,
+                str(self.ui_settings.value("theme", "system")),
+                int(str(self.ui_settings.value("font_size", 0) or 0)),
+            )
+        self.chat.redraw()
 
+    def set_theme(self, name: str) -> None:
+        self.ui_settings.setValue("theme", name)
+        self._apply_theme()
+
+    def change_font(self, delta: int) -> None:
+        app = QApplication.instance()
+        base = app.font().pointSize() if isinstance(app, QApplication) else 10
+        size = max(7, min(28, int(str(self.ui_settings.value("font_size", 0) or base)) + delta))
+        self.ui_settings.setValue("font_size", size)
+        self._apply_theme()
+
+    # -- helpers -------------------------------------------------------------------------
     def set_status(self, text: str) -> None:
         self.graft_label.setText(text)
 
     def show_error(self, message: str, kind: str = "") -> None:
-        self.set_status(message.split(".")[0])
+        self.set_status(message.split(". ")[0])
         self.error_shown.emit(message)
         if self.show_dialogs:
             title = "Something went wrong" if kind == "crash" else "Galahad Desktop"
@@ -240,73 +267,68 @@ class MainWindow(QMainWindow):
 
     def _set_generating(self, request: Request | None) -> None:
         self.generating = request
-        busy = request is not None
-        self.stop_button.setEnabled(busy)
-        for widget in (
-            self.send_button,
-            self.regenerate_button,
-            self.edit_button,
-            self.verify_button,
-        ):
-            widget.setEnabled(not busy)
+        self.chat.set_busy(request is not None)
 
-    # -- startup and lists ---------------------------------------------------------------
-    def _opened(self, info: dict[str, Any]) -> None:
-        self.info = info
-        model = info["model"]
-        self.n_ctx = info["n_ctx"]
-        self.set_context(0, self.n_ctx)
-        self.set_status(
-            f"{model['name']} · {info['backend']} ({info['gpu_layers']} GPU layers) "
-            f"· keys in {keyring_label(info['keyring'])}"
-        )
-        self.refresh_lists()
+    def _ask(self, title: str, text: str, buttons: list[str], test_answer: str) -> str:
+        """A question with labelled buttons; tests answer it with `test_answer`."""
+        if not self.show_dialogs:
+            return test_answer
+        box = QMessageBox(self)
+        box.setWindowTitle(title)
+        box.setText(text)
+        chosen = [
+            (box.addButton(label, QMessageBox.ButtonRole.AcceptRole), label) for label in buttons
+        ]
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.exec()
+        clicked = box.clickedButton()
+        return next((label for button, label in chosen if button is clicked), "")
 
+    # -- lists and search ----------------------------------------------------------------
     def refresh_lists(self) -> None:
-        self.bridge.call("lists", on_done=self._lists, on_error=self.show_error)
+        self.bridge.call(
+            "list_conversations", on_done=self._conversations, on_error=self.show_error
+        )
+        self.bridge.call("list_documents", on_done=self._documents, on_error=self.show_error)
 
-    def _lists(self, lists: dict[str, Any]) -> None:
-        self.conversations = lists["conversations"]
-        self.documents = lists["documents"]
-        self._fill_conversations()
-        self.document_list.clear()
-        for doc in self.documents:
-            parts = f" · {doc['n_parts']} parts" if doc.get("n_parts", 1) > 1 else ""
-            item = QListWidgetItem(
-                f"{doc['name']}\n{doc['n_tokens']:,} tokens{parts} · "
-                f"{human_bytes(doc['block_bytes'])} · {doc['status']}"
-            )
-            item.setData(Qt.ItemDataRole.UserRole, doc["id"])
-            self.document_list.addItem(item)
+    def _conversations(self, conversations: list[ConversationSummary]) -> None:
+        self.sidebar.current = self.conversation_id
+        self.sidebar.set_conversations(conversations)
+
+    def _documents(self, documents: list[Any]) -> None:
+        self.sidebar.set_documents(documents)
         self.lists_refreshed.emit()
 
-    def _fill_conversations(self) -> None:
-        needle = self.search.text().strip().lower()
-        self.conversation_list.clear()
-        for conv in self.conversations:
-            title = conv["title"] or "New conversation"
-            if needle and needle not in title.lower():
-                continue
-            item = QListWidgetItem(
-                f"{title}\n{ago(conv['updated_at'])} · {conv['n_tokens']:,} tokens"
-            )
-            item.setData(Qt.ItemDataRole.UserRole, conv["id"])
-            self.conversation_list.addItem(item)
-            if conv["id"] == self.conversation_id:
-                item.setSelected(True)
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def _search(self) -> None:
+        query = self.sidebar.search.text().strip()
+        if not query:
+            self.sidebar.set_matches(None)
+            return
+        self.bridge.call(
+            "search",
+            query,
+            on_done=lambda hits: self.sidebar.set_matches({h.conversation_id for h in hits}),
+            on_error=self.show_error,
+        )
+
+    def step_conversation(self, delta: int) -> None:
+        target = self.sidebar.step(delta)
+        if target is not None:
+            self.open_conversation(target)
 
     # -- conversations -------------------------------------------------------------------
     def new_chat(self) -> None:
         self.conversation_id = None
-        self.messages = []
-        self.render_transcript()
+        self.sidebar.current = None
+        self.chat.set_messages([])
+        self.chat.thinking_box.setEnabled(True)
+        self.pages.setCurrentWidget(self.chat)
         self.set_context(0, self.n_ctx)
-        self.input.setFocus()
-
-    def _conversation_chosen(self, item: QListWidgetItem) -> None:
-        conversation_id = item.data(Qt.ItemDataRole.UserRole)
-        if conversation_id != self.conversation_id or not self.messages:
-            self.open_conversation(conversation_id)
+        self.chat.input.setFocus()
 
     def open_conversation(self, conversation_id: str) -> None:
         if self.generating is not None:
@@ -321,115 +343,158 @@ class MainWindow(QMainWindow):
         )
 
     def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None:
-        self.set_status(f"Re-reading {done:,}/{total:,} tokens · {tps:,.0f} tok/s")
+        eta_text = f" · ETA {eta:.0f} s" if eta != float("inf") else ""
+        self.set_status(f"Re-reading {done:,}/{total:,} tokens · {tps:,.0f} tok/s{eta_text}")
 
-    def _conversation_open(self, result: dict[str, Any]) -> None:
-        self.conversation_id = result["conversation_id"]
+    def _conversation_open(self, opened: OpenedConversation) -> None:
+        self.conversation_id = opened.summary.id
+        self.sidebar.current = self.conversation_id
+        self.library_action.setChecked(opened.library_enabled)
+        self.chat.set_messages([ShownMessage(m.role, m.text, m.thoughts) for m in opened.messages])
+        self.chat.thinking_box.setChecked(opened.summary.thinking)
+        self.chat.thinking_box.setEnabled(False)
+        self.pages.setCurrentWidget(self.chat)
+        self.set_context(opened.context_tokens, opened.n_ctx)
+        status = graft_status(opened.graft)
+        if opened.other_model:
+            status = f"Made with another model, re-read once under this one · {status}"
+        self.set_status(status)
+        self.sidebar.fill()
+        self.conversation_opened.emit(opened)
+
+    def rename_current(self) -> None:
+        if self.conversation_id is not None:
+            self.sidebar.begin_rename(self.conversation_id)
+
+    def rename(self, conversation_id: str, title: str) -> None:
         self.bridge.call(
-            "library_enabled", self.conversation_id, on_done=self.library_action.setChecked
-        )
-        self.messages = result["messages"]
-        self.render_transcript()
-        self.set_context(result["context_tokens"], result["n_ctx"])
-        self.set_status(self.graft_status(result["graft"], result["graft_text"]))
-        self.conversation_opened.emit(result)
-
-    @staticmethod
-    def graft_status(graft: dict[str, Any] | None, text: str | None) -> str:
-        if not graft or not text:
-            return "Ready"
-        if graft.get("fallback_reason"):
-            return f"Re-read {graft['tokens']:,} tokens: {graft['fallback_reason']}"
-        detail = graft["proof_detail"]
-        if graft["proof"] == "exact":
-            proof = "byte-exact ✓"
-        elif graft["proof"] == "close":
-            proof = f"close (max Δ {detail['max_abs_delta']:.0e})"
-        else:
-            proof = graft["proof"]
-        return (
-            f"Resumed {graft['restored_tokens']:,} tokens in {graft['restore_ms']:.0f} ms · {proof}"
+            "rename",
+            conversation_id,
+            title,
+            on_done=self._renamed,
+            on_error=self._rename_failed,
         )
 
-    def render_transcript(self) -> None:
-        dark = self.dark()
-        body = "".join(message_html(m["role"], m["text"], dark) for m in self.messages)
-        if not self.messages:
-            body = (
-                "<p style='color:gray'>Start typing, pick a conversation, or drop a "
-                "document here.</p>"
-            )
-        self.transcript.setHtml(body)
-        bar = self.transcript.verticalScrollBar()
-        bar.setValue(bar.maximum())
+    def _renamed(self, summary: ConversationSummary) -> None:
+        self.set_status(f"Renamed to '{summary.title}'")
+        self.refresh_lists()
+
+    def _rename_failed(self, message: str, kind: str) -> None:
+        self.show_error(message, kind)
+        self.refresh_lists()
 
     # -- turns ---------------------------------------------------------------------------
     def send(self) -> None:
-        text = self.input.toPlainText().strip()
+        text = self.chat.input.toPlainText().strip()
         if not text or self.generating is not None:
             return
         if self.conversation_id is None:
             self.bridge.call(
                 "new_conversation",
                 None,
+                "",
+                None,
+                self.chat.thinking_box.isChecked() and self.chat.thinking_box.isVisible(),
                 on_done=lambda cid: self._send_to(cid, text),
                 on_error=self.show_error,
             )
-        else:
-            self._send_to(self.conversation_id, text)
+            return
+        conversation_id = self.conversation_id
+        self.bridge.call(
+            "context_check",
+            conversation_id,
+            text,
+            on_done=lambda full: self._checked(conversation_id, text, full),
+            on_error=self.show_error,
+        )
+
+    def _checked(self, conversation_id: str, text: str, full: ContextFull | None) -> None:
+        if full is None:
+            self._send_to(conversation_id, text)
+            return
+        self.set_status(full.describe())
+        self.context_full.emit(full)
+        choice = self.context_choice
+        if self.show_dialogs:
+            from galahad_desktop.ui.dialogs import ContextFullDialog
+
+            dialog = ContextFullDialog(full, self)
+            choice = dialog.choice if dialog.exec() else "stop"
+        if choice == "stop":
+            self.set_status("Not sent: the conversation is full. Your message is still here.")
+            return
+        name = "continue_with_summary" if choice == "summary" else "continue_with_recent"
+        args = (conversation_id,) if choice == "summary" else (conversation_id, text)
+        self.set_status("Continuing in a new conversation…")
+        request = self.bridge.call(
+            name,
+            *args,
+            on_done=lambda continued: self._continued(continued, text),
+            on_error=self._turn_failed,
+            on_progress=self._reread_progress,
+        )
+        self._set_generating(request)
+
+    def _continued(self, continued: Continued, text: str) -> None:
+        self._set_generating(None)
+        self.set_status(
+            f"Continued in a new conversation ({continued.kind}); re-read "
+            f"{continued.reread_tokens:,} tokens"
+        )
+        self.conversation_id = continued.conversation_id
+
+        def shown(messages: list[Any]) -> None:
+            self.chat.set_messages([ShownMessage(m.role, m.text) for m in messages])
+            self._send_to(continued.conversation_id, text)
+
+        self.bridge.call(
+            "messages", continued.conversation_id, on_done=shown, on_error=self.show_error
+        )
 
     def _send_to(self, conversation_id: str, text: str) -> None:
         self.conversation_id = conversation_id
-        self.input.clear()
-        self.messages.append({"role": "user", "text": text})
-        self._start_turn("send", conversation_id, text)
+        self.pages.setCurrentWidget(self.chat)
+        self.chat.thinking_box.setEnabled(False)
+        self.chat.input.clear()
+        self.chat.append("user", text)
+        self._start_turn("send", conversation_id, text, compact=True)
 
-    def _start_turn(self, task: str, *args: Any) -> None:
-        self.messages.append({"role": "model", "text": ""})
-        self.render_transcript()
+    def _start_turn(self, task: str, *args: Any, **kwargs: Any) -> None:
+        self.chat.append("model")
         self.set_status("Thinking…")
         request = self.bridge.call(
             task,
             *args,
             on_done=self._turn_done,
             on_error=self._turn_failed,
-            on_stream=self._streamed,
+            on_stream=self.chat.stream,
+            on_thought=lambda piece: self.chat.stream(piece, thought=True),
             on_progress=self._reread_progress,
+            **kwargs,
         )
         self._set_generating(request)
 
-    def _streamed(self, piece: str) -> None:
-        self.messages[-1]["text"] += piece
-        if not self._render_timer.isActive():
-            self._render_timer.start()
-
-    def _turn_done(self, result: dict[str, Any]) -> None:
+    def _turn_done(self, result: TurnResult) -> None:
         self._set_generating(None)
-        self.conversation_id = result["conversation_id"]
-        self.messages[-1]["text"] = result["reply"]
-        self.render_transcript()
-        self.set_context(result["context_tokens"], result["n_ctx"])
-        self.speed_label.setText(f"{result['tokens_per_s']:.1f} tok/s")
-        library = result.get("library") or {}
-        if library.get("mode") in ("recurrence", "transfer"):
-            proof = "byte-exact ✓" if result["proof"] == "exact" else result["proof"]
-            status = f"{library['label']} · {proof}"
-        elif result.get("graft_text"):
-            status = self.graft_status(_graft_of(result), result["graft_text"])
-        else:
-            status = "Saved"
-        if result["stop_reason"] == "cancelled":
-            status = f"Stopped · kept {result['generated_tokens']} tokens · {status}"
-        self.set_status(f"{status} · saved in {result['persist_ms']:.0f} ms")
+        self.conversation_id = result.conversation_id
+        last = self.chat.messages[-1]
+        last.text, last.thoughts = result.reply, result.thoughts
+        self.chat.redraw()
+        self.set_context(result.context_tokens, result.n_ctx)
+        self.speed_label.setText(f"{result.tokens_per_s:.1f} tok/s")
+        status = turn_status(result)
+        if result.compaction is not None and result.compaction.merged:
+            status += f" · compacted {result.compaction.merged} older turns"
+        self.set_status(status)
         self.refresh_lists()
-        self._compact_after_turn(result["conversation_id"])
         self.turn_finished.emit(result)
 
     def _turn_failed(self, message: str, kind: str) -> None:
         self._set_generating(None)
-        if self.messages and self.messages[-1]["role"] == "model" and not self.messages[-1]["text"]:
-            self.messages.pop()
-        self.render_transcript()
+        messages = self.chat.messages
+        if messages and messages[-1].role == "model" and not messages[-1].text:
+            messages.pop()
+        self.chat.redraw()
         self.show_error(message, kind)
 
     def stop(self) -> None:
@@ -440,18 +505,19 @@ class MainWindow(QMainWindow):
     def regenerate(self) -> None:
         if self.generating is not None or self.conversation_id is None:
             return
-        if not self.messages or self.messages[-1]["role"] != "model":
+        messages = self.chat.messages
+        if not messages or messages[-1].role != "model":
             return
-        self.messages.pop()
-        self._start_turn("regenerate", self.conversation_id)
+        messages.pop()
+        self._start_turn("regenerate", self.conversation_id, compact=True)
 
     def edit_message(self) -> None:
         if self.generating is not None or self.conversation_id is None:
             return
-        users = [(i, m) for i, m in enumerate(self.messages) if m["role"] == "user"]
+        users = [(i, m) for i, m in enumerate(self.chat.messages) if m.role == "user"]
         if not users:
             return
-        labels = [f"{n + 1}: {m['text'][:60]}" for n, (_i, m) in enumerate(users)]
+        labels = [f"{n + 1}: {m.text[:60]}" for n, (_i, m) in enumerate(users)]
         choice, ok = QInputDialog.getItem(
             self, "Edit a message", "Message:", labels, len(labels) - 1, False
         )
@@ -459,7 +525,7 @@ class MainWindow(QMainWindow):
             return
         seq, message = users[labels.index(choice)]
         text, ok = QInputDialog.getMultiLineText(
-            self, "Edit a message", "Continue from this message in a new branch:", message["text"]
+            self, "Edit a message", "Continue from this message in a new branch:", message.text
         )
         if ok and text.strip():
             self.start_branch(seq, text.strip())
@@ -467,12 +533,10 @@ class MainWindow(QMainWindow):
     def start_branch(self, seq: int, text: str) -> None:
         assert self.conversation_id is not None
         conversation_id = self.conversation_id
-        self.messages = [*self.messages[:seq], {"role": "user", "text": text}]
+        self.chat.set_messages([*self.chat.messages[:seq], ShownMessage("user", text)])
         self._start_turn("branch", conversation_id, seq, text)
 
     # -- verified answers ----------------------------------------------------------------
-    verified_added = Signal(dict)
-
     def mark_verified(self) -> None:
         if self.conversation_id is None or self.generating is not None:
             return
@@ -480,166 +544,16 @@ class MainWindow(QMainWindow):
             "mark_verified", self.conversation_id, on_done=self._verified, on_error=self.show_error
         )
 
-    def _verified(self, entry: dict[str, Any]) -> None:
-        how = entry["verdict"].get("detail", "")
-        self.set_status(f"Stored as a verified answer ({entry['verifier']}: {how})")
+    def _verified(self, entry: Any) -> None:
+        self.set_status(
+            f"Stored as a verified answer ({entry.verifier}: {entry.verdict.get('detail', '')})"
+        )
         self.verified_added.emit(entry)
 
     def toggle_library(self, enabled: bool) -> None:
         if self.conversation_id is not None:
             self.bridge.call(
                 "set_library", self.conversation_id, bool(enabled), on_error=self.show_error
-            )
-
-    # -- documents -----------------------------------------------------------------------
-    def choose_document(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(
-            self,
-            "Add documents",
-            str(Path.home()),
-            "Documents (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java "
-            "*.json *.yaml *.toml *.html *.csv);;All files (*)",
-        )
-        for path in paths:
-            self.deposit(Path(path))
-
-    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if event.mimeData().hasUrls():
-            event.acceptProposedAction()
-
-    def dropEvent(self, event: QDropEvent) -> None:
-        for url in event.mimeData().urls():
-            if url.isLocalFile():
-                self.deposit(Path(url.toLocalFile()))
-
-    def deposit(self, path: Path) -> None:
-        self.deposit_label.setText(f"Reading {path.name}…")
-        self.deposit_bar.setValue(0)
-        for widget in (self.deposit_bar, self.deposit_label, self.deposit_cancel):
-            widget.setVisible(True)
-        self.depositing = self.bridge.call(
-            "deposit",
-            str(path),
-            on_done=self._deposited,
-            on_error=self._deposit_failed,
-            on_progress=self._deposit_progress,
-        )
-
-    def _deposit_progress(self, done: int, total: int, tps: float, eta: float) -> None:
-        self.deposit_bar.setMaximum(total)
-        self.deposit_bar.setValue(done)
-        eta_text = f"{eta:.0f} s" if eta != float("inf") else "…"
-        self.deposit_label.setText(f"{done:,}/{total:,} tokens · {tps:,.0f} tok/s · ETA {eta_text}")
-
-    def _deposit_over(self) -> None:
-        self.depositing = None
-        for widget in (self.deposit_bar, self.deposit_label, self.deposit_cancel):
-            widget.setVisible(False)
-
-    def _deposited(self, result: dict[str, Any]) -> None:
-        self._deposit_over()
-        self.set_status(
-            f"Stored '{result['name']}': {result['tokens']:,} tokens read in "
-            f"{result['prefill_ms'] / 1e3:.1f} s · {human_bytes(result['block_bytes'])}"
-        )
-        self.refresh_lists()
-        self.deposit_finished.emit(result)
-
-    def _deposit_failed(self, message: str, kind: str) -> None:
-        self._deposit_over()
-        self.show_error(message, kind)
-
-    def cancel_deposit(self) -> None:
-        if self.depositing is not None:
-            self.depositing.cancel.set()
-
-    def selected_document(self) -> str | None:
-        items = self.document_list.selectedItems()
-        if not items and self.document_list.count() == 1:
-            items = [self.document_list.item(0)]
-        return items[0].data(Qt.ItemDataRole.UserRole) if items else None
-
-    def chat_with_document(self) -> None:
-        document_id = self.selected_document()
-        if document_id is None:
-            self.show_error("Select a document first.")
-            return
-        doc = next((d for d in self.documents if d["id"] == document_id), None)
-        if doc is not None and doc.get("n_parts", 1) > 1:
-            # Longer than the context: each question is routed to the part that answers it.
-            self.open_ask(document_id)
-            return
-        self.bridge.call(
-            "new_conversation",
-            document_id,
-            on_done=self.open_conversation,
-            on_error=self.show_error,
-        )
-
-    def open_ask(self, document_id: str | None = None) -> None:
-        from galahad_desktop.ui.dialogs import AskDialog
-
-        name = None
-        if isinstance(document_id, str):
-            name = next((d["name"] for d in self.documents if d["id"] == document_id), None)
-        else:
-            document_id = None
-        self.ask_dialog = AskDialog(self, document_id, name)
-        if self.show_dialogs:
-            self.ask_dialog.show()
-
-    def choose_stacked_document(self) -> None:
-        if self.conversation_id is None or self.generating is not None:
-            self.show_error("Open a conversation first: the document is added to it.")
-            return
-        path, _ = QFileDialog.getOpenFileName(self, "Add a document to this conversation")
-        if path:
-            self.add_to_conversation(Path(path))
-
-    def add_to_conversation(self, path: Path) -> None:
-        """Read only the new document on top of the conversation (a chain link)."""
-        if self.conversation_id is None:
-            return
-        self.messages.append({"role": "document", "text": path.name})
-        self.render_transcript()
-        self.set_status(f"Reading {path.name} into this conversation…")
-        request = self.bridge.call(
-            "add_document",
-            self.conversation_id,
-            str(path),
-            on_done=self._document_added,
-            on_error=self._turn_failed,
-            on_progress=self._reread_progress,
-        )
-        self._set_generating(request)
-
-    def _document_added(self, result: dict[str, Any]) -> None:
-        self._set_generating(None)
-        self.messages = [{"role": m["role"], "text": m["text"]} for m in result["messages"]]
-        self.render_transcript()
-        self.set_context(result["context_tokens"], result["n_ctx"])
-        c = result  # the turn's counters, flattened
-        self.set_status(
-            f"Added '{result['name']}': read {c['new_tokens']:,} new tokens, restored "
-            f"{c['restored_tokens']:,}, re-read {c['recomputed_tokens']:,} · saved in "
-            f"{result['persist_ms']:.0f} ms"
-        )
-        self.refresh_lists()
-        self.turn_finished.emit(result)
-
-    def _compact_after_turn(self, conversation_id: str) -> None:
-        self.bridge.call(
-            "compact_if_needed",
-            conversation_id,
-            on_done=self._compacted,
-            on_error=self.show_error,
-        )
-
-    def _compacted(self, result: dict[str, Any] | None) -> None:
-        if result and result.get("merged"):
-            self.set_status(
-                f"Compacted: merged {result['merged']} older turns into one block "
-                f"({human_bytes(result['freed_bytes'])} freed)"
             )
 
     # -- forgetting ----------------------------------------------------------------------
@@ -649,63 +563,56 @@ class MainWindow(QMainWindow):
         answer = QMessageBox.question(self, "Forget", text)
         return answer == QMessageBox.StandardButton.Yes
 
+    def forget(self, item_id: str) -> None:
+        if self._confirm(
+            "Delete this conversation? Its messages, blocks and keys are deleted "
+            "(crypto-shredded); it cannot be undone."
+        ):
+            self.bridge.call("forget", item_id, on_done=self._forgotten, on_error=self.show_error)
+
     def forget_conversation(self) -> None:
-        if self.conversation_id is None or self.generating is not None:
-            return
-        if self._confirm("Forget this conversation? Its messages, blocks and keys are deleted."):
-            self.bridge.call(
-                "forget", self.conversation_id, on_done=self._forgotten, on_error=self.show_error
-            )
+        if self.conversation_id is not None and self.generating is None:
+            self.forget(self.conversation_id)
 
     def forget_document(self) -> None:
-        document_id = self.selected_document()
+        document_id = self.sidebar.selected_document()
         if document_id and self._confirm("Forget this document and the conversations built on it?"):
             self.bridge.call(
                 "forget", document_id, on_done=self._forgotten, on_error=self.show_error
             )
 
-    def _forgotten(self, result: dict[str, Any]) -> None:
-        if self.conversation_id in result["conversations"]:
+    def _forgotten(self, result: Any) -> None:
+        if self.conversation_id in result.conversations:
             self.new_chat()
-        self.set_status(f"Forgot {result['kind']} ({result['blocks']} blocks deleted)")
+        self.set_status(f"Forgot {result.kind} ({result.blocks} blocks deleted)")
         self.refresh_lists()
 
     # -- dialogs -------------------------------------------------------------------------
     def open_settings(self) -> None:
         from galahad_desktop.ui.dialogs import SettingsDialog
 
-        SettingsDialog(self).exec()
+        SettingsDialog(self, self).exec()
 
     def open_security(self) -> None:
         from galahad_desktop.ui.dialogs import SecurityDialog
 
-        SecurityDialog(self).exec()
+        SecurityDialog(self, self).exec()
 
     def open_memory(self) -> None:
         from galahad_desktop.ui.dialogs import MemoryDialog
 
-        MemoryDialog(self).exec()
+        MemoryDialog(self, self).exec()
 
     # -- closing -------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         self.ui_settings.setValue("geometry", self.saveGeometry())
+        self.ui_settings.setValue("splitter", self.splitter.saveState())
         self.ui_settings.sync()
         ui_ini = self.data_dir / "ui.ini"
         if ui_ini.exists():  # QSettings creates files with the umask's mode
             ui_ini.chmod(0o600)
         if self.generating is not None:
             self.generating.cancel.set()
-        if self.depositing is not None:
-            self.depositing.cancel.set()
+        if self.working is not None:
+            self.working.cancel.set()
         super().closeEvent(event)
-
-
-def _graft_of(result: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "restored_tokens": result["restored_tokens"],
-        "restore_ms": result["restore_ms"],
-        "proof": result["proof"],
-        "proof_detail": result["proof_detail"],
-        "fallback_reason": result.get("fallback_reason"),
-        "tokens": result["restored_tokens"] + result["recomputed_tokens"],
-    }

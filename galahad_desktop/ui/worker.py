@@ -1,14 +1,16 @@
 """One worker thread owns the core (engine, vault, catalog); the window never waits on it.
 
-The window calls `CoreBridge.call(name, *args, on_done=..., on_error=...)`. The request
-crosses to the worker thread as a queued signal, runs `CoreTasks.<name>` there, and the
-result comes back as a signal delivered on the main thread, where the callback runs.
-Streaming text and progress travel the same way. Cancellation is a threading.Event the
-window sets directly; the core checks it between tokens and batches.
+The window calls `CoreBridge.call(name, *args, on_done=..., on_error=...)`, where `name` is a
+public method of the core's API (`Galahad`). The request crosses to the worker thread as a
+queued signal; the worker calls the method there — handing it the request's stream, thought,
+progress and cancel callbacks when the method takes them — and the typed result comes back
+as a signal delivered on the main thread, where the callback runs. The worker only marshals:
+every piece of logic lives in the core, which the command calls the same way.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import threading
@@ -20,11 +22,12 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
-from galahad_desktop.engine.engine import Progress
-from galahad_desktop.errors import GalahadError
-from galahad_desktop.ui.tasks import CoreTasks
+from galahad_desktop.errors import as_user_error
+from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.results import Progress
 
 log = logging.getLogger("galahad.ui")
+CoreFactory = Callable[[], Galahad]
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Request:
     request_id: int
     name: str
     args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -41,40 +45,51 @@ class CoreWorker(QObject):
     finished = Signal(int, object)
     failed = Signal(int, str, str)
     streamed = Signal(int, str)
+    thought = Signal(int, str)
     progressed = Signal(int, int, int, float, float)
 
-    def __init__(self, tasks_factory: Callable[[], CoreTasks]) -> None:
+    def __init__(self, core_factory: CoreFactory) -> None:
         super().__init__()
-        self._tasks_factory = tasks_factory
-        self._tasks: CoreTasks | None = None
+        self._core_factory = core_factory
+        self.core: Galahad | None = None
+
+    def _callbacks(self, method: Callable[..., Any], request: Request) -> dict[str, Any]:
+        rid = request.request_id
+        offered: dict[str, Any] = {
+            "on_text": lambda piece: self.streamed.emit(rid, piece),
+            "on_thought": lambda piece: self.thought.emit(rid, piece),
+            "progress": lambda p: self._progress(rid, p),
+            "cancel": request.cancel,
+        }
+        parameters = inspect.signature(method).parameters
+        return {k: v for k, v in offered.items() if k in parameters and k not in request.kwargs}
 
     @Slot(object)
     def run(self, request: Request) -> None:
         try:
-            if self._tasks is None:
-                self._tasks = self._tasks_factory()
-            handler = getattr(self._tasks, request.name)
-            result = handler(
-                *request.args,
-                stream=lambda piece: self.streamed.emit(request.request_id, piece),
-                progress=lambda p: self._progress(request.request_id, p),
-                cancel=request.cancel,
-            )
+            if request.name.startswith("_"):
+                raise AttributeError(request.name)
+            if self.core is None:
+                self.core = self._core_factory()
+            method = getattr(self.core, request.name)
+            result = method(*request.args, **request.kwargs, **self._callbacks(method, request))
             self.finished.emit(request.request_id, result)
-        except GalahadError as exc:
-            self.failed.emit(request.request_id, str(exc), type(exc).__name__)
-        except Exception as exc:  # reported to the window as a crash
+        except Exception as exc:
+            error = as_user_error(exc)
+            if error is not None:
+                self.failed.emit(request.request_id, str(error), type(error).__name__)
+                return
             # Type and stack only: an exception's message can quote private text.
             log.error(
-                "task %s failed: %s\n%s",
+                "request %s failed: %s\n%s",
                 request.name,
                 type(exc).__name__,
                 "".join(traceback.format_tb(exc.__traceback__, limit=8)),
             )
             self.failed.emit(
                 request.request_id,
-                f"Something went wrong in '{request.name}': "
-                f"{type(exc).__name__}. Details are in the log file.",
+                f"Something went wrong in '{request.name}': {type(exc).__name__}. Your stored "
+                "conversations are safe; details are in the log file.",
                 "crash",
             )
 
@@ -83,9 +98,9 @@ class CoreWorker(QObject):
 
     @Slot()
     def shutdown(self) -> None:
-        if self._tasks is not None:
-            self._tasks.close()
-            self._tasks = None
+        if self.core is not None:
+            self.core.close()
+            self.core = None
 
 
 class CoreBridge(QObject):
@@ -95,20 +110,21 @@ class CoreBridge(QObject):
     _shutdown = Signal()
     busy_changed = Signal(bool)
 
-    def __init__(self, tasks_factory: Callable[[], CoreTasks]) -> None:
+    def __init__(self, core_factory: CoreFactory) -> None:
         super().__init__()
         self._ids = itertools.count(1)
         self._callbacks: dict[int, dict[str, Callable[..., None] | None]] = {}
         self._requests: dict[int, Request] = {}
         self.core_thread = QThread()
         self.core_thread.setObjectName("galahad-core")
-        self.worker = CoreWorker(tasks_factory)
+        self.worker = CoreWorker(core_factory)
         self.worker.moveToThread(self.core_thread)
         self._submit.connect(self.worker.run)
         self._shutdown.connect(self.worker.shutdown)
         self.worker.finished.connect(self._on_finished)
         self.worker.failed.connect(self._on_failed)
-        self.worker.streamed.connect(self._on_streamed)
+        self.worker.streamed.connect(lambda rid, piece: self._relay(rid, "stream", piece))
+        self.worker.thought.connect(lambda rid, piece: self._relay(rid, "thought", piece))
         self.worker.progressed.connect(self._on_progressed)
         self.core_thread.start()
 
@@ -119,13 +135,16 @@ class CoreBridge(QObject):
         on_done: Callable[[Any], None] | None = None,
         on_error: Callable[[str, str], None] | None = None,
         on_stream: Callable[[str], None] | None = None,
+        on_thought: Callable[[str], None] | None = None,
         on_progress: Callable[[int, int, float, float], None] | None = None,
+        **kwargs: Any,
     ) -> Request:
-        request = Request(next(self._ids), name, args)
+        request = Request(next(self._ids), name, args, kwargs)
         self._callbacks[request.request_id] = {
             "done": on_done,
             "error": on_error,
             "stream": on_stream,
+            "thought": on_thought,
             "progress": on_progress,
         }
         self._requests[request.request_id] = request
@@ -155,14 +174,10 @@ class CoreBridge(QObject):
         if callback is not None:
             callback(message, kind)
         else:
-            self.unhandled_error(message, kind)
+            log.warning("unhandled %s error", kind)
 
-    def unhandled_error(self, message: str, kind: str) -> None:
-        log.warning("unhandled %s error", kind)
-
-    @Slot(int, str)
-    def _on_streamed(self, request_id: int, piece: str) -> None:
-        callback = self._callbacks.get(request_id, {}).get("stream")
+    def _relay(self, request_id: int, kind: str, piece: str) -> None:
+        callback = self._callbacks.get(request_id, {}).get(kind)
         if callback is not None:
             callback(piece)
 
@@ -187,7 +202,7 @@ class CoreBridge(QObject):
         self._requests.clear()
 
 
-def default_tasks_factory(
+def default_core_factory(
     data_dir: Path, model_path: Path | None, passphrase: str | None = None
-) -> Callable[[], CoreTasks]:
-    return lambda: CoreTasks(data_dir, model_path, passphrase=passphrase)
+) -> CoreFactory:
+    return lambda: Galahad(data_dir, model_path=model_path, passphrase=passphrase)

@@ -31,7 +31,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from galahad_desktop.faults import crashpoint
-from galahad_desktop.vault.atomic import atomic_file
+from galahad_desktop.system.files import atomic_file
 
 MAGIC = b"GLHDKVB\n"
 FORMAT_VERSION = 1

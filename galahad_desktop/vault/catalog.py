@@ -2,21 +2,23 @@
 documents and blocks. Private fields are stored encrypted (see FieldCipher); what stays plain
 is structure (ids, sizes, counts, times, fingerprints) that the audit needs without a key.
 
-Writes that belong together go through `Catalog.transaction()` (BEGIN IMMEDIATE ... COMMIT),
-so a process killed mid-write leaves the previous consistent state.
+All SQL lives here: the rest of the program asks for rows by column values and never writes a
+query. Writes that belong together go through `Catalog.transaction()` (BEGIN IMMEDIATE ...
+COMMIT), so a process killed mid-write leaves the previous consistent state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from galahad_desktop.vault.atomic import create_private_file
+from galahad_desktop.system.files import create_private_file
 
 SCHEMA_VERSION = 1
 
@@ -33,6 +35,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "n_tokens": int,
             "generation": int,
             "fingerprint": str,
+            "model_sha256": str,
             "file_name": str,
             "file_bytes": int,
             "header_sha256": str,
@@ -54,6 +57,8 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "n_messages": int,
             "library": int,
             "system_prompt": str,
+            "thinking": int,
+            "model_sha256": str,
             "seal": bytes,
             "created_at": float,
             "updated_at": float,
@@ -67,6 +72,8 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "seq": int,
             "role": str,
             "text_enc": bytes,
+            "thought_enc": bytes,
+            "content_enc": bytes,  # a document put into the conversation: its text
             "tok_start": int,
             "tok_end": int,
             "block_id": str,
@@ -121,20 +128,19 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
         "id",
     ),
     # Routing decisions, to measure the router: scores and margin, never the question's text.
-    "routing_log": (
-        {
-            "id": str,
-            "at": float,
-            "scope": str,
-            "candidates": str,
-            "best_score": float,
-            "margin": float,
-            "decision": str,
-            "part_id": str,
-        },
-        "id",
-    ),
+    # Encrypted like everything else that says what the user did; deleted with what it names.
+    "routing_log": ({"id": str, "at": float, "entry_enc": bytes}, "id"),
+    # Restored-versus-recomputed counts per request, for the Memory view (numbers only).
+    "usage": ({"id": str, "at": float, "owner_id": str, "entry_enc": bytes}, "id"),
 }
+
+# Encrypted columns, by table: what the audit decrypts to check every private field.
+ENCRYPTED: dict[str, tuple[str, ...]] = {
+    table: tuple(c for c in columns if c.endswith("_enc") or c in ("seal", "wrapped_key"))
+    for table, (columns, _pk) in _TABLES.items()
+}
+
+_ORDER = re.compile(r"^\s*(\w+)(\s+(asc|desc))?\s*$", re.IGNORECASE)
 
 
 class Catalog:
@@ -177,36 +183,138 @@ class Catalog:
             raise
         conn.execute("COMMIT")
 
+    # -- checked names -------------------------------------------------------------------
+    @staticmethod
+    def _table(table: str) -> str:
+        if table not in _TABLES:
+            raise KeyError(f"unknown catalog table {table!r}")
+        return table
+
+    @classmethod
+    def _columns(cls, table: str, names: Iterable[str]) -> list[str]:
+        known = _TABLES[cls._table(table)][0]
+        names = list(names)
+        for name in names:
+            if name not in known:
+                raise KeyError(f"unknown column {table}.{name}")
+        return names
+
+    @classmethod
+    def _order(cls, table: str, order_by: str | None) -> str:
+        if not order_by:
+            return ""
+        terms = []
+        for term in order_by.split(","):
+            match = _ORDER.match(term)
+            if match is None:
+                raise KeyError(f"bad ordering {order_by!r}")
+            cls._columns(table, [match.group(1)])
+            terms.append(f"[{match.group(1)}] {(match.group(3) or 'asc').upper()}")
+        return " ORDER BY " + ", ".join(terms)
+
+    def _where(self, table: str, equals: dict[str, Any]) -> tuple[str, list[Any]]:
+        if not equals:
+            return "", []
+        parts = []
+        args: list[Any] = []
+        for column in self._columns(table, equals):
+            value = equals[column]
+            if value is None:
+                parts.append(f"[{column}] IS NULL")
+            else:
+                parts.append(f"[{column}] = ?")
+                args.append(value)
+        return " WHERE " + " AND ".join(parts), args
+
+    # -- reads ---------------------------------------------------------------------------
+    def get(self, table: str, row_id: str) -> dict[str, Any] | None:
+        rows = self.select(table, id=row_id) if table != "meta" else []
+        return rows[0] if rows else None
+
+    def select(
+        self, table: str, order_by: str | None = None, **equals: Any
+    ) -> list[dict[str, Any]]:
+        where, args = self._where(table, equals)
+        sql = f"SELECT * FROM [{self._table(table)}]{where}{self._order(table, order_by)}"
+        cursor = self.db.execute(sql, args)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def select_in(
+        self, table: str, column: str, values: Iterable[Any], order_by: str | None = None
+    ) -> list[dict[str, Any]]:
+        values = list(values)
+        if not values:
+            return []
+        self._columns(table, [column])
+        marks = ",".join("?" * len(values))
+        sql = (
+            f"SELECT * FROM [{self._table(table)}] WHERE [{column}] IN ({marks})"
+            f"{self._order(table, order_by)}"
+        )
+        cursor = self.db.execute(sql, values)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def count(self, table: str, **equals: Any) -> int:
+        where, args = self._where(table, equals)
+        row = self.db.execute(f"SELECT count(*) FROM [{self._table(table)}]{where}", args)
+        return int(row.fetchone()[0])
+
+    # -- writes (inside the caller's transaction) ------------------------------------------
     # Plain SQL for writes: sqlite-utils' write helpers commit on their own, which would
     # split a transaction that must be all-or-nothing.
     def insert(self, table: str, row: dict[str, Any]) -> None:
-        columns = ", ".join(f"[{c}]" for c in row)
+        columns = ", ".join(f"[{c}]" for c in self._columns(table, row))
         marks = ", ".join("?" for _ in row)
         self.db.execute(f"INSERT INTO [{table}] ({columns}) VALUES ({marks})", list(row.values()))
 
     def update(self, table: str, row_id: str, changes: dict[str, Any]) -> None:
-        sets = ", ".join(f"[{c}] = ?" for c in changes)
+        sets = ", ".join(f"[{c}] = ?" for c in self._columns(table, changes))
         self.db.execute(f"UPDATE [{table}] SET {sets} WHERE id = ?", [*changes.values(), row_id])
 
-    def delete(self, table: str, where: str, args: list[Any]) -> None:
-        self.db.execute(f"DELETE FROM [{table}] WHERE {where}", args)
+    def update_where(self, table: str, changes: dict[str, Any], **equals: Any) -> None:
+        sets = ", ".join(f"[{c}] = ?" for c in self._columns(table, changes))
+        where, args = self._where(table, equals)
+        self.db.execute(f"UPDATE [{table}] SET {sets}{where}", [*changes.values(), *args])
 
-    def get(self, table: str, row_id: str) -> dict[str, Any] | None:
-        rows = list(self.db[table].rows_where("id = ?", [row_id]))
-        return rows[0] if rows else None
+    def update_in(
+        self, table: str, changes: dict[str, Any], column: str, values: Iterable[Any]
+    ) -> None:
+        values = list(values)
+        if not values:
+            return
+        sets = ", ".join(f"[{c}] = ?" for c in self._columns(table, changes))
+        self._columns(table, [column])
+        marks = ",".join("?" * len(values))
+        self.db.execute(
+            f"UPDATE [{table}] SET {sets} WHERE [{column}] IN ({marks})",
+            [*changes.values(), *values],
+        )
 
-    def rows(
-        self,
-        table: str,
-        where: str | None = None,
-        args: list[Any] | None = None,
-        order_by: str | None = None,
-    ) -> list[dict[str, Any]]:
-        return list(self.db[table].rows_where(where, args or [], order_by=order_by))
+    def delete(self, table: str, **equals: Any) -> None:
+        if not equals:
+            raise ValueError("delete needs a condition")
+        where, args = self._where(table, equals)
+        self.db.execute(f"DELETE FROM [{self._table(table)}]{where}", args)
 
+    def delete_in(self, table: str, column: str, values: Iterable[Any]) -> None:
+        values = list(values)
+        if not values:
+            return
+        self._columns(table, [column])
+        marks = ",".join("?" * len(values))
+        self.db.execute(f"DELETE FROM [{self._table(table)}] WHERE [{column}] IN ({marks})", values)
+
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the main file (after deletes: shrink what a
+        recovered copy of the log could still show)."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # -- meta ----------------------------------------------------------------------------
     def meta_get(self, key: str) -> bytes | None:
-        row = list(self.db["meta"].rows_where("key = ?", [key]))
-        return row[0]["value"] if row else None
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return row[0] if row else None
 
     def meta_delete(self, key: str) -> None:
         self.db.execute("DELETE FROM meta WHERE key = ?", [key])

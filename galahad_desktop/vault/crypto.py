@@ -14,13 +14,15 @@ from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from galahad_desktop.errors import IntegrityError
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
 SCHEME_V1 = b"\x01"
 
 
-class DecryptionFailed(Exception):
-    """A ciphertext did not authenticate under the given key and context."""
+class DecryptionFailed(IntegrityError):
+    """A ciphertext did not authenticate under the given key and context (exit 5)."""
 
 
 def new_key() -> bytes:
@@ -33,6 +35,8 @@ def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
 
 
 def open_sealed(key: bytes, sealed: bytes, aad: bytes) -> bytes:
+    if not isinstance(sealed, bytes | bytearray | memoryview):
+        raise DecryptionFailed("missing or not a ciphertext")
     if len(sealed) < 1 + NONCE_BYTES + 16 or sealed[:1] != SCHEME_V1:
         raise DecryptionFailed("malformed ciphertext")
     nonce = sealed[1 : 1 + NONCE_BYTES]
@@ -70,10 +74,36 @@ class FieldCipher:
         return seal(self._key, text.encode("utf-8"), field_aad(table, column, row_id))
 
     def decrypt_text(self, blob: bytes, table: str, column: str, row_id: str) -> str:
-        return open_sealed(self._key, blob, field_aad(table, column, row_id)).decode("utf-8")
+        raw = self.decrypt_bytes(blob, table, column, row_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DecryptionFailed(damaged(table, column, row_id)) from None
 
     def encrypt_bytes(self, data: bytes, table: str, column: str, row_id: str) -> bytes:
         return seal(self._key, data, field_aad(table, column, row_id))
 
     def decrypt_bytes(self, blob: bytes, table: str, column: str, row_id: str) -> bytes:
-        return open_sealed(self._key, blob, field_aad(table, column, row_id))
+        try:
+            return open_sealed(self._key, blob, field_aad(table, column, row_id))
+        except DecryptionFailed:
+            raise DecryptionFailed(damaged(table, column, row_id)) from None
+
+
+def damaged(table: str, column: str, row_id: object) -> str:
+    """The message for a catalog field that failed authentication: which record, which field."""
+    what = {
+        "conversations": "conversation",
+        "messages": "message",
+        "documents": "document",
+        "parts": "document part",
+        "verified": "verified answer",
+        "blocks": "block",
+        "routing_log": "routing-log line",
+        "usage": "usage line",
+    }.get(table, table)
+    field = column.removesuffix("_enc")
+    return (
+        f"The {field} of {what} {row_id} in the catalog is damaged or was edited (it failed "
+        "authentication); refused. Run 'galahad audit' to see every damaged record."
+    )

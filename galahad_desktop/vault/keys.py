@@ -172,7 +172,7 @@ class PassphraseKeyStore:
         }
 
     def _save(self) -> None:
-        from galahad_desktop.vault.atomic import atomic_write_bytes
+        from galahad_desktop.system.files import atomic_write_bytes
 
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write_bytes(self.path, json.dumps(self._state, indent=1).encode("utf-8"))
@@ -218,3 +218,15 @@ def open_keystore(data_dir: Path, passphrase: str | None) -> KeyStore:
             )
         return PassphraseKeyStore(data_dir, passphrase)
     return KeyringKeyStore()
+
+
+def key_storage(data_dir: Path) -> tuple[str, str]:
+    """How a data directory's key would be kept: ("passphrase", ""), ("keyring", ""), or
+    ("unavailable", why the OS keyring cannot be used)."""
+    if keystore_mode_file(data_dir).exists():
+        return "passphrase", ""
+    try:
+        KeyringKeyStore()
+    except KeyAccessError as exc:
+        return "unavailable", str(exc)
+    return "keyring", ""

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import hashlib
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -22,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from galahad_desktop.engine import kvstate
-from galahad_desktop.errors import BusyError, IntegrityError, KeyAccessError, NotFoundError
+from galahad_desktop.errors import IntegrityError, KeyAccessError, NotFoundError
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.paths import ensure_private_dir
+from galahad_desktop.system.files import TMP_PREFIX, create_private_file, fsync_dir
+from galahad_desktop.system.lock import DataDirLock
 from galahad_desktop.vault import blockfile, crypto
-from galahad_desktop.vault.atomic import TMP_PREFIX, create_private_file, fsync_dir
 from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
 from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
 
@@ -74,14 +72,12 @@ class AuditReport:
 
 
 class Vault:
-    LOCK_NAME = ".lock"
-
     def __init__(
         self, data_dir: Path, keystore: KeyStore | None = None, lock_timeout_s: float = 10.0
     ) -> None:
         self.data_dir = ensure_private_dir(Path(data_dir))
         self.blocks_dir = ensure_private_dir(self.data_dir / "blocks")
-        self._lock_fd = self._acquire_lock(lock_timeout_s)
+        self._lock: DataDirLock | None = self._acquire_lock(lock_timeout_s)
         try:
             self.keystore: KeyStore = keystore if keystore is not None else KeyringKeyStore()
             first_use = not (self.data_dir / Catalog.FILE_NAME).exists()
@@ -110,26 +106,16 @@ class Vault:
             raise
 
     # -- locking -------------------------------------------------------------------------
-    def _acquire_lock(self, timeout_s: float) -> int:
-        path = self.data_dir / self.LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise BusyError(
-                        f"Another Galahad process is using {self.data_dir}; close it and retry."
-                    ) from None
-                time.sleep(0.1)
+    def _acquire_lock(self, timeout_s: float) -> DataDirLock:
+        lock = DataDirLock(self.data_dir, timeout_s)
+        lock.acquire()
+        return lock
 
     def _release_lock(self) -> None:
-        if getattr(self, "_lock_fd", None) is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None  # type: ignore[assignment]
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+            self._lock = None
 
     def close(self) -> None:
         self.lock()
@@ -219,7 +205,7 @@ class Vault:
             old_master, wrapped_catalog, _catalog_key_aad(vault_id, old_key_id)
         )
         with self.catalog.transaction():
-            for row in self.catalog.rows("blocks"):
+            for row in self.catalog.select("blocks"):
                 aad = crypto.key_wrap_aad(row["id"], row["owner_id"])
                 data_key = crypto.open_sealed(old_master, row["wrapped_key"], aad)
                 self.catalog.update(
@@ -274,6 +260,7 @@ class Vault:
         chunk_bytes: int = blockfile.CHUNK_BYTES,
         pos_start: int = 0,
         rewrite_of: str | None = None,
+        model_sha256: str = "",
     ) -> dict[str, Any]:
         """Encrypt and write a block file; return its catalog row, to insert in a transaction.
 
@@ -315,6 +302,7 @@ class Vault:
             "n_tokens": len(tokens),
             "generation": generation,
             "fingerprint": fingerprint,
+            "model_sha256": model_sha256 or None,
             "file_name": path.name,
             "file_bytes": size,
             "header_sha256": digest,
@@ -446,10 +434,11 @@ class Vault:
             tokens += self.block_tokens(row)
         return tokens
 
-    def read_chain(self, block_id: str, owners: set[str]) -> StoredBlock:
-        """Read every link of a block's chain and splice them into the state the block was
-        captured from (byte for byte). Every link must belong to one of `owners`."""
-        start = time.perf_counter()
+    def read_links(self, block_id: str, owners: set[str]) -> list[StoredBlock]:
+        """Read and authenticate every link of a block's chain, root first. Every link must
+        belong to one of `owners`, and their tokens must make up the head's sealed ledger.
+        The root is decrypted into the vault's reusable buffer; the caller splices the
+        links (engine.kvstate) and then wipes them (`wipe`)."""
         rows = self.chain_rows(block_id)
         for row in rows:
             if row["owner_id"] not in owners:
@@ -458,41 +447,30 @@ class Vault:
                     f"{row['owner_id']}; refused."
                 )
         if len(rows) == 1:
-            return self.read_block(block_id)
+            return [self.read_block(block_id)]
         links = [
-            self.read_block(
-                row["id"], buffer_for=self._state_buffer if i == 0 else kvstate.bytes_buffer
-            )
+            self.read_block(row["id"], buffer_for=self._state_buffer if i == 0 else _fresh_buffer)
             for i, row in enumerate(rows)
         ]
-        head = links[-1]
         tokens = [t for link in links for t in link.tokens]
-        if head.meta.get("ledger_sha256") != tokens_digest(tokens):
+        if links[-1].meta.get("ledger_sha256") != tokens_digest(tokens):
             raise IntegrityError(
                 f"Block {block_id} was refused: its chain's token ledger does not match."
             )
-        layout = head.meta.get("layout")
-        if not isinstance(layout, list):
-            raise IntegrityError(f"Block {block_id} has no cell layout to splice its chain.")
-        parsed = [kvstate.parse(link.payload, link.size) for link in links]
-        payload, size = kvstate.assemble(
-            parsed,
-            [[(int(a), int(b)) for a, b in ranges] for ranges in layout],
-            self._splice_buffer,
-        )
-        del parsed
-        for link in links[1:]:  # decrypted state: wipe, do not just drop
-            ctypes.memset(link.payload, 0, ctypes.sizeof(link.payload))
-        del links
-        return StoredBlock(
-            head.row, head.meta, payload, size, tokens, (time.perf_counter() - start) * 1e3
-        )
+        return links
 
-    def _splice_buffer(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
+    def splice_buffer(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
+        """A reusable buffer for the spliced state of a chain (wiped on lock)."""
         return self._reusable("_spliced", size)
 
+    @staticmethod
+    def wipe(blocks: list[StoredBlock]) -> None:
+        """Zero decrypted state that is no longer needed (never just drop it)."""
+        for block in blocks:
+            ctypes.memset(block.payload, 0, ctypes.sizeof(block.payload))
+
     def children(self, block_id: str) -> list[str]:
-        return [r["id"] for r in self.catalog.rows("blocks", "parent_id = ?", [block_id])]
+        return [r["id"] for r in self.catalog.select("blocks", parent_id=block_id)]
 
     def _state_buffer(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
         """One decryption buffer, reused: llama.cpp copies the state out of it, and fresh
@@ -517,8 +495,7 @@ class Vault:
 
     def delete_block_rows(self, block_ids: list[str]) -> None:
         """Delete catalog rows (and so the wrapped keys) inside the caller's transaction."""
-        for block_id in block_ids:
-            self.catalog.delete("blocks", "id = ?", [block_id])
+        self.catalog.delete_in("blocks", "id", block_ids)
 
     def unlink_block_files(self, block_ids: list[str], keep: set[str] | None = None) -> None:
         """After the transaction committed: remove the files of deleted blocks (a rewritten
@@ -533,7 +510,7 @@ class Vault:
     # -- audit ---------------------------------------------------------------------------
     def audit(self, repair: bool = False) -> AuditReport:
         report = AuditReport()
-        rows = {row["file_name"]: row for row in self.catalog.rows("blocks")}
+        rows = {row["file_name"]: row for row in self.catalog.select("blocks")}
         report.blocks = len(rows)
         for file_name, row in rows.items():
             path = self.blocks_dir / file_name
@@ -555,10 +532,10 @@ class Vault:
                 report.problems.append(f"block {row['id']}: file missing")
             except (IntegrityError, blockfile.BlockFormatError) as exc:
                 report.problems.append(f"block {row['id']}: {exc}")
-        referenced = {r["head_block_id"] for r in self.catalog.rows("conversations")}
+        referenced = {r["head_block_id"] for r in self.catalog.select("conversations")}
         referenced |= {r["parent_id"] for r in rows.values()}
-        referenced |= {r["block_id"] for r in self.catalog.rows("parts")}
-        referenced |= {r["block_id"] for r in self.catalog.rows("documents")}
+        referenced |= {r["block_id"] for r in self.catalog.select("parts")}
+        referenced |= {r["block_id"] for r in self.catalog.select("documents")}
         for block_id in sorted(b for b in referenced if b):
             if self.catalog.get("blocks", block_id) is None:
                 report.problems.append(f"catalog refers to missing block {block_id}")
@@ -572,6 +549,10 @@ class Vault:
             else:
                 report.problems.append(f"{what} {path.name} is not in the catalog")
         return report
+
+
+def _fresh_buffer(size: int) -> ctypes.Array[ctypes.c_uint8]:
+    return (ctypes.c_uint8 * size)()
 
 
 def tokens_digest(tokens: list[int]) -> str:

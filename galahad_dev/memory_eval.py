@@ -1,4 +1,4 @@
-"""`galahad eval memory`: the router at scale, on this machine.
+"""`python -m galahad_dev eval memory`: the router at scale, on this machine.
 
 Generated documents (filler prose, code-like lines and tables, with needle and decoy records
 "<name>'s access code is NNNN") are deposited until the store holds at least `tokens`
@@ -12,29 +12,16 @@ before the first and after the last deposit: the store grows on disk, not in RAM
 from __future__ import annotations
 
 import re
-import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench.benchmarks import Bench, Log, machine
-from galahad_desktop.bench.corpus import Corpus, Needle
-from galahad_desktop.bench.needles import question
+from galahad_desktop.bench import Bench, Log, machine, rss_mb
+from galahad_dev.corpus import Corpus, Needle
+from galahad_dev.needles import question
 
 CODE = re.compile(r"(?<!\d)\d{4}(?!\d)")
-
-
-def rss_mb() -> float:
-    """Current resident set size (Linux: /proc; elsewhere the peak, which only overstates)."""
-    try:
-        with open("/proc/self/statm") as handle:
-            pages = int(handle.read().split()[1])
-        return pages * resource.getpagesize() / 2**20
-    except OSError:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def eval_memory(
@@ -57,8 +44,10 @@ def eval_memory(
         # Warm up with one part-sized prefill and capture on throwaway text: the KV cache's
         # pages are only touched as positions fill, so without this the first document's
         # reading would count the cache itself as growth of the store.
-        warm = Corpus(seed + 1).filler(core.part_budget())
-        engine.evaluate((engine.bos() + engine.encode_text("\n".join(warm)))[: core.part_budget()])
+        warm = Corpus(seed + 1).filler(core.documents.part_budget())
+        engine.evaluate(
+            (engine.bos() + engine.encode_text("\n".join(warm)))[: core.documents.part_budget()]
+        )
         engine.capture()
         engine.reset()
         rss_start = rss_mb()
@@ -89,8 +78,8 @@ def eval_memory(
         # Where each record really is: the part whose own text holds it.
         where: dict[str, str] = {}
         for document_id, needles in documents:
-            for part in core.parts(document_id):
-                text = core.part_text(part["id"])
+            for part in core.documents.part_rows(document_id):
+                text = core.documents.part_text(part)
                 for needle in needles:
                     if f"{needle.name}'s access code is {needle.code}" in text:
                         where.setdefault(needle.name, part["id"])
@@ -138,7 +127,7 @@ def eval_memory(
             )
         answered = [r for r in rows if r["answered"]]
         routed_right = sum(1 for r in rows if r["chosen_part"] == r["expected_part"])
-        n_parts = len(core.vault.catalog.rows("parts"))
+        n_parts = core.vault.catalog.count("parts")
         restores = [float(r["restore_ms"]) for r in answered if r["restore_ms"]]
         return {
             "command": "eval memory",
@@ -167,7 +156,7 @@ def eval_memory(
             "deposit_s": deposit_s,
             "deposit_tokens_per_s": stored / deposit_s if deposit_s else 0.0,
             "median_restore_ms": statistics.median(restores) if restores else None,
-            "store_bytes": sum(r["file_bytes"] for r in core.vault.catalog.rows("blocks")),
+            "store_bytes": sum(r["file_bytes"] for r in core.vault.catalog.select("blocks")),
             "gate": {
                 "min_strength": core.settings.get("route_min_strength"),
                 "min_margin": core.settings.get("route_min_margin"),

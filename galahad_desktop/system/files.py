@@ -17,7 +17,12 @@ TMP_PREFIX = ".tmp-"
 
 
 def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    """Make a rename durable. Windows cannot open a directory (NTFS journals renames), so
+    there it is a no-op."""
+    flags = getattr(os, "O_DIRECTORY", None)
+    if flags is None or os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:

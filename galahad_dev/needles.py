@@ -1,4 +1,4 @@
-"""`galahad eval needles`: the long-term-memory protocol, scaled to this machine.
+"""`python -m galahad_dev eval needles`: the long-term-memory protocol, scaled to this machine.
 
 Seeded documents of generated filler hold needle records ("<name>'s access code is NNNN")
 and decoys. Each is deposited as its own block. One probe per needle grafts the block that
@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench.benchmarks import Bench, Log, context_for, machine
-from galahad_desktop.bench.corpus import Corpus
+from galahad_desktop.bench import Bench, Log, context_for, machine
+from galahad_dev.corpus import Corpus
 
 CODE = re.compile(r"(?<!\d)\d{4}(?!\d)")
 
@@ -42,7 +42,7 @@ def eval_needles(
             words = int(block_tokens * 0.55)
             while True:
                 text, needles = corpus.document(words, part)
-                if len(core.document_tokens("x", text)) <= block_tokens or words < 50:
+                if len(core.documents.document_tokens("x", text)) <= block_tokens or words < 50:
                     break
                 words = int(words * 0.9)
             deposited = core.deposit_text(f"ledger-part-{part:03d}.txt", text)

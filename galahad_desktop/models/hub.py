@@ -20,7 +20,7 @@ from pathlib import Path
 
 from galahad_desktop.errors import CancelledError, InputError, IntegrityError
 from galahad_desktop.paths import ensure_private_dir
-from galahad_desktop.vault.atomic import fsync_dir
+from galahad_desktop.system.files import fsync_dir
 
 CHUNK = 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -32,6 +32,14 @@ class Downloaded:
     sha256: str
     size: int
     resumed_from: int
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _published(repo_id: str, filename: str, revision: str | None) -> tuple[str, int, str]:
@@ -68,7 +76,8 @@ def download_gguf(
     url, size, sha = _published(repo_id, filename, revision)
     models_dir = ensure_private_dir(models_dir)
     final = models_dir / Path(filename).name
-    if final.exists() and final.stat().st_size == size:
+    if final.exists() and final.stat().st_size == size and sha256_of(final) == sha:
+        # A file of that name is kept only when its bytes are the published ones.
         return Downloaded(final, sha, size, size)
     partial = models_dir / f".partial-{sha[:16]}-{final.name}"
     digest = hashlib.sha256()

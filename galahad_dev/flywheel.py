@@ -1,4 +1,5 @@
-"""`galahad eval flywheel`: solve once with a larger budget, verify, store; then ask again
+"""`python -m galahad_dev eval flywheel`: solve once with a larger budget, verify, store;
+then ask again
 (recurrence, paraphrased), ask variants (transfer) and near misses (the gate).
 
 Problems are generated locally from a seed: arithmetic and unit conversions, all checkable.
@@ -12,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench.benchmarks import Bench, Log, machine
-from galahad_desktop.memory.library import VerifiedLibrary
+from galahad_desktop.bench import Bench, Log, machine
 from galahad_desktop.memory.verifiers import verifier_for
 
 UNIT_TEMPLATES = (("km", "m"), ("kg", "g"), ("h", "min"), ("m", "cm"), ("l", "ml"))
@@ -74,7 +74,7 @@ def eval_flywheel(
     rng = random.Random(seed)
     try:
         core = bench.core
-        library = VerifiedLibrary(core)
+        library = core.library
         cases = [problem(rng) for _ in range(problems)]
         solved, first_tokens, first_ms = [], 0, 0.0
         solved_by_model = 0
@@ -117,7 +117,7 @@ def eval_flywheel(
                 question = cases[index][kind]
                 conversation = core.new_conversation()
                 start = time.perf_counter()
-                result = library.ask(
+                result = core.send(
                     conversation, question, params=core.sampling(max_tokens=budget, temperature=0.0)
                 )
                 elapsed = (time.perf_counter() - start) * 1e3
@@ -126,12 +126,13 @@ def eval_flywheel(
                 rows.append(
                     {
                         "question": question,
-                        "mode": (result.library or {}).get("mode"),
+                        "mode": result.library.mode if result.library else None,
                         "decode_tokens": result.counters.generated_tokens,
                         "ms": elapsed,
                         "correct": found[0].check(question, result.reply).ok,
-                        "stored_answer_returned": (result.library or {}).get("mode")
-                        == "recurrence",
+                        "stored_answer_returned": bool(
+                            result.library and result.library.mode == "recurrence"
+                        ),
                         "recomputed": result.counters.recomputed_tokens,
                         "proof": result.proof.verdict,
                     }

@@ -504,7 +504,7 @@ def eval_hostile(log: Log, timeout_s: float = 30.0, memory_mb: int = 1024) -> di
     """Extract every hostile input through the bounded reader and, when it yields text, put
     it through a real deposit's limits (without the model)."""
     from galahad_desktop.errors import CancelledError, InputError
-    from galahad_desktop.memory.documents import extract_text_bounded
+    from galahad_desktop.memory.extraction import extract_text_bounded
 
     tmp = Path(tempfile.mkdtemp(prefix="galahad-hostile-"))
     rows: list[dict[str, Any]] = []

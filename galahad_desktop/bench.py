@@ -1,0 +1,409 @@
+"""`galahad bench resume|deposit`: our path against plain llama.cpp, measured side by side in
+one run (medians of repetitions), with the runtime fingerprint — like llama-bench, shipped so
+any user can measure their own machine. Peer baselines and evaluations live in the
+development package (galahad_dev), not here.
+
+Absolute times on shared machines drift; the ratios within one run are the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from galahad_desktop.engine.engine import Engine
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.galahad import Galahad, engine_config
+from galahad_desktop.vault.blockfile import CHUNK_BYTES
+from galahad_desktop.vault.keys import MemoryKeyStore
+
+Log = Callable[[str], None]
+_WORDS = (
+    "the castle road river knight ledger winter harbour lantern orchard market bell tower "
+    "bridge mill garden letter archive candle forge meadow chapel quarry ferry signal"
+).split()
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def context_for(max_tokens: int) -> int:
+    return ((max_tokens + 1024) // 256 + 1) * 256
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--sizes must be comma-separated token counts, got '{text}'.") from None
+    if not sizes or min(sizes) < 64 or max(sizes) > 262_144:
+        raise InputError("--sizes needs token counts between 64 and 262,144.")
+    return sizes
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MB), or its peak where only that is known."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    try:
+        import resource
+
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+    except ImportError:
+        return 0.0
+
+
+class PeakRss:
+    """Samples resident memory in a thread while a block runs: the block's peak."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss_mb())
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mb())
+
+
+class Bench:
+    """A throwaway data directory and keystore (benchmarks never touch the user's data)."""
+
+    def __init__(self, model_path: Path | None, overrides: dict[str, Any], log: Log) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="galahad-bench-"))
+        self.keystore = MemoryKeyStore()
+        self.model_path = model_path
+        self.overrides = {"temperature": 0.0, **overrides}  # benchmarks decode greedily
+        self.log = log
+        self.core = self.open_core()
+        self._rng = random.Random(int(overrides.get("seed", 0)) + 1234)
+
+    def open_core(self) -> Galahad:
+        return Galahad(
+            self.tmp / "data",
+            model_path=self.model_path,
+            keystore=self.keystore,
+            overrides=self.overrides,
+        )
+
+    def fresh_engine(self) -> None:
+        """A new llama.cpp context (model load untimed): nothing of earlier work in memory."""
+        self.core.reload_engine()
+        _ = self.core.engine
+
+    def _line(self) -> str:
+        words = [self._rng.choice(_WORDS) for _ in range(self._rng.randint(8, 16))]
+        number = self._rng.randint(10, 9999)
+        return f"{' '.join(words).capitalize()} {number}."
+
+    def text_of_tokens(self, target: int) -> str:
+        """Generated text whose document turn is as close to `target` tokens as whole lines
+        allow (never above)."""
+        docs = self.core.documents
+
+        def count(lines: list[str]) -> int:
+            return len(docs.document_tokens("bench.txt", "\n".join(lines)))
+
+        lines: list[str] = []
+        while count(lines) <= target:
+            lines += [self._line() for _ in range(max(8, target // 16))]
+        low, high = 0, len(lines)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if count(lines[:middle]) <= target:
+                low = middle
+            else:
+                high = middle - 1
+        return "\n".join(lines[:low])
+
+    def report(self, command: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The envelope every benchmark prints: results with the runtime fingerprint."""
+        engine = self.core.engine
+        return {
+            "command": command,
+            "results": rows,
+            "fingerprint": engine.fingerprint,
+            "fingerprint_details": engine.fingerprint_details,
+            "machine": machine(),
+        }
+
+    def close(self) -> None:
+        self.core.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def floor_ms(n_bytes: int, tmp: Path) -> float:
+    """Read n_bytes of AES-GCM ciphertext from disk and decrypt it into one buffer (the
+    least work any encrypted restore must do before llama.cpp copies the state in)."""
+    key = AESGCM.generate_key(bit_length=256)
+    aead = AESGCM(key)
+    path = tmp / "floor.bin"
+    nonce = b"\0" * 12
+    chunks = []
+    with open(path, "wb") as handle:
+        remaining = n_bytes
+        while remaining > 0:
+            size = min(CHUNK_BYTES, remaining)
+            ciphertext = aead.encrypt(nonce, os.urandom(size), None)
+            handle.write(ciphertext)
+            chunks.append(len(ciphertext))
+            remaining -= size
+    # Warm buffer, like the vault's reused one: first-touch page faults are not decryption.
+    buffer = (ctypes.c_uint8 * n_bytes)()
+    ctypes.memset(buffer, 1, n_bytes)
+    start = time.perf_counter()
+    view = memoryview(buffer).cast("B")
+    scratch = bytearray(max(chunks))
+    offset = 0
+    with open(path, "rb") as handle:
+        for length in chunks:
+            piece = memoryview(scratch)[:length]
+            handle.readinto(piece)
+            aead.decrypt_into(nonce, piece, None, view[offset : offset + length - 16])
+            offset += length - 16
+    elapsed = ms_since(start)
+    path.unlink()
+    return elapsed
+
+
+def seq_file_round_trip(engine: Engine, tokens: list[int], path: Path) -> tuple[float, float, int]:
+    """llama.cpp's own per-sequence state file (llama-server's slot save): plain, no
+    authentication. Returns (save ms, load ms into this context after a reset, bytes)."""
+    n = len(tokens)
+    token_array = (llama_cpp.llama_token * n)(*tokens)
+    start = time.perf_counter()
+    llama_cpp.llama_state_seq_save_file(engine._ctx, str(path).encode(), 0, token_array, n)
+    save_ms = ms_since(start)
+    size = path.stat().st_size
+    engine.reset()
+    out_tokens = (llama_cpp.llama_token * (n + 16))()
+    count = ctypes.c_size_t(0)
+    start = time.perf_counter()
+    loaded = llama_cpp.llama_state_seq_load_file(
+        engine._ctx, str(path).encode(), 0, out_tokens, n + 16, ctypes.byref(count)
+    )
+    load_ms = ms_since(start)
+    path.unlink()
+    if loaded == 0:
+        raise RuntimeError("llama_state_seq_load_file failed")
+    return save_ms, load_ms, size
+
+
+def bench_resume(
+    sizes: list[int], reps: int, model_path: Path | None, overrides: dict[str, Any], log: Log
+) -> dict[str, Any]:
+    """Restore a stored document block into a new context against re-reading it and
+    against llama.cpp's plain sequence file, with the floor (read + decrypt)."""
+    bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
+    rows = []
+    try:
+        core = bench.core
+        for size in sizes:
+            text = bench.text_of_tokens(size)
+            deposited = core.deposit_text("bench.txt", text)
+            row_block = core.vault.block_row(deposited.block_id)
+            tokens = core.vault.block_tokens(row_block)
+            n = len(tokens)
+            log(f"resume: {n:,} tokens")
+            prefill, restore, proof_ms, verdicts, seq_load, seq_save = [], [], [], [], [], []
+            seq_bytes = 0
+            core.vault.lock()  # the first restore below pays for a fresh buffer
+            core.vault.unlock()
+            for _ in range(reps):
+                bench.fresh_engine()
+                engine = core.engine
+                start = time.perf_counter()
+                engine.evaluate(tokens)
+                prefill.append(ms_since(start))
+
+                bench.fresh_engine()
+                engine = core.engine
+                owners = {deposited.document_id}
+                restore_ms, _n, result = core.live.restore_and_prove(deposited.block_id, owners)
+                restore.append(restore_ms)
+                proof_ms.append(result.proof_ms)
+                verdicts.append(result.verdict)
+
+                # The same state (grafted byte-exact) through llama.cpp's own file path.
+                engine.reset()
+                stored = core.vault.read_block(deposited.block_id)
+                engine.restore(stored.payload, stored.tokens, stored.size)
+                save_ms, load_ms, seq_bytes = seq_file_round_trip(
+                    engine, tokens, bench.tmp / "seq.bin"
+                )
+                seq_save.append(save_ms)
+                seq_load.append(load_ms)
+            floors = [floor_ms(row_block["payload_bytes"], bench.tmp) for _ in range(reps)]
+            out = {
+                "tokens": n,
+                "prefill_ms": median(prefill),
+                "restore_ms": median(restore),
+                "restore_first_ms": restore[0],
+                "proof_ms": median(proof_ms),
+                "proof": "exact" if set(verdicts) == {"exact"} else ",".join(sorted(set(verdicts))),
+                "floor_ms": median(floors),
+                "seq_file_ms": median(seq_load),
+                "seq_file_save_ms": median(seq_save),
+                "capture_ms": row_block["capture_ms"],
+                "block_bytes": row_block["file_bytes"],
+                "seq_file_bytes": seq_bytes,
+                "reps": reps,
+                "config": config_of(core),
+            }
+            out["speedup_vs_prefill"] = out["prefill_ms"] / out["restore_ms"]
+            out["ratio_to_floor"] = out["restore_ms"] / out["floor_ms"]
+            out["ratio_to_seq_file"] = out["restore_ms"] / out["seq_file_ms"]
+            out["bytes_per_token"] = out["block_bytes"] / n
+            rows.append(out)
+        return bench.report("bench resume", rows)
+    finally:
+        bench.close()
+
+
+def config_of(core: Galahad) -> dict[str, Any]:
+    d = core.engine.fingerprint_details
+    keys = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "flash_attn", "swa_full", "kv_type")
+    return {k: d[k] for k in keys}
+
+
+PREVIOUS_DEFAULTS = {"flash_attn": False, "swa_full": True}
+BEST_RAW = {"flash_attn": True, "swa_full": False}
+
+
+def raw_prefill_ms(core: Galahad, tokens: list[int], changes: dict[str, Any]) -> float:
+    """Plain llama.cpp (the same token ids through Llama.eval in n_batch slices) under
+    another configuration, in a context of its own."""
+    config = replace(engine_config(core.settings, core.model_path), **changes)
+    engine = Engine(config)
+    try:
+        start = time.perf_counter()
+        for offset in range(0, len(tokens), config.n_batch):
+            engine.llm.eval(tokens[offset : offset + config.n_batch])
+        return ms_since(start)
+    finally:
+        engine.close()
+
+
+def bench_deposit(
+    sizes: list[int], reps: int, model_path: Path | None, overrides: dict[str, Any], log: Log
+) -> dict[str, Any]:
+    """A deposit (read, capture, encrypt, write) against plain llama.cpp reading the same
+    tokens with the previous defaults and with its fastest configuration here; then an ask
+    on the deposited block, whose proof must be exact."""
+    bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
+    rows = []
+    try:
+        core = bench.core
+        for size in sizes:
+            text = bench.text_of_tokens(size)
+            tokens = core.documents.document_tokens("bench.txt", text)
+            default, best, deposit, peaks = [], [], [], []
+            verdicts = []
+            for _ in range(reps):
+                default.append(raw_prefill_ms(core, tokens, PREVIOUS_DEFAULTS))
+                best.append(raw_prefill_ms(core, tokens, BEST_RAW))
+                core.reload_engine()
+                _ = core.engine
+                with PeakRss() as peak:
+                    start = time.perf_counter()
+                    deposited = core.deposit_text("bench.txt", text)
+                    deposit.append(ms_since(start))
+                peaks.append(peak.peak)
+                conversation = core.new_conversation(document_id=deposited.document_id)
+                core.reload_engine()  # the ask grafts from disk into a new context
+                turn = core.send(
+                    conversation,
+                    "What is the first line about?",
+                    params=core.sampling(max_tokens=4, temperature=0.0),
+                )
+                verdicts.append(turn.proof.verdict)
+                core.forget(deposited.document_id)
+            log(f"deposit: {len(tokens):,} tokens")
+            row: dict[str, Any] = {
+                "tokens": len(tokens),
+                "raw_prefill_default_ms": median(default),
+                "raw_prefill_best_ms": median(best),
+                "deposit_ms": median(deposit),
+                "peak_rss_mb": max(peaks),
+                "config": config_of(core),
+                "ask_proof": "exact"
+                if set(verdicts) == {"exact"}
+                else ",".join(sorted(set(verdicts))),
+                "reps": reps,
+            }
+            row["deposit_over_best"] = row["deposit_ms"] / row["raw_prefill_best_ms"]
+            row["speedup_vs_default"] = row["raw_prefill_default_ms"] / row["deposit_ms"]
+            rows.append(row)
+        return bench.report("bench deposit", rows)
+    finally:
+        bench.close()
+
+
+def resume_table(result: dict[str, Any]) -> str:
+    head = (
+        f"{'tokens':>7} {'prefill':>9} {'restore':>8} {'proof':>6} {'floor':>7} "
+        f"{'seqfile':>8} {'block MB':>9} {'seq MB':>7} {'×prefill':>9} {'×seqfile':>9}"
+    )
+    lines = [head]
+    for r in result["results"]:
+        lines.append(
+            f"{r['tokens']:>7,} {r['prefill_ms']:>8.0f}ms {r['restore_ms']:>6.1f}ms "
+            f"{r['proof_ms']:>4.0f}ms {r['floor_ms']:>5.1f}ms {r['seq_file_ms']:>6.1f}ms "
+            f"{r['block_bytes'] / 1e6:>9.1f} {r['seq_file_bytes'] / 1e6:>7.1f} "
+            f"{r['speedup_vs_prefill']:>8.0f}× {r['ratio_to_seq_file']:>8.2f}×  {r['proof']}"
+        )
+    return "\n".join(lines)
+
+
+def deposit_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'tokens':>7} {'llama.cpp prev':>15} {'llama.cpp best':>15} {'deposit':>9} "
+        f"{'÷best':>6} {'×prev':>6} {'peak RSS':>9}  ask"
+    ]
+    for r in result["results"]:
+        lines.append(
+            f"{r['tokens']:>7,} {r['raw_prefill_default_ms']:>13.0f}ms "
+            f"{r['raw_prefill_best_ms']:>13.0f}ms {r['deposit_ms']:>7.0f}ms "
+            f"{r['deposit_over_best']:>5.2f} {r['speedup_vs_default']:>5.2f} "
+            f"{r['peak_rss_mb']:>7.0f}MB  {r['ask_proof']}"
+        )
+    return "\n".join(lines)

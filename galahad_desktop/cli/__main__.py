@@ -1,0 +1,5 @@
+import sys
+
+from galahad_desktop.cli import main
+
+sys.exit(main())

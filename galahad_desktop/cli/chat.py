@@ -1,0 +1,257 @@
+"""Conversations from the terminal: chat, resume, list, show, rename, compact."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from galahad_desktop.cli.common import (
+    Output,
+    cancel_on_sigint,
+    progress_printer,
+    sampling_of,
+)
+from galahad_desktop.errors import ContextFullError, GalahadError, InputError
+from galahad_desktop.memory.results import TurnResult
+
+
+def make_room(core: Any, out: Output, conversation_id: str, message: str, when_full: str) -> str:
+    """The conversation the message goes to: this one when it fits; else, as chosen, a
+    continuation (from a summary, or with the documents and the last turns)."""
+    full = core.context_check(conversation_id, message)
+    if full is None:
+        return conversation_id
+    if when_full == "stop":
+        raise ContextFullError(
+            full.describe() + " Send again with --when-full summary or --when-full recent."
+        )
+    if when_full not in ("summary", "recent"):
+        raise InputError("--when-full takes stop, summary or recent.")
+    with cancel_on_sigint() as cancel:
+        if when_full == "summary":
+            continued = core.continue_with_summary(
+                conversation_id, progress=progress_printer(out, "summarizing"), cancel=cancel
+            )
+        else:
+            continued = core.continue_with_recent(
+                conversation_id,
+                message,
+                progress=progress_printer(out, "re-reading"),
+                cancel=cancel,
+            )
+    out.info(
+        f"Continued in {continued.conversation_id} ({continued.kind}, re-read "
+        f"{continued.reread_tokens:,} tokens)."
+    )
+    return str(continued.conversation_id)
+
+
+def run_turn(
+    core: Any, out: Output, conversation_id: str, message: str, args: argparse.Namespace
+) -> TurnResult:
+    conversation_id = make_room(
+        core, out, conversation_id, message, getattr(args, "when_full", "stop")
+    )
+    params = sampling_of(core, args)
+    thoughts = None if out.as_json else (lambda piece: out.info(f"(thinking) {piece}"))
+    with cancel_on_sigint() as cancel:
+        result: TurnResult = core.send(
+            conversation_id,
+            message,
+            on_text=out.stream(),
+            cancel=cancel,
+            params=params,
+            progress=progress_printer(out, "re-reading"),
+            on_thought=thoughts,
+            compact=True,  # after the reply is out: the user has it
+        )
+    if result.graft and result.graft.fallback_reason:
+        out.info(f"Note: re-read the conversation because {result.graft.fallback_reason}.")
+    if not out.as_json:
+        print()
+        out.info(result.describe())
+    return result
+
+
+def cmd_chat(core: Any, out: Output, args: argparse.Namespace) -> int:
+    conversation_id = args.conversation or core.new_conversation(
+        document_id=args.document, system_prompt=args.system, thinking=args.thinking
+    )
+    if args.conversation and args.thinking is not None:
+        core.set_thinking(conversation_id, args.thinking)
+    if args.message is not None:
+        result = run_turn(core, out, conversation_id, args.message, args)
+        if out.as_json:
+            out.result(result, "")
+        return 0
+    info = core.info()
+    if info.model.kind != "chat":
+        out.info(f"Model: {info.model.name} — a {info.model.label}.")
+    if args.conversation:
+        report = core.resume(conversation_id, progress=progress_printer(out, "re-reading"))
+        out.info(report.describe())
+        for message in core.messages(conversation_id)[-6:]:
+            out.info(f"{message.role}> {message.text}")
+    out.info(f"Conversation {conversation_id}. Type /quit to leave; Ctrl-C stops a reply.")
+    while True:
+        try:
+            line = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            break
+        if line.strip() in ("/quit", "/exit"):
+            break
+        if not line.strip():
+            continue
+        print("model> ", end="", flush=True)
+        try:
+            run_turn(core, out, conversation_id, line, args)
+        except GalahadError as exc:
+            out.info(f"error: {exc}")
+    return 0
+
+
+def cmd_resume(core: Any, out: Output, args: argparse.Namespace) -> int:
+    report = core.resume(args.conversation_id, progress=progress_printer(out, "re-reading"))
+    out.result({**report.as_dict(), "conversation_id": args.conversation_id}, report.describe())
+    return 0
+
+
+def cmd_list(core: Any, out: Output, args: argparse.Namespace) -> int:
+    conversations = core.list_conversations()
+    documents = core.list_documents()
+    lines = [f"{c.id}  {c.n_tokens:>7,} tok  {c.title or '(untitled)'}" for c in conversations]
+    lines += [
+        f"{d.id}  {d.n_tokens:>7,} tok  {d.name}"
+        + (f"  ({d.n_parts} parts)" if d.n_parts > 1 else "")
+        for d in documents
+    ]
+    out.result(
+        {"conversations": conversations, "documents": documents},
+        "\n".join(lines) or "Nothing stored yet.",
+    )
+    return 0
+
+
+def cmd_show(core: Any, out: Output, args: argparse.Namespace) -> int:
+    messages = core.messages(args.conversation_id)
+    summary = core.conversation(args.conversation_id)
+    out.result(
+        {"conversation_id": args.conversation_id, "title": summary.title, "messages": messages},
+        "\n".join(f"{m.role}> {m.text}" for m in messages),
+    )
+    return 0
+
+
+def cmd_rename(core: Any, out: Output, args: argparse.Namespace) -> int:
+    summary = core.rename(args.conversation_id, args.title)
+    out.result(summary, f"Renamed {summary.id} to '{summary.title}'.")
+    return 0
+
+
+def cmd_import(core: Any, out: Output, args: argparse.Namespace) -> int:
+    with cancel_on_sigint() as cancel:
+        result = core.import_conversations(
+            args.file, progress=progress_printer(out, "reading"), cancel=cancel
+        )
+    lines = [
+        f"Imported {len(result.conversations)} conversation(s), {result.tokens:,} tokens read "
+        f"at {result.tokens_per_s:,.0f} tok/s"
+        + (" (cancelled: the rest was not imported)" if result.cancelled else "")
+        + "."
+    ]
+    lines += [
+        f"  {c.conversation_id}  {c.messages:>3} messages  {c.title}" for c in result.conversations
+    ]
+    lines += [f"  skipped '{s.title}': {s.reason}" for s in result.skipped]
+    lines += [
+        f"  note on '{c.title}': left out {reason}"
+        for c in result.conversations
+        for reason in c.left_out
+    ]
+    out.result(result, "\n".join(lines))
+    return 0
+
+
+def cmd_export(core: Any, out: Output, args: argparse.Namespace) -> int:
+    result = core.export(args.conversation_id, args.format, args.out)
+    if result.path is None:
+        if out.as_json:
+            out.result(result, "")
+        else:
+            print(result.text)
+        return 0
+    out.info("The export is plain text: keep it somewhere private.")
+    out.result(
+        {
+            "path": result.path,
+            "format": result.format,
+            "messages": result.messages,
+            "bytes": result.bytes,
+        },
+        f"Exported {result.messages} messages to {result.path}.",
+    )
+    return 0
+
+
+def cmd_compact(core: Any, out: Output, args: argparse.Namespace) -> int:
+    result = core.compact(args.conversation_id, args.keep)
+    text = (
+        f"Merged {result.merged} links into one; the chain now has {result.links_after}."
+        if result.merged
+        else f"Nothing to merge ({result.links_before} links)."
+        + (f" {result.skipped}." if result.skipped else "")
+    )
+    out.result(result, text)
+    return 0
+
+
+def register(add: Any) -> None:
+    from pathlib import Path
+
+    from galahad_desktop.cli.common import add_sampling
+
+    p = add("chat", "streaming chat in the terminal, or one turn with --message", cmd_chat)
+    p.add_argument("--conversation", help="continue this conversation")
+    p.add_argument("--document", help="start a conversation on this document")
+    p.add_argument("--message", help="send one message and exit")
+    p.add_argument("--system", help="system prompt preset for a new conversation")
+    thinking = p.add_mutually_exclusive_group()
+    thinking.add_argument(
+        "--thinking",
+        dest="thinking",
+        action="store_true",
+        default=None,
+        help="let the model think first (Gemma 4; a new conversation)",
+    )
+    thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
+    p.add_argument(
+        "--when-full",
+        default="stop",
+        choices=["stop", "summary", "recent"],
+        help="when the message does not fit the context: stop (default, exit 12), continue "
+        "in a new conversation from a summary, or with the documents and the last turns",
+    )
+    add_sampling(p)
+    p = add("resume", "graft a stored conversation and report what it cost", cmd_resume)
+    p.add_argument("conversation_id")
+    add("list", "list conversations and documents", cmd_list)
+    p = add("show", "print a conversation's messages", cmd_show)
+    p.add_argument("conversation_id")
+    p = add("rename", "give a conversation a new title", cmd_rename)
+    p.add_argument("conversation_id")
+    p.add_argument("title")
+    p = add(
+        "import",
+        "import conversations: a ChatGPT conversations.json, a Jan thread folder, an LM Studio "
+        ".conversation.json, an Open WebUI export, a Markdown transcript or a Galahad export",
+        cmd_import,
+    )
+    p.add_argument("file", type=Path)
+    p = add("export", "export a conversation as Markdown, JSON (re-importable) or HTML", cmd_export)
+    p.add_argument("conversation_id")
+    p.add_argument("--format", default="md", choices=["md", "json", "html"])
+    p.add_argument("--out", type=Path, help="file to write (default: print it)")
+    p = add("compact", "merge a conversation's older chain links into one block", cmd_compact)
+    p.add_argument("conversation_id")
+    p.add_argument("--keep", type=int, help="newest turn links kept separate (default: setting)")

@@ -1,0 +1,211 @@
+"""What every command shares: output (text, or exactly one JSON object), progress on stderr,
+Ctrl-C as a cancel, opening the core, and the argument groups."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from galahad_desktop.engine.engine import Progress
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError, KeyAccessError, StorageError
+from galahad_desktop.memory.results import to_jsonable
+from galahad_desktop.paths import DATA_DIR_ENV, default_data_dir
+
+# Terminal control sequences a file name or a model's text could carry: never print them raw.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text safe for a terminal: control characters (escape sequences) shown as codes."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def info(self, text: str) -> None:
+        """Human progress and status: stderr, so stdout stays clean for --json."""
+        print(printable(text), file=sys.stderr, flush=True)
+
+    def result(self, obj: Any, text: str) -> None:
+        if self.as_json:
+            print(json.dumps(to_jsonable(obj), default=str))
+        else:
+            print(printable(text) if text else "")
+
+    def stream(self) -> Callable[[str], None] | None:
+        if self.as_json:
+            return None
+        return lambda piece: print(printable(piece).replace("\\x0a", "\n"), end="", flush=True)
+
+
+def progress_printer(out: Output, label: str) -> Callable[[Progress], None]:
+    def report(p: Progress) -> None:
+        eta = f"{p.eta_s:.0f}s" if p.eta_s != float("inf") else "?"
+        end = "\n" if p.done >= p.total else ""
+        print(
+            f"\r{label}: {p.done:,}/{p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s · "
+            f"ETA {eta}   ",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
+def byte_progress(out: Output, label: str) -> Callable[[int, int], None]:
+    start = time.monotonic()
+
+    def report(have: int, total: int) -> None:
+        rate = have / max(1e-9, time.monotonic() - start)
+        end = "\n" if have >= total else ""
+        print(
+            f"\r{label}: {have / 1e6:,.0f}/{total / 1e6:,.0f} MB · {rate / 1e6:.1f} MB/s   ",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
+@contextmanager
+def cancel_on_sigint() -> Iterator[threading.Event]:
+    """Ctrl-C stops the work between tokens (or batches) instead of killing the process
+    mid-write; a second Ctrl-C is an ordinary interrupt."""
+    cancel = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def parse_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"'{pair}' is not KEY=VALUE.")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    """The data directory, checked before anything is created in it."""
+    path = Path(args.data_dir) if args.data_dir else default_data_dir()
+    try:
+        path = path.expanduser()
+        if path.exists() and not path.is_dir():
+            raise StorageError(f"The data directory {path} is a file, not a directory.")
+        resolved = path.resolve()
+    except OSError as exc:
+        raise StorageError(f"The data directory {path} cannot be used: {exc.strerror}.") from None
+    if str(resolved).startswith(("/proc", "/sys", "/dev")):
+        raise StorageError(
+            f"{resolved} is a system directory, not a place to store data; choose another "
+            f"--data-dir (or {DATA_DIR_ENV})."
+        )
+    return path
+
+
+def passphrase_for(args: argparse.Namespace, data_dir: Path) -> str | None:
+    """The passphrase when the data directory uses one (or --passphrase asks for it)."""
+    from galahad_desktop.vault.keys import keystore_mode_file
+
+    if not (args.passphrase or keystore_mode_file(data_dir).exists()):
+        return None
+    env = os.environ.get("GALAHAD_PASSPHRASE")
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise KeyAccessError(
+            f"{data_dir} uses a passphrase: set GALAHAD_PASSPHRASE or run interactively."
+        )
+    import getpass
+
+    return getpass.getpass("Passphrase for Galahad: ")
+
+
+def open_core(args: argparse.Namespace) -> Any:
+    from galahad_desktop.memory.galahad import Galahad
+
+    data_dir = data_dir_of(args)
+    return Galahad(
+        data_dir,
+        model_path=args.model,
+        overrides=parse_pairs(args.set),
+        passphrase=passphrase_for(args, data_dir),
+    )
+
+
+def sampling_of(core: Any, args: argparse.Namespace) -> SamplingParams:
+    params: SamplingParams = core.sampling(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+    )
+    return params
+
+
+def add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default(None),
+        help=f"data directory (default: ${DATA_DIR_ENV} or the user data dir)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=default(None),
+        help="GGUF model file (default: the setting, else the embedded Gemma 3 270M demo)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="print exactly one JSON object on stdout",
+    )
+    parser.add_argument(
+        "--passphrase",
+        action="store_true",
+        default=default(False),
+        help="protect a new data directory with a passphrase instead of the OS keyring "
+        "(asked for, or read from $GALAHAD_PASSPHRASE)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=default([]),
+        help="override a setting for this run (e.g. --set n_ctx=4096)",
+    )
+
+
+def add_sampling(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling (default: settings, else the model's own)")
+    group.add_argument("--max-tokens", type=int)
+    group.add_argument("--temperature", type=float)
+    group.add_argument("--seed", type=int)

@@ -1,0 +1,138 @@
+"""Documents from the terminal: deposit, ask (routed), add-document, routing-log."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from galahad_desktop.cli.chat import run_turn
+from galahad_desktop.cli.common import (
+    Output,
+    add_sampling,
+    cancel_on_sigint,
+    progress_printer,
+    sampling_of,
+)
+
+GATED_EXIT = 9  # the router was not sure: candidates listed, nothing answered
+
+
+def cmd_deposit(core: Any, out: Output, args: argparse.Namespace) -> int:
+    with cancel_on_sigint() as cancel:
+        result = core.deposit(args.file, progress=progress_printer(out, "reading"), cancel=cancel)
+    out.result(
+        result,
+        f"Stored document {result.document_id} '{result.name}': "
+        f"{result.tokens:,} tokens read in {result.prefill_ms / 1e3:.1f} s, "
+        + (f"{result.n_parts} parts, blocks " if result.n_parts > 1 else "block ")
+        + f"{result.block_bytes / 1e6:.1f} MB",
+    )
+    return 0
+
+
+def cmd_ask(core: Any, out: Output, args: argparse.Namespace) -> int:
+    if args.question is None:
+        document_id, question = None, args.target
+    else:
+        document_id, question = args.target, args.question
+    if (
+        document_id is not None
+        and args.part is None
+        and core.document_parts_count(document_id) == 1
+    ):
+        # One part: no routing to do; a conversation on the document.
+        conversation_id = core.new_conversation(document_id=document_id)
+        result = run_turn(core, out, conversation_id, question, args)
+        if out.as_json:
+            out.result(result, "")
+        return 0
+    with cancel_on_sigint() as cancel:
+        answer = core.ask(
+            question,
+            document_id,
+            args.part,
+            on_text=out.stream(),
+            cancel=cancel,
+            params=sampling_of(core, args),
+        )
+    if not answer.answered:
+        d = answer.decision
+        lines = [f"{answer.why} Candidates (answer with --part ID):"]
+        for c, cited in zip(d.candidates, answer.candidates_cited, strict=True):
+            lines.append(f"  {c.part_id}  {cited}  share {c.coverage:.2f}  BM25 {c.score:.2f}")
+        if not d.candidates:
+            lines.append("  (none)")
+        out.result(answer, "\n".join(lines))
+        return GATED_EXIT
+    if not out.as_json:
+        print()
+    graft = answer.graft
+    out.result(
+        answer,
+        f"[{answer.citation} · restored {graft.restored_tokens if graft else 0:,} tokens, "
+        f"recomputed {graft.recomputed_tokens if graft else 0:,} · "
+        f"{graft.proof.verdict if graft else 'already loaded'}] {answer.why}",
+    )
+    return 0
+
+
+def cmd_add_document(core: Any, out: Output, args: argparse.Namespace) -> int:
+    with cancel_on_sigint() as cancel:
+        turn = core.add_document_file(
+            args.conversation_id,
+            args.file,
+            progress=progress_printer(out, "reading"),
+            cancel=cancel,
+        )
+    c = turn.counters
+    out.result(
+        {**turn.as_dict(), "links": core.chain_links(args.conversation_id)},
+        f"Added '{args.file.name}' to {args.conversation_id}: read {c.new_tokens:,} new "
+        f"tokens, restored {c.restored_tokens:,}, recomputed {c.recomputed_tokens:,}.",
+    )
+    return 0
+
+
+def cmd_routing_log(core: Any, out: Output, args: argparse.Namespace) -> int:
+    entries = core.routing_log(args.limit)
+    out.result(
+        {"entries": entries},
+        "\n".join(
+            f"{e.decision:>8}  best {e.best_score:.2f}  margin {e.margin:.2f}  {e.scope}  -> "
+            f"{e.part_id}"
+            for e in entries
+        )
+        or "No routing decisions yet.",
+    )
+    return 0
+
+
+def register(add: Any) -> None:
+    from pathlib import Path
+
+    p = add("deposit", "read a document once and store its KV block", cmd_deposit)
+    p.add_argument("file", type=Path)
+    p = add(
+        "ask",
+        "answer from a stored document without re-reading it; a long document (or, with "
+        "only a question, the whole library) goes through the router, which answers from the "
+        f"best part or, when unsure, lists the candidates and exits {GATED_EXIT}",
+        cmd_ask,
+    )
+    p.add_argument("target", help="a document id, or the question (ask the whole library)")
+    p.add_argument("question", nargs="?")
+    p.add_argument("--part", help="answer from this part (one of the router's candidates)")
+    add_sampling(p)
+    p = add(
+        "add-document",
+        "put a document into a conversation (prefills only the new one)",
+        cmd_add_document,
+    )
+    p.add_argument("conversation_id")
+    p.add_argument("file", type=Path)
+    p = add(
+        "routing-log",
+        "the router's recent decisions: scores and margins, no questions",
+        cmd_routing_log,
+    )
+    p.add_argument("--limit", type=int, default=20)

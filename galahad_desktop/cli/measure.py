@@ -1,0 +1,115 @@
+"""Measurements any user can run: `galahad bench resume|deposit` and `galahad --self-test`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.cli.common import Output, parse_pairs
+from galahad_desktop.system.files import atomic_write_bytes
+
+
+def cmd_bench(args: argparse.Namespace, out: Output) -> int:
+    from galahad_desktop import bench
+
+    overrides = parse_pairs(args.set)
+    sizes = bench.parse_sizes(args.sizes)
+    if args.kind == "resume":
+        result = bench.bench_resume(sizes, args.reps, args.model, overrides, out.info)
+        text = bench.resume_table(result)
+    else:
+        result = bench.bench_deposit(sizes, args.reps, args.model, overrides, out.info)
+        text = bench.deposit_table(result)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = f"bench-{args.kind}"
+        result["saved_to"] = str(args.out / f"{name}.json")
+        payload = json.dumps(result, indent=1, default=str).encode()
+        for path in (args.out / f"{name}.json", args.out / f"{name}-{stamp}.json"):
+            atomic_write_bytes(path, payload)
+    out.result(result, text)
+    return 0
+
+
+def self_test(args: argparse.Namespace, out: Output) -> int:
+    """Deposit a small document, resume it in a fresh engine, require an exact proof; a
+    chain link, the router and the model's turn format too."""
+    from galahad_desktop.memory.galahad import Galahad
+    from galahad_desktop.vault.keys import MemoryKeyStore
+
+    keystore = MemoryKeyStore()  # a throwaway key: the self-test must not touch the keyring
+    overrides: dict[str, Any] = {"temperature": 0.0, **parse_pairs(args.set)}
+    with tempfile.TemporaryDirectory(prefix="galahad-self-test-") as tmp:
+        doc = Path(tmp) / "self-test.txt"
+        doc.write_text("Galahad self-test. The access code of the vault is 4711.\n" * 20)
+        data = Path(tmp) / "data"
+        first = Galahad(data, model_path=args.model, keystore=keystore, overrides=overrides)
+        try:
+            deposited = first.deposit(doc)
+            backend = first.engine.backend
+            system_info = first.engine.fingerprint_details["system_info"]
+        finally:
+            first.close()
+        second = Galahad(data, model_path=args.model, keystore=keystore, overrides=overrides)
+        try:
+            conversation = second.new_conversation(document_id=deposited.document_id)
+            report = second.resume(conversation)
+            # A turn stored as a chain link on the document's block, spliced back exactly.
+            second.send(conversation, "Thank you.", params=second.sampling(max_tokens=4))
+            second.reload_engine()
+            chained = second.resume(conversation)
+            links = second.chain_links(conversation) + 1
+            # The router (SQLite FTS5, in memory) over the stored part.
+            routed = second.ask(
+                "What is the access code of the vault?", params=second.sampling(max_tokens=4)
+            )
+            info = second.info()
+        finally:
+            second.close()
+    ok = (
+        report.proof.verdict == "exact"
+        and report.recomputed_tokens == 0
+        and chained.proof.verdict == "exact"
+        and chained.recomputed_tokens == 0
+        and links == 2
+        and routed.answered
+    )
+    out.result(
+        {
+            "ok": ok,
+            "tokens": deposited.tokens,
+            "restored_tokens": report.restored_tokens,
+            "recomputed_tokens": report.recomputed_tokens,
+            "proof": report.proof.verdict,
+            "restore_ms": report.restore_ms,
+            "prefill_ms": deposited.prefill_ms,
+            "chain_links": links,
+            "chain_proof": chained.proof.verdict,
+            "routed": routed.answered,
+            "backend": backend,
+            "system_info": system_info,
+            "model": info.model.name,
+            "turn_format": info.turn_format_note,
+        },
+        f"self-test {'passed' if ok else 'FAILED'}: {deposited.tokens} tokens, "
+        f"{report.describe()} ({backend})",
+    )
+    return 0 if ok else 1
+
+
+def register(add: Any) -> None:
+    p = add(
+        "bench",
+        "measure restore and deposit against plain llama.cpp on this machine (throwaway data dir)",
+        cmd_bench,
+        core=False,
+    )
+    p.add_argument("kind", choices=["resume", "deposit"])
+    p.add_argument("--sizes", default="1000,4000,16000", help="token counts, comma-separated")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
+    p.add_argument("--out", type=Path, help="also save the JSON here (a directory)")

@@ -1,0 +1,185 @@
+"""The model and settings from the terminal: info, models (recommend, get, download), settings,
+and the window."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.cli.common import (
+    Output,
+    add_common,
+    byte_progress,
+    cancel_on_sigint,
+    data_dir_of,
+    parse_pairs,
+)
+from galahad_desktop.errors import InputError
+
+GIB = 1024**3
+
+
+def cmd_info(core: Any, out: Output, args: argparse.Namespace) -> int:
+    info = core.info()
+    model = info.model
+    lines = [
+        f"{model.name}: {model.description} ({model.n_params / 1e6:,.0f}M params, "
+        f"{model.quantization}) — {model.label}",
+        f"turn format: {info.turn_format_note}"
+        + (" · thinking available" if info.supports_thinking else ""),
+        f"sampling: {', '.join(f'{k} {v}' for k, v in info.sampling_defaults.items())} "
+        "(the model's recommendation)",
+        f"fingerprint {info.fingerprint[:16]} · {info.backend} backend, {info.gpu_layers} layers "
+        f"offloaded · context {info.n_ctx:,}",
+        *[f"settings: {p}" for p in info.settings_problems],
+    ]
+    out.result(info, "\n".join(lines))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace, out: Output) -> int:
+    from galahad_desktop.models import catalog
+
+    if args.action == "recommend":
+        rec = catalog.recommend(n_ctx=args.n_ctx)
+        lines = [rec.reason]
+        for c in rec.candidates:
+            lines.append(
+                f"  {'*' if c.size == rec.recommended else ' '} Gemma 4 {c.size:<8} "
+                f"{c.bytes / 1e9:5.1f} GB file · needs {c.memory_needed / GIB:5.1f} GiB · "
+                f"KV {c.kv_bytes_per_token / 1024:4.0f} KiB/token + "
+                f"{c.window_bytes / 2**20:4.0f} MiB window · "
+                + (
+                    "fits"
+                    if c.fits and c.quick
+                    else "fits, slow without a GPU"
+                    if c.fits
+                    else "too big"
+                )
+            )
+        out.result(rec, "\n".join(lines))
+        return 0
+    if args.action == "list":
+        models = [m.__dict__ | {"kv_bytes_per_token": m.kv_bytes_per_token} for m in catalog.GEMMA4]
+        out.result(
+            {"models": models}, "\n".join(f"{m.size}: {m.repo}/{m.file}" for m in catalog.GEMMA4)
+        )
+        return 0
+    data_dir = data_dir_of(args)
+    if args.action == "get":
+        if args.family.lower() not in ("gemma-4", "gemma4"):
+            raise InputError(
+                "Only the Gemma 4 family is in the catalog: galahad models get gemma-4."
+            )
+        size = args.size
+        if size is None:
+            rec = catalog.recommend()
+            if rec.recommended is None:
+                raise InputError(f"{rec.reason} Choose one anyway with --size.")
+            size = rec.recommended
+            out.info(rec.reason)
+        chosen = catalog.model_for(size)
+        repo, filename = chosen.repo, chosen.file
+    else:
+        repo, filename = args.repo_id, args.filename
+    return _download(data_dir, repo, filename, args, out)
+
+
+def _download(
+    data_dir: Path, repo: str, filename: str, args: argparse.Namespace, out: Output
+) -> int:
+    from galahad_desktop.models.hub import download_gguf
+    from galahad_desktop.paths import ensure_private_dir
+    from galahad_desktop.settings import Settings
+
+    ensure_private_dir(data_dir)
+    with cancel_on_sigint() as cancel:
+        done = download_gguf(
+            repo,
+            filename,
+            data_dir / "models",
+            revision=getattr(args, "revision", None),
+            progress=byte_progress(out, "downloading"),
+            cancel=cancel,
+        )
+    if args.use:
+        Settings(data_dir).update({"model_path": str(done.path)})
+    out.result(
+        {
+            "repo": repo,
+            "file": filename,
+            "path": str(done.path),
+            "sha256": done.sha256,
+            "bytes": done.size,
+            "resumed_from": done.resumed_from,
+            "in_use": bool(args.use),
+        },
+        f"Downloaded {done.path} ({done.size / 1e6:,.0f} MB, SHA-256 verified)"
+        + (" and made it the model in use." if args.use else "."),
+    )
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace, out: Output) -> int:
+    from galahad_desktop.paths import ensure_private_dir
+    from galahad_desktop.settings import SETTINGS, Settings
+
+    data_dir = data_dir_of(args)
+    if args.changes:
+        ensure_private_dir(data_dir)
+        settings = Settings(data_dir)
+        before = settings.as_dict()
+        runtime = settings.update(parse_pairs(args.changes))
+        note = " Stored blocks will be re-read once on next use." if runtime else ""
+        changed = {k: v for k, v in settings.as_dict().items() if before[k] != v}
+        out.result(
+            {"settings": settings.as_dict(), "changed": changed, "runtime_changed": runtime},
+            f"Saved.{note}",
+        )
+        return 0
+    settings = Settings(data_dir)
+    values = settings.as_dict()
+    lines = [f"{s.key} = {values[s.key]!r}  # {s.description}" for s in SETTINGS]
+    lines += [f"warning: {p}" for p in settings.problems]
+    out.result({"settings": values, "problems": settings.problems}, "\n".join(lines))
+    return 0
+
+
+def cmd_gui(args: argparse.Namespace, out: Output) -> int:
+    from galahad_desktop.ui.app import run_app
+
+    return int(run_app(data_dir=args.data_dir, model_path=args.model))
+
+
+def register(add: Any) -> None:
+    add("info", "the model, its turn format, runtime fingerprint and backend", cmd_info)
+    p = add(
+        "models",
+        "the right Gemma 4 for this machine: recommend, get (download and verify), list; "
+        "or download any GGUF from the Hugging Face Hub",
+        cmd_models,
+        core=False,
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        q: argparse.ArgumentParser = actions.add_parser(name, help=help_text, description=help_text)
+        add_common(q, suppress=True)
+        return q
+
+    q = action("recommend", "the largest Gemma 4 that fits this machine, with the others")
+    q.add_argument("--n-ctx", type=int, default=8192, help="context to plan for")
+    q = action("get", "download a Gemma 4 from the catalog (SHA-256 checked against the Hub)")
+    q.add_argument("family", nargs="?", default="gemma-4")
+    q.add_argument("--size", help="E2B, E4B, 26B-A4B or 31B (default: the recommended one)")
+    q.add_argument("--use", action="store_true", help="make it the model in settings")
+    action("list", "the Gemma 4 catalog")
+    q = action("download", "download any GGUF from the Hugging Face Hub")
+    q.add_argument("repo_id")
+    q.add_argument("filename")
+    q.add_argument("--revision")
+    q.add_argument("--use", action="store_true", help="make it the model in settings")
+    p = add("settings", "show settings, or change them with KEY=VALUE", cmd_settings, core=False)
+    p.add_argument("changes", nargs="*", metavar="KEY=VALUE")
+    add("gui", "open the desktop window", cmd_gui, core=False)

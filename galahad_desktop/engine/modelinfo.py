@@ -1,0 +1,139 @@
+"""What a GGUF file is: name, architecture, quantization, template, and what kind of model it
+is for a chat (instruction-tuned with a template, or a base model that only continues text)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from galahad_desktop.errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+DEMO_LABEL = "text-continuation demo model that does not follow instructions"
+BASE_LABEL = "base model: it continues text and does not follow instructions"
+
+# llama.cpp's LLAMA_FTYPE values for the quantizations people use with Gemma.
+_FILE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
+}
+
+_BACKENDS = (
+    ("CUDA", "CUDA"),
+    ("ROCm", "ROCm"),
+    ("HIP", "ROCm"),
+    ("Metal", "Metal"),
+    ("MTL", "Metal"),
+    ("Vulkan", "Vulkan"),
+    ("SYCL", "SYCL"),
+    ("OpenCL", "OpenCL"),
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    architecture: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_layers: int
+    has_chat_template: bool
+    quantization: str
+    kind: str  # chat | base | demo
+    label: str  # what the user is told about the model
+
+
+def check_model_file(path: Path) -> None:
+    try:
+        if not path.is_file():
+            raise ModelError(f"The model file {path} does not exist.")
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise ModelError(f"The model file {path} cannot be read: {exc.strerror}.") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF model file.")
+
+
+def quantization_name(meta: dict[str, Any]) -> str:
+    raw = meta.get("general.file_type")
+    try:
+        return _FILE_TYPES.get(int(raw), f"type {raw}") if raw is not None else "unknown"
+    except ValueError:
+        return str(raw)
+
+
+def backend_name(system_info: str, gpu_offload: bool) -> str:
+    """The accelerator backend llama.cpp was built with, from its system info line."""
+    if gpu_offload:
+        for marker, name in _BACKENDS:
+            if marker in system_info:
+                return name
+        return "GPU"
+    return "CPU"
+
+
+def model_kind(has_template: bool, embedded: bool) -> tuple[str, str]:
+    if embedded:
+        return "demo", DEMO_LABEL
+    if not has_template:
+        return "base", BASE_LABEL
+    return "chat", "instruction-tuned chat model"
+
+
+def describe(llm: llama_cpp.Llama, path: Path, embedded: bool) -> ModelInfo:
+    meta = dict(llm.metadata)
+    arch = meta.get("general.architecture", "unknown")
+    buf = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(llm._model.model, buf, 256)
+    has_template = bool(meta.get("tokenizer.chat_template"))
+    kind, label = model_kind(has_template, embedded)
+    return ModelInfo(
+        path=str(path),
+        name=meta.get("general.name", path.stem),
+        architecture=arch,
+        description=buf.value.decode("utf-8", "replace"),
+        n_params=int(llama_cpp.llama_model_n_params(llm._model.model)),
+        size_bytes=path.stat().st_size,
+        n_ctx_train=int(meta.get(f"{arch}.context_length", 0) or 0),
+        n_layers=int(meta.get(f"{arch}.block_count", 0) or 0),
+        has_chat_template=has_template,
+        quantization=quantization_name(meta),
+        kind=kind,
+        label=label,
+    )
+
+
+def inspect_gguf(path: Path, embedded: bool = False) -> ModelInfo:
+    """A GGUF's metadata, read with the vocabulary only (no weights are loaded)."""
+    check_model_file(path)
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(f"llama.cpp could not read {path}: {exc}") from None
+    try:
+        return describe(llm, path, embedded)
+    finally:
+        llm.close()

@@ -1,0 +1,136 @@
+"""Chains and compaction: a conversation's turns are links of one chain; long chains are
+merged without changing a byte of the spliced state."""
+
+from __future__ import annotations
+
+import time
+
+from galahad_desktop.engine import kvstate
+from galahad_desktop.errors import InputError
+from galahad_desktop.faults import crashpoint
+from galahad_desktop.memory.conversations import Conversations
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.results import CompactResult
+from galahad_desktop.vault.vault import tokens_digest
+
+
+class Chains:
+    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
+
+    def links(self, conversation_id: str) -> int:
+        """How many of the conversation's own blocks its head's chain runs through."""
+        head = self.conversations.row(conversation_id)["head_block_id"]
+        if not head:
+            return 0
+        return sum(r["owner_id"] == conversation_id for r in self.vault.chain_rows(head))
+
+    def needs_compaction(self, conversation_id: str) -> bool:
+        return bool(self.links(conversation_id) > self.live.settings.get("compact_after"))
+
+    def compact(self, conversation_id: str, keep: int | None = None) -> CompactResult:
+        """Merge the older links of a conversation's chain into one block.
+
+        The spliced state of every kept checkpoint is unchanged, byte for byte: the merged
+        block holds exactly the cells its links held at its end, and the first kept link is
+        rewritten (same id, new file) to continue from it. The newest `keep` turn boundaries
+        stay separate checkpoints; the merged-away ones are re-read if ever rewound to.
+        """
+        conv = self.conversations.row(conversation_id)
+        self.live.seals.check("conversations", conv, "head_block_id")
+        keep = self.live.settings.get("checkpoints") if keep is None else keep
+        if keep < 1:
+            raise InputError("Compaction must keep at least one link.")
+        head = conv["head_block_id"]
+        chain = self.vault.chain_rows(head) if head else []
+        own = [r for r in chain if r["owner_id"] == conversation_id]
+        if len(own) <= keep + 1:
+            return CompactResult(conversation_id, len(own), 0, len(own))
+        merge, successor = own[: len(own) - keep], own[len(own) - keep]
+        for row in merge:
+            if len(self.vault.children(row["id"])) != 1:
+                return CompactResult(
+                    conversation_id,
+                    len(own),
+                    0,
+                    len(own),
+                    skipped=f"block {row['id']} has other continuations",
+                )
+        last, base = merge[-1], merge[0]["parent_id"]
+        start = time.perf_counter()
+        owners = self.conversations.chain_owners(conversation_id)
+        stored = self.live.read_state(last["id"], owners)
+        state = kvstate.parse(stored.payload, stored.size)
+        payload, size = (
+            kvstate.cut(state, merge[0]["pos_start"]) if base else (stored.payload, stored.size)
+        )
+        del state
+        tokens = stored.tokens[merge[0]["pos_start"] :]
+        merged = self.vault.write_block(
+            kind="conversation",
+            owner_id=conversation_id,
+            parent_id=base,
+            tokens=tokens,
+            generation=last["generation"],
+            fingerprint=last["fingerprint"],
+            model_sha256=last.get("model_sha256") or "",
+            payload=memoryview(payload).cast("B")[:size],
+            sealed_meta={**stored.meta, "tokens_sha256": tokens_digest(tokens)},
+            capture_ms=0.0,
+            pos_start=merge[0]["pos_start"],
+        )
+        del payload, stored
+        link = self.vault.read_block(successor["id"], expected_owner=conversation_id)
+        rewritten = self.vault.write_block(
+            kind=successor["kind"],
+            owner_id=conversation_id,
+            parent_id=merged["id"],
+            tokens=link.tokens,
+            generation=successor["generation"],
+            fingerprint=successor["fingerprint"],
+            model_sha256=successor.get("model_sha256") or "",
+            payload=link.state,
+            sealed_meta=link.meta,
+            capture_ms=successor["capture_ms"],
+            pos_start=successor["pos_start"],
+            rewrite_of=successor["id"],
+        )
+        del link
+        crashpoint("compact-before-commit")
+        gone = [r["id"] for r in merge]
+        catalog = self.vault.catalog
+        with self.vault.transaction():
+            catalog.insert("blocks", merged)
+            catalog.update(
+                "blocks",
+                successor["id"],
+                {
+                    k: rewritten[k]
+                    for k in (
+                        "parent_id",
+                        "file_name",
+                        "file_bytes",
+                        "header_sha256",
+                        "wrapped_key",
+                    )
+                },
+            )
+            catalog.update_where("messages", {"block_id": merged["id"]}, block_id=last["id"])
+            catalog.update_in("messages", {"block_id": None}, "block_id", gone)
+            self.vault.delete_block_rows(gone)
+        self.vault.unlink_block_files([*gone, successor["id"]], keep={rewritten["file_name"]})
+        holding = self.live.holding
+        if holding and holding.owner_id == conversation_id and holding.block_id in gone:
+            self.live.drop()
+        return CompactResult(
+            conversation_id,
+            len(own),
+            len(merge),
+            len(own) - len(merge) + 1,
+            merged["id"],
+            merged["file_bytes"],
+            sum(r["file_bytes"] for r in merge) - merged["file_bytes"],
+            (time.perf_counter() - start) * 1e3,
+        )

@@ -1,0 +1,322 @@
+"""When the context is full: never fail or drop silently — say so, and offer what fits grafts.
+
+Three choices, each with what it re-reads:
+- stop: nothing is sent (re-reads nothing);
+- a summary: the model writes a summary of the conversation (from as much of its text as
+  fits a fresh context), and a new conversation starts from it;
+- the documents and the last turns: a new conversation on the same document (its block is
+  grafted, not re-read) holding the latest turns that fit with room for the new message.
+The original conversation is never changed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from galahad_desktop.engine.engine import Counters, Progress, ProgressFn
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.conversations import Conversations
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.vault.vault import new_id
+
+SUMMARY_TOKENS = 384
+SUMMARY_PROMPT = (
+    "Summarize the conversation below for someone who will continue it: the topics, the "
+    "facts and decisions, and any open questions. Be concise.\n\n"
+)
+SUMMARY_OPENING = "A summary of our earlier conversation:\n\n"
+SUMMARY_ACK = "Thank you; I have the summary. Let us continue."
+
+
+@dataclass(frozen=True)
+class ContextOption:
+    kind: str  # stop | summary | recent
+    label: str
+    reread_tokens: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class ContextFull:
+    conversation_id: str
+    context_tokens: int
+    needed_tokens: int
+    n_ctx: int
+    options: list[ContextOption]
+
+    def describe(self) -> str:
+        choices = "; ".join(
+            f"{o.label} (re-reads {o.reread_tokens:,} tokens)" for o in self.options
+        )
+        return (
+            f"The context is full: {self.context_tokens:,} of {self.n_ctx:,} tokens are used "
+            f"and the next turn needs {self.needed_tokens:,} more. Choose: {choices}."
+        )
+
+
+@dataclass(frozen=True)
+class Continued:
+    conversation_id: str  # the new conversation, ready for the next message
+    kind: str
+    reread_tokens: int
+    kept_messages: int
+    summary: str = ""
+
+
+class Continuation:
+    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
+
+    def reply_room(self) -> int:
+        return self.conversations.reply_room()
+
+    def summary_tokens(self) -> int:
+        return min(SUMMARY_TOKENS, self.live.engine.n_ctx // 4)
+
+    def check(self, conversation_id: str, text: str) -> ContextFull | None:
+        """None when the next turn fits (with room for a reply); else the choices."""
+        conv = self.conversations.row(conversation_id)
+        engine = self.live.engine
+        turns = engine.turns
+        used = (conv["n_tokens"] or 0) + len(turns.probe)
+        if not conv["n_tokens"]:
+            used = len(turns.start(self.conversations.system_text(conv)))
+        needed = len(turns.user_turn(text)) + self.reply_room()
+        if used + needed <= engine.n_ctx:
+            return None
+        summary_cost = self._transcript_budget() + self.summary_tokens()
+        recent = self._recent_plan(conv, needed)
+        options = [
+            ContextOption("stop", "Stop", 0, "Nothing is sent; the conversation stays as it is."),
+            ContextOption(
+                "summary",
+                "Continue from a summary",
+                min(summary_cost, self._transcript_tokens(conv) + self.summary_tokens()),
+                "The model summarizes this conversation; a new conversation starts from the "
+                "summary.",
+            ),
+        ]
+        if recent is not None:
+            options.append(
+                ContextOption(
+                    "recent",
+                    f"Keep the documents and the last {recent[0] // 2} turns",
+                    recent[1],
+                    "A new conversation with the same documents (grafted, not re-read) and "
+                    "the latest turns that fit.",
+                )
+            )
+        return ContextFull(conversation_id, used, needed, engine.n_ctx, options)
+
+    # -- a summary -------------------------------------------------------------------------
+    def _transcript_budget(self) -> int:
+        engine = self.live.engine
+        return max(
+            64,
+            engine.n_ctx
+            - self.summary_tokens()
+            - len(engine.turns.start() + engine.turns.user_turn(SUMMARY_PROMPT))
+            - 32,
+        )
+
+    def _transcript(self, conv: dict[str, Any]) -> str:
+        lines = []
+        for m in self.conversations.messages(conv["id"]):
+            who = {"user": "User", "model": "Assistant", "document": "Document"}[m.role]
+            lines.append(f"{who}: {m.text}")
+        return "\n\n".join(lines)
+
+    def _transcript_tokens(self, conv: dict[str, Any]) -> int:
+        return len(self.live.engine.encode_text(self._transcript(conv)))
+
+    def with_summary(
+        self,
+        conversation_id: str,
+        params: SamplingParams,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Continued:
+        conv = self.conversations.row(conversation_id)
+        engine = self.live.engine
+        turns = engine.turns
+        tokens = engine.encode_text(self._transcript(conv))
+        budget = self._transcript_budget()
+        text = (
+            engine.detokenize(tokens[-budget:]) if len(tokens) > budget else self._transcript(conv)
+        )
+        self.live.drop()
+        engine.reset()
+        prompt = turns.start() + turns.user_turn(SUMMARY_PROMPT + text)
+        engine.evaluate(prompt, progress=progress, cancel=cancel)
+        generation = engine.generate(
+            SamplingParams(
+                params.temperature,
+                params.top_p,
+                params.top_k,
+                self.summary_tokens(),
+                params.seed,
+            ),
+            cancel=cancel,
+        )
+        summary = generation.text.strip() or "(the model wrote no summary)"
+        new_id_ = self._start(
+            conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, progress, cancel
+        )
+        return Continued(new_id_, "summary", len(prompt) + len(generation.tokens), 0, summary)
+
+    # -- the documents and the last turns ---------------------------------------------------
+    def _recent_plan(self, conv: dict[str, Any], needed: int) -> tuple[int, int] | None:
+        """(messages kept, tokens re-read) for the most recent whole turns that fit."""
+        engine = self.live.engine
+        turns = engine.turns
+        base = conv["document_id"] and self.vault.catalog.get("documents", conv["document_id"])
+        start = (base["n_tokens"] if base else len(turns.start())) + len(turns.probe)
+        pairs = self._pairs(conv)
+        kept, cost = 0, 0
+        for user, reply, size in reversed(pairs):
+            del user, reply
+            if start + cost + size + needed > engine.n_ctx:
+                break
+            kept += 2
+            cost += size
+        return (kept, cost) if kept else None
+
+    def _pairs(self, conv: dict[str, Any]) -> list[tuple[str, str, int]]:
+        turns = self.live.engine.turns
+        messages = self.conversations.messages(conv["id"])
+        rows = self.conversations.message_rows(conv["id"])
+        pairs = []
+        for index in range(0, len(messages) - 1, 2):
+            user, reply = messages[index], messages[index + 1]
+            if user.role == "document":
+                text = (
+                    f'Document "{user.text}":\n\n{self.conversations.document_content(rows[index])}'
+                )
+                size = len(turns.document_turn(text, reply.text, opening=False))
+            else:
+                text = user.text
+                size = (
+                    len(turns.user_turn(text))
+                    + len(self.live.engine.encode_text(reply.text))
+                    + len(turns.model_close)
+                )
+            pairs.append((text, reply.text, size + len(turns.probe)))
+        return pairs
+
+    def with_recent(
+        self,
+        conversation_id: str,
+        text: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Continued:
+        conv = self.conversations.row(conversation_id)
+        needed = len(self.live.engine.turns.user_turn(text)) + self.reply_room()
+        plan = self._recent_plan(conv, needed)
+        if plan is None:
+            raise InputError(
+                "Not even the last turn fits with the new message; continue from a summary instead."
+            )
+        kept, cost = plan
+        pairs = [(u, r) for u, r, _size in self._pairs(conv)[-(kept // 2) :]]
+        new_id_ = self._start(conv, pairs, conv["document_id"], progress, cancel)
+        return Continued(new_id_, "recent", cost, kept)
+
+    # -- the new conversation -----------------------------------------------------------
+    def _start(
+        self,
+        conv: dict[str, Any],
+        pairs: list[tuple[str, str]],
+        document_id: str | None,
+        progress: ProgressFn | None,
+        cancel: threading.Event | None,
+    ) -> str:
+        """A new conversation holding `pairs` as prefilled turns (one checkpoint)."""
+        conversations, live = self.conversations, self.live
+        engine = live.engine
+        turns = engine.turns
+        title = (conversations.title(conv) or "Conversation") + " (continued)"
+        new = conversations.create(document_id, title, conv.get("system_prompt"), False)
+        row = conversations.row(new)
+        counters = Counters()
+        live.drop()
+        conversations.ensure_live(row, counters, progress)
+        user_start = len(engine.tokens) - len(turns.probe)
+        tokens: list[int] = []
+        ranges: list[tuple[str, str, int, int, int]] = []
+        for user, reply in pairs:
+            at = user_start + len(tokens)
+            if user.startswith('Document "'):
+                piece = turns.document_turn(user, reply, opening=False)
+                ranges.append((user, reply, at, at + len(piece), at + len(piece)))
+            else:
+                head = turns.user_turn(user)
+                piece = head + engine.encode_text(reply) + turns.model_close
+                ranges.append((user, reply, at, at + len(head), at + len(piece)))
+            tokens += piece + turns.probe
+        tokens = tokens[: len(tokens) - len(turns.probe)]
+        total = len(tokens)
+        start = time.perf_counter()
+
+        def report(p: Progress) -> None:
+            if progress is not None:
+                progress(Progress(p.done, total, time.perf_counter() - start))
+
+        engine.evaluate(tokens, progress=report, cancel=cancel)
+        block, _record = live.persist(
+            "conversation", new, conversations.live_parent(row, None), 1, counters
+        )
+        fields, catalog = self.vault.fields, self.vault.catalog
+        now = time.time()
+        with self.vault.transaction():
+            catalog.insert("blocks", block)
+            for seq, (user, reply, a, b, c) in enumerate(ranges):
+                first_role, first_text, content = "user", user, ""
+                if user.startswith('Document "') and '":\n\n' in user:
+                    name, content = user[len('Document "') :].split('":\n\n', 1)
+                    first_role, first_text = "document", name
+                for offset, (role, message, lo, hi, block_id) in enumerate(
+                    ((first_role, first_text, a, b, None), ("model", reply, b, c, block["id"]))
+                ):
+                    message_id = new_id("m")
+                    catalog.insert(
+                        "messages",
+                        {
+                            "id": message_id,
+                            "conversation_id": new,
+                            "seq": 2 * seq + offset,
+                            "role": role,
+                            "text_enc": fields.encrypt_text(
+                                message, "messages", "text", message_id
+                            ),
+                            "content_enc": fields.encrypt_text(
+                                content, "messages", "content", message_id
+                            )
+                            if content and offset == 0
+                            else None,
+                            "tok_start": lo,
+                            "tok_end": hi,
+                            "block_id": block_id if seq == len(ranges) - 1 else None,
+                            "created_at": now,
+                        },
+                    )
+            catalog.update(
+                "conversations",
+                new,
+                {
+                    "head_block_id": block["id"],
+                    "n_tokens": block["pos_end"],
+                    "n_messages": 2 * len(ranges),
+                    "seal": live.seals.seal("conversations", new, block["id"], 2 * len(ranges)),
+                    "model_sha256": engine.model_sha256,
+                    "updated_at": now,
+                },
+            )
+        live.mark(new, block["id"])
+        return new

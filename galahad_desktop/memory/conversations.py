@@ -1,0 +1,652 @@
+"""Conversations: turns, regenerate, branch, resume — each turn a checkpoint at its boundary.
+
+A turn appends tokens to the ledger (never re-renders the history): the user's text, the end
+of the user turn, the generation prompt, the reply, the turn's close and the next turn's
+opening (the proof probe). A thinking turn's thoughts are streamed and shown but not kept:
+the context returns to the start of the reply and re-reads only the answer, so the stored
+history is what the model's template renders for history, and a resumed conversation holds
+exactly the tokens an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from galahad_desktop.engine import proof as proofs
+from galahad_desktop.engine.engine import Counters, Engine, ProgressFn, TextFn
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.faults import crashpoint
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.results import (
+    ConversationSummary,
+    GraftReport,
+    Message,
+    TurnResult,
+)
+from galahad_desktop.settings import SYSTEM_PROMPTS, coerce
+from galahad_desktop.vault.vault import new_id
+
+TITLE_CHARS = 60
+
+
+class Conversations:
+    def __init__(self, live: LiveContext) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.catalog = live.vault.catalog
+        self.seals = live.seals
+
+    @property
+    def engine(self) -> Engine:
+        return self.live.engine
+
+    # -- records -------------------------------------------------------------------------
+    def row(self, conversation_id: str) -> dict[str, Any]:
+        row = self.catalog.get("conversations", conversation_id)
+        if row is None:
+            raise NotFoundError(f"No conversation has the id '{conversation_id}'.")
+        return row
+
+    def document_row(self, document_id: str) -> dict[str, Any]:
+        row = self.catalog.get("documents", document_id)
+        if row is None:
+            raise NotFoundError(f"No document has the id '{document_id}'.")
+        return row
+
+    def title(self, row: dict[str, Any]) -> str:
+        return str(
+            self.vault.fields.decrypt_text(row["title_enc"], "conversations", "title", row["id"])
+        )
+
+    def summary(self, r: dict[str, Any]) -> ConversationSummary:
+        return ConversationSummary(
+            r["id"],
+            self.title(r),
+            r["document_id"],
+            r["n_tokens"] or 0,
+            r["n_messages"] or 0,
+            r["updated_at"],
+            r["created_at"] or 0.0,
+            bool(r.get("thinking")),
+            r.get("model_sha256") or "",
+        )
+
+    def summaries(self) -> list[ConversationSummary]:
+        return [self.summary(r) for r in self.catalog.select("conversations", "updated_at desc")]
+
+    def message_rows(self, conversation_id: str) -> list[dict[str, Any]]:
+        return self.catalog.select("messages", "seq", conversation_id=conversation_id)
+
+    def messages(self, conversation_id: str) -> list[Message]:
+        self.row(conversation_id)
+        fields = self.vault.fields
+        return [
+            Message(
+                r["id"],
+                r["role"],
+                fields.decrypt_text(r["text_enc"], "messages", "text", r["id"]),
+                r["created_at"],
+                r["tok_start"],
+                r["tok_end"],
+                r["block_id"],
+                fields.decrypt_text(r["thought_enc"], "messages", "thought", r["id"])
+                if r.get("thought_enc")
+                else "",
+            )
+            for r in self.message_rows(conversation_id)
+        ]
+
+    def document_content(self, row: dict[str, Any]) -> str:
+        """The text of a document put into the conversation (kept, encrypted, so the turn
+        can be re-read under another model or in a continuation)."""
+        if not row.get("content_enc"):
+            raise InputError(
+                "This conversation holds a document added before its text was kept; it "
+                "cannot be re-read. Open it with the model and settings it was made with."
+            )
+        return str(
+            self.vault.fields.decrypt_text(row["content_enc"], "messages", "content", row["id"])
+        )
+
+    def head_block(self, conversation_id: str) -> str:
+        head = self.row(conversation_id)["head_block_id"]
+        if not head:
+            raise InputError(f"Conversation {conversation_id} has no stored turn yet.")
+        return str(head)
+
+    def chain_owners(self, owner_id: str) -> set[str]:
+        """Who may own the links of an owner's chains: itself and, for a conversation on a
+        document, that document (its block is the chain's root)."""
+        owners = {owner_id}
+        conv = self.catalog.get("conversations", owner_id)
+        if conv is not None and conv["document_id"]:
+            owners.add(conv["document_id"])
+        return owners
+
+    # -- creating, naming ----------------------------------------------------------------
+    def create(
+        self,
+        document_id: str | None = None,
+        title: str = "",
+        system_prompt: str | None = None,
+        thinking: bool | None = None,
+    ) -> str:
+        if document_id is not None:
+            self.document_row(document_id)
+        settings = self.live.settings
+        thinking = settings.get("thinking") if thinking is None else thinking
+        conversation_id = new_id("c")
+        now = time.time()
+        with self.vault.transaction():
+            self.catalog.insert(
+                "conversations",
+                {
+                    "id": conversation_id,
+                    "title_enc": self.vault.fields.encrypt_text(
+                        title, "conversations", "title", conversation_id
+                    ),
+                    "document_id": document_id,
+                    "head_block_id": None,
+                    "n_tokens": 0,
+                    "n_messages": 0,
+                    "seal": self.seals.seal("conversations", conversation_id, None, 0),
+                    "system_prompt": coerce("system_prompt", system_prompt)
+                    if system_prompt is not None
+                    else settings.get("system_prompt"),
+                    "thinking": 1 if thinking else 0,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+        return conversation_id
+
+    def rename(self, conversation_id: str, title: str) -> ConversationSummary:
+        title = " ".join(title.split())
+        if not title:
+            raise InputError("A conversation's title cannot be empty.")
+        if len(title) > 200:
+            raise InputError("A conversation's title can be at most 200 characters.")
+        self.row(conversation_id)
+        with self.vault.transaction():
+            self.catalog.update(
+                "conversations",
+                conversation_id,
+                {
+                    "title_enc": self.vault.fields.encrypt_text(
+                        title, "conversations", "title", conversation_id
+                    )
+                },
+            )
+        return self.summary(self.row(conversation_id))
+
+    def set_thinking(self, conversation_id: str, enabled: bool) -> None:
+        """Thinking is switched on in the conversation's first tokens (Gemma 4's system
+        turn), so it can change only before the first turn."""
+        conv = self.row(conversation_id)
+        if enabled and not self.engine.turns.supports_thinking:
+            raise InputError(
+                f"This model ({self.engine.turn_format.describe()}) has no thinking mode."
+            )
+        if bool(conv.get("thinking")) == enabled:
+            return
+        if conv["n_messages"] or conv["head_block_id"] or conv["document_id"]:
+            raise InputError(
+                "Thinking is set when a conversation starts; start a new conversation to "
+                f"turn it {'on' if enabled else 'off'}."
+            )
+        with self.vault.transaction():
+            self.catalog.update("conversations", conversation_id, {"thinking": int(enabled)})
+        self.live.drop({conversation_id})
+
+    def reply_room(self) -> int:
+        """Tokens a turn must leave free after the user's message: the reply (up to
+        max_tokens, at most 512 counted here) and the turn's closing and the next opening."""
+        return int(min(max(self.live.settings.get("max_tokens"), 8), 512)) + 16
+
+    def system_text(self, conv: dict[str, Any]) -> str:
+        return SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
+
+    # -- grafting the conversation -------------------------------------------------------
+    def ensure_live(
+        self,
+        conv: dict[str, Any],
+        counters: Counters,
+        progress: ProgressFn | None = None,
+        seal_checked: bool = False,
+    ) -> GraftReport | None:
+        """Make the context hold this conversation's head plus the probe."""
+        live = self.live
+        if not seal_checked:
+            self.seals.check("conversations", conv, "head_block_id")
+        if conv["head_block_id"]:
+            if live.holds(conv["id"], conv["head_block_id"]):
+                return None
+            return live.graft(conv["head_block_id"], conv["id"], counters, progress)
+        if conv["document_id"]:
+            doc = self.document_row(conv["document_id"])
+            self.seals.check("documents", doc, "block_id")
+            if live.holds(doc["id"], doc["block_id"]):
+                return None
+            return live.graft(doc["block_id"], doc["id"], counters, progress)
+        if live.holds(conv["id"], None):
+            return None
+        live.start(
+            conv["id"],
+            self.engine.turns.start(self.system_text(conv), bool(conv.get("thinking"))),
+            counters,
+        )
+        return None
+
+    def resume(self, conversation_id: str, progress: ProgressFn | None = None) -> GraftReport:
+        """Graft a conversation's latest checkpoint into the context (always from disk)."""
+        conv = self.row(conversation_id)
+        self.live.drop()
+        counters = Counters()
+        report = self.ensure_live(conv, counters, progress)
+        if report is None:
+            return GraftReport(conversation_id, "", 0, 0, 0, 0.0, proofs.NO_PROOF)
+        return report
+
+    # -- turns ---------------------------------------------------------------------------
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
+    ) -> TurnResult:
+        """Run one turn: user text in, streamed reply out, checkpoint persisted.
+
+        Cancelling stops generation between tokens; what was generated is kept and stored.
+        """
+        conv = self.row(conversation_id)
+        counters = Counters()
+        graft = self.ensure_live(conv, counters, progress)
+        return self.turn(
+            conv,
+            text,
+            counters,
+            graft,
+            conv["head_block_id"],
+            conv["n_messages"] or 0,
+            [],
+            on_text,
+            cancel,
+            params,
+            on_thought=on_thought,
+        )
+
+    def regenerate(
+        self,
+        conversation_id: str,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
+    ) -> TurnResult:
+        """Replace the last reply: restore the checkpoint before the last user message (never
+        trim the cache: sliding-window layers cannot roll back) and answer again."""
+        conv = self.row(conversation_id)
+        rows = self.message_rows(conversation_id)
+        if len(rows) < 2 or rows[-1]["role"] != "model":
+            raise InputError("There is no reply to regenerate yet.")
+        if rows[-2]["role"] != "user":
+            raise InputError("The last turn added a document; there is no reply to regenerate.")
+        seq = len(rows) - 2
+        user_text = self.vault.fields.decrypt_text(
+            rows[seq]["text_enc"], "messages", "text", rows[seq]["id"]
+        )
+        counters = Counters()
+        graft, parent = self.rewind(conv, rows, seq, counters, progress)
+        replaced = [r["id"] for r in rows[seq:]]
+        return self.turn(
+            conv,
+            user_text,
+            counters,
+            graft,
+            parent,
+            seq,
+            replaced,
+            on_text,
+            cancel,
+            params,
+            retire_head=True,
+            on_thought=on_thought,
+        )
+
+    def branch(
+        self,
+        conversation_id: str,
+        seq: int,
+        new_text: str,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
+    ) -> TurnResult:
+        """Edit user message `seq` and continue from there in a new conversation (a branch);
+        the original stays as it was. The history before the edit is grafted, not re-read."""
+        conv = self.row(conversation_id)
+        rows = self.message_rows(conversation_id)
+        if not 0 <= seq < len(rows) or rows[seq]["role"] != "user":
+            raise InputError(f"Message {seq} is not a user message of this conversation.")
+        if not new_text.strip():
+            raise InputError("The message is empty.")
+        counters = Counters()
+        graft, _parent = self.rewind(conv, rows, seq, counters, progress)
+        branch_id = new_id("c")
+        title = self.title(conv) or " ".join(new_text.split())[:TITLE_CHARS]
+        fields = self.vault.fields
+        now = time.time()
+        with self.vault.transaction():
+            self.catalog.insert(
+                "conversations",
+                {
+                    "id": branch_id,
+                    "title_enc": fields.encrypt_text(
+                        f"{title} (edited)", "conversations", "title", branch_id
+                    ),
+                    "document_id": conv["document_id"],
+                    "head_block_id": None,
+                    "n_tokens": 0,
+                    "n_messages": seq,
+                    "seal": self.seals.seal("conversations", branch_id, None, seq),
+                    "system_prompt": conv.get("system_prompt"),
+                    "thinking": conv.get("thinking") or 0,
+                    "model_sha256": conv.get("model_sha256"),
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+            for row in rows[:seq]:
+                message_id = new_id("m")
+                copy = {
+                    **row,
+                    "id": message_id,
+                    "conversation_id": branch_id,
+                    "block_id": None,
+                    "text_enc": fields.encrypt_text(
+                        fields.decrypt_text(row["text_enc"], "messages", "text", row["id"]),
+                        "messages",
+                        "text",
+                        message_id,
+                    ),
+                    "thought_enc": None,
+                }
+                self.catalog.insert("messages", copy)
+        branch_row = self.row(branch_id)
+        return self.turn(
+            branch_row,
+            new_text,
+            counters,
+            graft,
+            None,
+            seq,
+            [],
+            on_text,
+            cancel,
+            params,
+            on_thought=on_thought,
+        )
+
+    def rewind(
+        self,
+        conv: dict[str, Any],
+        rows: list[dict[str, Any]],
+        seq: int,
+        counters: Counters,
+        progress: ProgressFn | None,
+    ) -> tuple[GraftReport | None, str | None]:
+        """Make the context hold the conversation just before message `seq` (plus the probe),
+        from the checkpoint stored at that turn boundary. Returns (graft, checkpoint id)."""
+        engine = self.engine
+        live = self.live
+        self.seals.check("conversations", conv, "head_block_id")
+        live.drop()
+        if seq == 0:
+            start_conv = {**conv, "head_block_id": None}
+            return self.ensure_live(start_conv, counters, progress, seal_checked=True), None
+        checkpoint = rows[seq - 1]["block_id"]
+        if checkpoint and self.catalog.get("blocks", checkpoint) is not None:
+            return live.graft(checkpoint, conv["id"], counters, progress), checkpoint
+        # The checkpoint was retired (only the latest ones are kept): re-read the prefix.
+        prefix = self.vault.chain_tokens(conv["head_block_id"])[: rows[seq]["tok_start"]]
+        engine.reset()
+        counters.prefill_ms += engine.evaluate(prefix, progress=progress)
+        counters.recomputed_tokens += len(prefix)
+        engine.evaluate(engine.probe_tokens)
+        counters.new_tokens += len(engine.probe_tokens)
+        live.stats.recomputed_tokens += len(prefix)
+        report = GraftReport(
+            conv["id"],
+            "",
+            len(prefix),
+            0,
+            len(prefix),
+            0.0,
+            proofs.NO_PROOF,
+            fallback_reason="that turn's checkpoint is no longer kept",
+        )
+        return report, None
+
+    def turn(
+        self,
+        conv: dict[str, Any],
+        text: str,
+        counters: Counters,
+        graft: GraftReport | None,
+        parent_block: str | None,
+        seq: int,
+        replaced_messages: list[str],
+        on_text: TextFn | None,
+        cancel: threading.Event | None,
+        params: SamplingParams | None,
+        retire_head: bool = False,
+        on_thought: TextFn | None = None,
+    ) -> TurnResult:
+        """Evaluate a user message on the live context, stream the reply, persist the turn."""
+        if not text.strip():
+            raise InputError("The message is empty.")
+        engine = self.engine
+        turns = engine.turns
+        first_turn = seq == 0 and not conv["document_id"]
+        prompt = turns.user_text(text, self.system_text(conv), first_turn)
+        thinking = bool(conv.get("thinking")) and turns.supports_thinking
+        user_tokens = turns.user_turn(prompt, thinking)
+        if len(user_tokens) + self.reply_room() > engine.room():
+            raise InputError(
+                f"This conversation has {len(engine.tokens):,} of {engine.n_ctx:,} context "
+                f"tokens; the message needs {len(user_tokens):,} more. Start a new "
+                "conversation (or continue from a summary)."
+            )
+        user_start = len(engine.tokens) - len(engine.probe_tokens)
+        counters.prefill_ms += engine.evaluate(user_tokens)
+        counters.new_tokens += len(user_tokens)
+        reply_start = len(engine.tokens)
+        holds_thoughts = turns.thought_open is not None
+        if holds_thoughts:
+            engine.hold()
+        generation = engine.generate(
+            params or self.live_sampling(), on_text, cancel, on_thought=on_thought
+        )
+        counters.generated_tokens += len(generation.tokens)
+        counters.generate_ms += generation.elapsed_ms
+        reread = 0
+        if holds_thoughts and generation.thought_tokens:
+            # Thoughts are not history: back to the start of the reply, re-read the answer.
+            engine.return_to_hold()
+            answer = strip_whitespace_tokens(engine, generation.answer_tokens)
+            reread = len(answer)
+            counters.prefill_ms += engine.evaluate(answer)
+            counters.new_tokens += len(answer)
+        else:
+            engine.release_hold()
+        close = engine.model_close()
+        engine.evaluate(close)
+        counters.new_tokens += len(close)
+        reply_end = len(engine.tokens)
+        persist_start = time.perf_counter()
+        row, _record = self.live.persist(
+            "conversation",
+            conv["id"],
+            self.live_parent(conv, parent_block),
+            self.live.next_generation(conv["id"]),
+            counters,
+        )
+        self.commit_turn(
+            conv,
+            row,
+            seq,
+            text,
+            generation.text.strip() if generation.thought_tokens else generation.text,
+            (user_start, reply_start, reply_end),
+            replaced_messages,
+            retire_head,
+            thoughts=generation.thought,
+        )
+        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
+        return TurnResult(
+            conv["id"],
+            generation.text.strip() if generation.thought_tokens else generation.text,
+            generation.stop_reason,
+            counters,
+            graft.proof if graft else proofs.NO_PROOF,
+            graft,
+            len(engine.tokens),
+            engine.n_ctx,
+            generation.tokens_per_s,
+            thoughts=generation.thought,
+            thought_tokens=generation.thought_tokens,
+            reread_tokens=reread,
+        )
+
+    # The façade sets this to its sampling defaults (settings over the model's).
+    live_sampling: Callable[[], SamplingParams] = SamplingParams
+
+    def live_parent(self, conv: dict[str, Any], grafted: str | None) -> str | None:
+        """The block this turn continues (its chain parent): what the context was grafted
+        from, when it belongs to this conversation or its document. A branch starts a new
+        chain, so forgetting the original never breaks it."""
+        holding = self.live.holding
+        if holding is None or holding.block_id is None:
+            return None
+        if grafted is not None and holding.block_id != grafted:
+            return None
+        if holding.owner_id not in (conv["id"], conv["document_id"]):
+            return None
+        return holding.block_id
+
+    def commit_turn(
+        self,
+        conv: dict[str, Any],
+        row: dict[str, Any],
+        seq: int,
+        text: str,
+        reply: str,
+        boundaries: tuple[int, int, int],
+        replaced_messages: list[str],
+        retire_head: bool = False,
+        roles: tuple[str, str] = ("user", "model"),
+        thoughts: str = "",
+        content: str = "",
+    ) -> None:
+        """One transaction: the turn's block row, its two messages, the sealed new head (and,
+        for a regenerated reply, the replaced head when nothing continues from it)."""
+        user_start, reply_start, reply_end = boundaries
+        crashpoint("persist-before-commit")
+        fields = self.vault.fields
+        catalog = self.catalog
+        now = time.time()
+        old_head = conv["head_block_id"]
+        retired = (
+            [old_head]
+            if retire_head
+            and old_head
+            and old_head != row["parent_id"]
+            and not self.vault.children(old_head)
+            else []
+        )
+        if not self.live.settings.get("chain_blocks"):
+            # Whole-state turns: keep the newest `checkpoints` of them.
+            owned = catalog.select("blocks", "generation desc", owner_id=conv["id"])
+            kept = [r["id"] for r in owned if r["id"] not in retired]
+            retired += [
+                b
+                for b in kept[self.live.settings.get("checkpoints") - 1 :]
+                if not self.vault.children(b)
+            ]
+        with self.vault.transaction():
+            catalog.insert("blocks", row)
+            catalog.delete_in("messages", "id", replaced_messages)
+            for offset, (role, message, tok_start, tok_end, block_id, thought) in enumerate(
+                (
+                    (roles[0], text, user_start, reply_start, None, ""),
+                    (roles[1], reply, reply_start, reply_end, row["id"], thoughts),
+                )
+            ):
+                message_id = new_id("m")
+                extra = content if offset == 0 else ""
+                catalog.insert(
+                    "messages",
+                    {
+                        "id": message_id,
+                        "conversation_id": conv["id"],
+                        "seq": seq + offset,
+                        "role": role,
+                        "text_enc": fields.encrypt_text(message, "messages", "text", message_id),
+                        "thought_enc": fields.encrypt_text(
+                            thought, "messages", "thought", message_id
+                        )
+                        if thought
+                        else None,
+                        "content_enc": fields.encrypt_text(extra, "messages", "content", message_id)
+                        if extra
+                        else None,
+                        "tok_start": tok_start,
+                        "tok_end": tok_end,
+                        "block_id": block_id,
+                        "created_at": now,
+                    },
+                )
+            changes: dict[str, Any] = {
+                "head_block_id": row["id"],
+                "n_tokens": row["pos_end"],
+                "n_messages": seq + 2,
+                "seal": self.seals.seal("conversations", conv["id"], row["id"], seq + 2),
+                "model_sha256": self.engine.model_sha256,
+                "updated_at": now,
+            }
+            if seq == 0 and not self.title(conv):
+                changes["title_enc"] = fields.encrypt_text(
+                    " ".join(text.split())[:TITLE_CHARS], "conversations", "title", conv["id"]
+                )
+            catalog.update("conversations", conv["id"], changes)
+            catalog.update_in("messages", {"block_id": None}, "block_id", retired)
+            self.vault.delete_block_rows(retired)
+        crashpoint("persist-after-commit")
+        self.vault.unlink_block_files(retired)
+        self.live.mark(conv["id"], row["id"])
+
+
+def strip_whitespace_tokens(engine: Engine, tokens: list[int]) -> list[int]:
+    """The answer without leading and trailing whitespace tokens (the template trims a model
+    turn's content in the history)."""
+    start, end = 0, len(tokens)
+    while start < end and not engine.detokenize(tokens[start : start + 1]).strip():
+        start += 1
+    while end > start and not engine.detokenize(tokens[end - 1 : end]).strip():
+        end -= 1
+    return tokens[start:end]
+
+
+def engine_answer(engine: Engine, text: str) -> list[int]:
+    return engine.encode_text(text.strip())

@@ -1,0 +1,510 @@
+"""The core's one API: what the window and the `galahad` command both call.
+
+`Galahad` opens one data directory (vault, catalog, settings) and one engine, and hands each
+request to the room that holds it: conversations, documents, routing, chains, the verified
+library, import and export, continuation, maintenance. Results are typed values
+(memory/results.py). Not thread-safe: one thread owns it (the window's worker thread, or the
+command's main thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.engine.engine import Engine, EngineConfig, ProgressFn, TextFn
+from galahad_desktop.engine.modelinfo import ModelInfo, inspect_gguf
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.chains import Chains
+from galahad_desktop.memory.continuation import ContextFull, Continuation, Continued
+from galahad_desktop.memory.conversations import Conversations
+from galahad_desktop.memory.documents import Documents
+from galahad_desktop.memory.library import Entry, VerifiedLibrary
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.maintenance import Maintenance
+from galahad_desktop.memory.model_files import ModelShelf, engine_config, same_file
+from galahad_desktop.memory.results import (
+    AskResult,
+    CompactResult,
+    ConversationSummary,
+    DepositResult,
+    DocumentSummary,
+    EngineInfo,
+    ForgetResult,
+    GraftReport,
+    KeyStatus,
+    MemoryStats,
+    Message,
+    ModelFile,
+    OpenedConversation,
+    PartSummary,
+    RotateResult,
+    SearchHit,
+    TurnResult,
+    UsageEntry,
+    VerifyResult,
+)
+from galahad_desktop.memory.router import RouteDecision
+from galahad_desktop.memory.routing import Routing, RoutingLogEntry
+from galahad_desktop.memory.search import Search
+from galahad_desktop.memory.transfer import ExportResult, ImportResult, Transfer
+from galahad_desktop.memory.usage import Usage
+from galahad_desktop.memory.verifiers import Verdict
+from galahad_desktop.models import catalog as model_catalog
+from galahad_desktop.models.hub import Downloaded
+from galahad_desktop.paths import default_model_path
+from galahad_desktop.settings import SETTINGS, Setting, Settings
+from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
+from galahad_desktop.vault.vault import AuditReport, Vault
+
+EngineFactory = Callable[[EngineConfig, Path | None], Engine]
+
+
+class Galahad:
+    """One data directory and one engine. Not thread-safe: one thread owns it."""
+
+    @staticmethod
+    def key_storage(data_dir: Path) -> tuple[str, str]:
+        """Before opening: ("keyring" | "passphrase" | "unavailable", why unavailable)."""
+        return key_storage(Path(data_dir))
+
+    def __init__(
+        self,
+        data_dir: Path,
+        model_path: Path | None = None,
+        keystore: KeyStore | None = None,
+        overrides: dict[str, Any] | None = None,
+        passphrase: str | None = None,
+        engine_factory: EngineFactory | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        if keystore is None:
+            keystore = open_keystore(self.data_dir, passphrase)
+        self.vault = Vault(self.data_dir, keystore)
+        try:
+            self.settings = Settings(self.data_dir)
+            if overrides:
+                self.settings.override(overrides)
+        except BaseException:
+            self.vault.close()
+            raise
+        self.model_path = model_path
+        factory = engine_factory or (lambda config, cache: Engine(config, hash_cache=cache))
+        self.live = LiveContext(
+            self.vault,
+            self.settings,
+            lambda: factory(
+                engine_config(self.settings, self.model_path), self.data_dir / "model-hashes.json"
+            ),
+        )
+        self.conversations = Conversations(self.live)
+        self.documents = Documents(self.live, self.conversations)
+        self.routing = Routing(self.live, self.documents)
+        self.chains = Chains(self.live, self.conversations)
+        self.library = VerifiedLibrary(self.live, self.conversations)
+        self.transfer = Transfer(self.live, self.conversations)
+        self.continuation = Continuation(self.live, self.conversations)
+        self.maintenance = Maintenance(
+            self.live, self.conversations, self.documents, self.routing, self.library
+        )
+        self.usage = Usage(self.live)
+        self.finder = Search(self.conversations)
+        self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
+        self.conversations.live_sampling = self.sampling
+        self.live.chain_owners = self.conversations.chain_owners
+        self.live.ledger_source = self.maintenance.ledger_for_model
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        return self.live.engine
+
+    def close(self) -> None:
+        self.routing.drop_index()
+        self.live.close()
+        self.vault.close()
+
+    def lock(self) -> None:
+        """Drop keys and decrypted state from memory until unlock()."""
+        self.finder.clear()
+        self.routing.drop_index()
+        self.live.clear(wipe=True)
+        self.vault.lock()
+
+    def unlock(self) -> None:
+        self.vault.unlock()
+
+    def reload_engine(self) -> None:
+        self.live.reload()
+
+    # -- the model and settings ----------------------------------------------------------
+    def sampling(self, **changes: Any) -> SamplingParams:
+        """Settings over the model publisher's recommendation; explicit changes over both."""
+        params: dict[str, Any] = dict(self.engine.sampling_defaults())
+        for key in ("temperature", "top_p", "top_k", "max_tokens", "seed"):
+            value = self.settings.get(key)
+            if value is not None:
+                params[key] = value
+        params.update({k: v for k, v in changes.items() if v is not None})
+        if params.get("max_tokens", 1) < 1:
+            raise InputError("max_tokens must be at least 1: a reply needs room for a token.")
+        return SamplingParams(**params)
+
+    def info(self) -> EngineInfo:
+        engine = self.engine
+        fmt = engine.turn_format
+        return EngineInfo(
+            engine.model_info(),
+            engine.fingerprint,
+            engine.fingerprint_details,
+            engine.backend,
+            engine.gpu_layers,
+            engine.n_ctx,
+            fmt.as_dict(),
+            fmt.describe(),
+            engine.sampling_defaults(),
+            self.vault.keystore.backend_name,
+            engine.turns.supports_thinking,
+            list(self.settings.problems),
+        )
+
+    def settings_values(self) -> dict[str, Any]:
+        return self.settings.as_dict()
+
+    @staticmethod
+    def declared_settings() -> tuple[Setting, ...]:
+        return SETTINGS
+
+    def update_settings(self, changes: dict[str, Any]) -> bool:
+        """Save settings; a change to the runtime reloads the engine (blocks re-read once)."""
+        changed = self.settings.update(changes)
+        if changed:
+            self.reload_engine()
+        return bool(changed)
+
+    @staticmethod
+    def inspect_model(path: Path) -> ModelInfo:
+        return inspect_gguf(Path(path), same_file(Path(path), default_model_path()))
+
+    def use_model(self, path: Path | None) -> bool:
+        """Switch to a model file (None: the embedded one); conversations made with another
+        model are re-read once under it, from their text."""
+        return self.update_settings({"model_path": str(path) if path else ""})
+
+    def model_files(self) -> list[ModelFile]:
+        return self.shelf.files()
+
+    @staticmethod
+    def recommend(n_ctx: int = 8192) -> model_catalog.Recommendation:
+        return model_catalog.recommend(n_ctx)
+
+    def download_model(
+        self,
+        repo: str,
+        filename: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        use: bool = False,
+    ) -> Downloaded:
+        done = self.shelf.download(repo, filename, progress, cancel)
+        if use:
+            self.use_model(done.path)
+        return done
+
+    def get_gemma4(
+        self,
+        size: str | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        use: bool = True,
+    ) -> Downloaded:
+        chosen = self.shelf.gemma4_for(size)
+        return self.download_model(chosen.repo, chosen.file, progress, cancel, use)
+
+    # -- conversations -------------------------------------------------------------------
+    def new_conversation(
+        self,
+        document_id: str | None = None,
+        title: str = "",
+        system_prompt: str | None = None,
+        thinking: bool | None = None,
+    ) -> str:
+        return self.conversations.create(document_id, title, system_prompt, thinking)
+
+    def list_conversations(self) -> list[ConversationSummary]:
+        return self.conversations.summaries()
+
+    def search(self, query: str, limit: int = 200) -> list[SearchHit]:
+        return self.finder.find(query, limit)
+
+    def conversation(self, conversation_id: str) -> ConversationSummary:
+        return self.conversations.summary(self.conversations.row(conversation_id))
+
+    def messages(self, conversation_id: str) -> list[Message]:
+        return self.conversations.messages(conversation_id)
+
+    def rename(self, conversation_id: str, title: str) -> ConversationSummary:
+        return self.conversations.rename(conversation_id, title)
+
+    def set_thinking(self, conversation_id: str, enabled: bool) -> None:
+        self.conversations.set_thinking(conversation_id, enabled)
+
+    def head_block(self, conversation_id: str) -> str:
+        return self.conversations.head_block(conversation_id)
+
+    def resume(self, conversation_id: str, progress: ProgressFn | None = None) -> GraftReport:
+        report = self.conversations.resume(conversation_id, progress)
+        self.usage.record_graft(report)
+        return report
+
+    def open_conversation(
+        self, conversation_id: str, progress: ProgressFn | None = None
+    ) -> OpenedConversation:
+        """Resume a conversation (graft its head from disk) and say what the window shows."""
+        row = self.conversations.row(conversation_id)
+        other = bool(row.get("model_sha256")) and row["model_sha256"] != self.engine.model_sha256
+        report = self.resume(conversation_id, progress)
+        return OpenedConversation(
+            self.conversation(conversation_id),
+            self.messages(conversation_id),
+            report,
+            len(self.engine.tokens),
+            self.engine.n_ctx,
+            self.library_enabled(conversation_id),
+            other,
+        )
+
+    def send(
+        self,
+        conversation_id: str,
+        text: str,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
+        compact: bool = False,
+    ) -> TurnResult:
+        """One turn, through the verified-answer library when the conversation uses it (the
+        window and the command take this same path)."""
+        result = self.library.ask(
+            conversation_id, text, on_text, cancel, params or self.sampling(), progress, on_thought
+        )
+        return self._after_turn(result, compact)
+
+    def regenerate(
+        self,
+        conversation_id: str,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
+        compact: bool = False,
+    ) -> TurnResult:
+        result = self.conversations.regenerate(
+            conversation_id, on_text, cancel, params or self.sampling(), progress, on_thought
+        )
+        return self._after_turn(result, compact)
+
+    def branch(
+        self,
+        conversation_id: str,
+        seq: int,
+        new_text: str,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+        on_thought: TextFn | None = None,
+    ) -> TurnResult:
+        result = self.conversations.branch(
+            conversation_id,
+            seq,
+            new_text,
+            on_text,
+            cancel,
+            params or self.sampling(),
+            progress,
+            on_thought,
+        )
+        return self._after_turn(result, False)
+
+    def _after_turn(self, result: TurnResult, compact: bool) -> TurnResult:
+        self.usage.record_turn(result)
+        if compact and self.chains.needs_compaction(result.conversation_id):
+            result.compaction = self.chains.compact(result.conversation_id)
+        return result
+
+    def chain_links(self, conversation_id: str) -> int:
+        return self.chains.links(conversation_id)
+
+    def compact(self, conversation_id: str, keep: int | None = None) -> CompactResult:
+        return self.chains.compact(conversation_id, keep)
+
+    # -- import, export, a full context ------------------------------------------------------
+    def import_conversations(
+        self, path: Path, progress: ProgressFn | None = None, cancel: threading.Event | None = None
+    ) -> ImportResult:
+        return self.transfer.import_file(Path(path), progress, cancel)
+
+    def export(self, conversation_id: str, fmt: str, out: Path | None = None) -> ExportResult:
+        return self.transfer.export(conversation_id, fmt, out)
+
+    def context_check(self, conversation_id: str, text: str) -> ContextFull | None:
+        """None when the next message fits; else what the user can choose."""
+        return self.continuation.check(conversation_id, text)
+
+    def continue_with_summary(
+        self,
+        conversation_id: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Continued:
+        return self.continuation.with_summary(conversation_id, self.sampling(), progress, cancel)
+
+    def continue_with_recent(
+        self,
+        conversation_id: str,
+        text: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Continued:
+        return self.continuation.with_recent(conversation_id, text, progress, cancel)
+
+    # -- documents -----------------------------------------------------------------------
+    def deposit(
+        self,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        name: str | None = None,
+    ) -> DepositResult:
+        return self.documents.deposit(path, progress, cancel, name)
+
+    def deposit_text(
+        self,
+        name: str,
+        text: str,
+        source_bytes: int | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> DepositResult:
+        return self.documents.deposit_text(name, text, source_bytes, progress, cancel)
+
+    def list_documents(self) -> list[DocumentSummary]:
+        return self.documents.summaries()
+
+    def document_limit(self) -> int:
+        return self.documents.limit()
+
+    def parts(self, document_id: str) -> list[PartSummary]:
+        return self.documents.parts(document_id)
+
+    def document_parts_count(self, document_id: str) -> int:
+        return int(self.documents.row(document_id).get("n_parts") or 1)
+
+    def add_document_file(
+        self,
+        conversation_id: str,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TurnResult:
+        result = self.documents.add_to_conversation_file(conversation_id, path, progress, cancel)
+        self.usage.record_turn(result)
+        return result
+
+    def add_document(
+        self,
+        conversation_id: str,
+        name: str,
+        text: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TurnResult:
+        result = self.documents.add_to_conversation(conversation_id, name, text, progress, cancel)
+        self.usage.record_turn(result)
+        return result
+
+    # -- routing -------------------------------------------------------------------------
+    def route(self, question: str, document_id: str | None = None) -> RouteDecision:
+        return self.routing.route(question, document_id)
+
+    def ask(
+        self,
+        question: str,
+        document_id: str | None = None,
+        part_id: str | None = None,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+    ) -> AskResult:
+        result = self.routing.ask(
+            question, document_id, part_id, on_text, cancel, params or self.sampling(), progress
+        )
+        if result.graft is not None:
+            self.usage.record_graft(result.graft)
+        return result
+
+    def routing_log(self, limit: int = 100) -> list[RoutingLogEntry]:
+        return self.routing.routing_log(limit)
+
+    def citation(self, part_id: str) -> str:
+        return self.routing.citation(part_id)
+
+    # -- the verified library ------------------------------------------------------------
+    def verified_check(self, question: str, answer: str) -> Verdict | None:
+        return self.library.check(question, answer)
+
+    def verified_add(self, question: str, answer: str, user_verified: bool = False) -> Entry:
+        return self.library.add(question, answer, user_verified)
+
+    def verified_entries(self) -> list[Entry]:
+        return self.library.entries()
+
+    def verified_remove(self, entry_id: str) -> None:
+        self.library.remove(entry_id)
+
+    def mark_verified(self, conversation_id: str) -> Entry:
+        """Store the conversation's last question and answer as verified (a checkable answer
+        must pass its check; any other is stored on the user's word)."""
+        messages = self.messages(conversation_id)
+        if len(messages) < 2 or messages[-1].role != "model" or messages[-2].role != "user":
+            raise InputError("There is no answer to mark as verified yet.")
+        return self.library.add(messages[-2].text, messages[-1].text, user_verified=True)
+
+    def set_library(self, conversation_id: str, enabled: bool) -> None:
+        self.library.set_enabled(conversation_id, enabled)
+
+    def library_enabled(self, conversation_id: str) -> bool:
+        return self.library.enabled(conversation_id)
+
+    # -- proofs, audit, forgetting, keys, usage --------------------------------------------
+    def verify(self, item_id: str | None = None) -> list[VerifyResult]:
+        return self.maintenance.verify(item_id)
+
+    def audit(self, repair: bool = False) -> AuditReport:
+        return self.maintenance.audit(repair)
+
+    def forget(self, item_id: str) -> ForgetResult:
+        return self.maintenance.forget(item_id)
+
+    def key_status(self) -> KeyStatus:
+        return self.maintenance.key_status()
+
+    def rotate_key(self) -> RotateResult:
+        return self.maintenance.rotate_key()
+
+    def usage_history(self) -> list[UsageEntry]:
+        return self.usage.entries()
+
+    def memory_stats(self) -> MemoryStats:
+        return self.usage.stats()
+
+
+__all__ = ["EngineInfo", "Galahad", "ModelFile", "OpenedConversation", "engine_config"]

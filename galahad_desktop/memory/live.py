@@ -1,0 +1,373 @@
+"""The live context: what the engine holds, and the three things done to it — graft a stored
+block, persist a checkpoint, prove a restore.
+
+What the context holds is always a prefix of some stored ledger plus the opening tokens of
+the next user turn (the proof probe). Each checkpoint is captured at a turn boundary;
+grafting a block restores exactly that boundary, evaluates the probe (the next turn needs
+those tokens anyway) and compares the logits with those recorded at capture.
+
+A block is used only when its runtime fingerprint matches and its proof is not `diverged`;
+otherwise its ledger is re-read (re-prefilled) with progress, stored again, and the report
+says why. A block that fails authentication is refused with an IntegrityError and never
+reaches llama.cpp.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from galahad_desktop.engine import kvstate
+from galahad_desktop.engine import proof as proofs
+from galahad_desktop.engine.engine import Counters, Engine, ProgressFn
+from galahad_desktop.errors import IntegrityError
+from galahad_desktop.memory.results import GraftReport
+from galahad_desktop.memory.seals import Seals
+from galahad_desktop.settings import Settings
+from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = "llama_state_seq/llama-cpp-python-0.3.36"
+MODEL_CHANGED = "the model or its runtime settings changed"
+OTHER_MODEL = "it was made with another model (re-read once from its text under this one)"
+
+
+@dataclass
+class Rendered:
+    """A ledger rebuilt for the current model (its tokenizer and turn format), and what to
+    change in the catalog once its block is stored (inside the same transaction): returns
+    the ids of the owner's blocks made useless by the change, to delete."""
+
+    tokens: list[int]
+    apply: Callable[[dict[str, Any]], list[str]] | None = None
+
+
+class LedgerSource(Protocol):
+    def __call__(self, row: dict[str, Any]) -> Rendered | None: ...
+
+
+@dataclass(frozen=True)
+class Holding:
+    """The context holds `owner_id`'s ledger up to `block_id` (None: not stored yet)."""
+
+    owner_id: str
+    block_id: str | None
+
+
+@dataclass
+class Stats:
+    """This session's totals, for the Memory view."""
+
+    restored_tokens: int = 0
+    recomputed_tokens: int = 0
+    grafts: int = 0
+
+
+class LiveContext:
+    """One engine and what it holds. Not thread-safe: one worker thread owns it."""
+
+    def __init__(
+        self, vault: Vault, settings: Settings, engine_factory: Callable[[], Engine]
+    ) -> None:
+        self.vault = vault
+        self.settings = settings
+        self._engine_factory = engine_factory
+        self._engine: Engine | None = None
+        self.holding: Holding | None = None
+        self.stats = Stats()
+        self.seals = Seals(lambda: self.vault.fields)
+        # Who may own a chain's links, and how to rebuild a ledger for another model:
+        # both know about conversations and documents, so the façade supplies them.
+        self.chain_owners: Callable[[str], set[str]] = lambda owner: {owner}
+        self.ledger_source: LedgerSource = lambda row: None
+
+    # -- the engine ----------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self._engine_factory()
+        return self._engine
+
+    @property
+    def loaded(self) -> bool:
+        return self._engine is not None
+
+    def reload(self) -> None:
+        """Drop the engine so the next use loads it with the current settings."""
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+        self.holding = None
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        self.holding = None
+
+    def clear(self, wipe: bool = True) -> None:
+        """Forget what the context holds (lock wipes the KV buffers too)."""
+        self.holding = None
+        if self._engine is not None:
+            self._engine.reset(wipe)
+
+    # -- what the context holds -----------------------------------------------------------
+    def holds(self, owner_id: str, block_id: str | None) -> bool:
+        h = self.holding
+        return h is not None and h.owner_id == owner_id and h.block_id == block_id
+
+    def mark(self, owner_id: str, block_id: str | None) -> None:
+        self.holding = Holding(owner_id, block_id)
+
+    def drop(self, owners: set[str] | None = None) -> None:
+        """Stop relying on what the context holds (for `owners`, or whatever it is)."""
+        if owners is None or (self.holding is not None and self.holding.owner_id in owners):
+            self.holding = None
+
+    def start(self, owner_id: str, tokens: list[int], counters: Counters) -> None:
+        """A fresh context holding `tokens` (a new conversation's opening), not stored."""
+        engine = self.engine
+        engine.reset()
+        counters.prefill_ms += engine.evaluate(tokens)
+        counters.new_tokens += len(tokens)
+        self.mark(owner_id, None)
+
+    # -- reading stored state ------------------------------------------------------------
+    def read_state(self, block_id: str, owners: set[str]) -> StoredBlock:
+        """A block's state: its chain's links read, authenticated, and spliced (root
+        first) into the state it was captured from."""
+        start = time.perf_counter()
+        links = self.vault.read_links(block_id, owners)
+        if len(links) == 1:
+            return links[0]
+        head = links[-1]
+        payload, size = kvstate.splice(
+            [(link.payload, link.size) for link in links],
+            head.meta.get("layout"),
+            self.vault.splice_buffer,
+        )
+        self.vault.wipe(links[1:])
+        tokens = [t for link in links for t in link.tokens]
+        return StoredBlock(
+            head.row, head.meta, payload, size, tokens, (time.perf_counter() - start) * 1e3
+        )
+
+    def prove(self, record: proofs.ProofRecord) -> proofs.ProofResult:
+        """Evaluate the probe on what was just restored and compare the logits."""
+        engine = self.engine
+        start = time.perf_counter()
+        engine.evaluate(record.probe_tokens)
+        return proofs.compare(record, engine.last_logits(), (time.perf_counter() - start) * 1e3)
+
+    def restore_and_prove(self, block_id: str, owners: set[str]) -> tuple[float, int, Any]:
+        """Restore a block into a cleared context and prove it: (restore ms, tokens,
+        proof result). Changes nothing stored."""
+        stored = self.read_state(block_id, owners)
+        restore_ms = stored.read_ms + self.engine.restore(
+            stored.payload, stored.tokens, stored.size
+        )
+        n_tokens = len(stored.tokens)
+        record = proofs.ProofRecord.from_dict(stored.meta["proof"])
+        del stored
+        return restore_ms, n_tokens, self.prove(record)
+
+    # -- grafting ------------------------------------------------------------------------
+    def graft(
+        self,
+        block_id: str,
+        owner_id: str,
+        counters: Counters,
+        progress: ProgressFn | None = None,
+    ) -> GraftReport:
+        """Make the context hold `block_id` (plus the probe): grafted from disk and proved,
+        or re-read (and stored again) when it cannot be used as it is."""
+        engine = self.engine
+        row = self.vault.block_row(block_id)
+        if row["owner_id"] != owner_id:
+            raise IntegrityError(
+                f"Block {block_id} belongs to {row['owner_id']}, not {owner_id}; refused."
+            )
+        chain = self.vault.chain_rows(block_id)
+        if any(link["fingerprint"] != engine.fingerprint for link in chain):
+            other = row.get("model_sha256") and row["model_sha256"] != engine.model_sha256
+            return self.reread(row, OTHER_MODEL if other else MODEL_CHANGED, counters, progress)
+        restore_ms, n_tokens, result = self.restore_and_prove(block_id, self.chain_owners(owner_id))
+        if result.verdict == "diverged":
+            return self.reread(
+                row, f"the graft proof diverged (KL {result.kl:.2e})", counters, progress
+            )
+        counters.restored_tokens += n_tokens
+        counters.restore_ms += restore_ms
+        counters.proof_ms += result.proof_ms
+        counters.new_tokens += len(engine.probe_tokens)
+        self.stats.restored_tokens += n_tokens
+        self.stats.grafts += 1
+        self.mark(owner_id, block_id)
+        return GraftReport(owner_id, block_id, n_tokens, n_tokens, 0, restore_ms, result)
+
+    def reread(
+        self,
+        row: dict[str, Any],
+        reason: str,
+        counters: Counters,
+        progress: ProgressFn | None,
+    ) -> GraftReport:
+        """Re-read a block's ledger from scratch (rebuilt for the current model when the
+        owner says so), store it again, and say why."""
+        engine = self.engine
+        rendered = self.ledger_source(row)
+        tokens = rendered.tokens if rendered is not None else self.vault.chain_tokens(row["id"])
+        engine.reset()
+        self.holding = None
+        prefill_ms = engine.evaluate(tokens, progress=progress)
+        new_row, record = self.persist(row["kind"], row["owner_id"], None, row["generation"] + 1)
+        # A block other links continue from stays: their token ledgers run through it.
+        keep_old = bool(self.vault.children(row["id"]))
+        catalog = self.vault.catalog
+        with self.vault.transaction():
+            catalog.insert("blocks", new_row)
+            for table, column in (
+                ("conversations", "head_block_id"),
+                ("documents", "block_id"),
+                ("parts", "block_id"),
+                ("verified", "block_id"),
+            ):
+                for owner in catalog.select(table, **{column: row["id"]}):
+                    changes: dict[str, Any] = {column: new_row["id"]}
+                    if table != "verified":  # verified entries have no sealed pointer
+                        changes["seal"] = self.seals.seal(
+                            table, owner["id"], new_row["id"], owner.get("n_messages") or 0
+                        )
+                    catalog.update(table, owner["id"], changes)
+            catalog.update_where("messages", {"block_id": new_row["id"]}, block_id=row["id"])
+            retired = [] if keep_old else [row["id"]]
+            if rendered is not None and rendered.apply is not None:
+                retired += [b for b in rendered.apply(new_row) if b not in retired]
+            self.vault.delete_block_rows(retired)
+        self.vault.unlink_block_files(retired)
+        counters.recomputed_tokens += len(tokens)
+        counters.prefill_ms += prefill_ms
+        counters.new_tokens += len(record.probe_tokens)
+        self.stats.recomputed_tokens += len(tokens)
+        self.mark(row["owner_id"], new_row["id"])
+        return GraftReport(
+            row["owner_id"],
+            new_row["id"],
+            len(tokens),
+            0,
+            len(tokens),
+            0.0,
+            proofs.NO_PROOF,
+            fallback_reason=reason,
+        )
+
+    # -- persisting ----------------------------------------------------------------------
+    def persist(
+        self,
+        kind: str,
+        owner_id: str,
+        parent_id: str | None,
+        generation: int,
+        counters: Counters | None = None,
+        parent_end: int | None = None,
+    ) -> tuple[dict[str, Any], proofs.ProofRecord]:
+        """Capture the context at a turn boundary, evaluate the probe, write the block file.
+
+        With a parent (the block the context was grafted from), the block holds only the
+        cells at positions after the parent's end: a link of a chain, O(new tokens) on disk.
+        Returns the catalog row (the caller inserts it in its transaction) and the proof.
+        `parent_end`: where a parent not yet in the catalog ends (an import in progress).
+        """
+        engine = self.engine
+        ledger = list(engine.tokens)
+        if parent_id is None:
+            parent_end = 0
+        elif parent_end is None:
+            parent_end = self.vault.block_row(parent_id)["pos_end"]
+        link = None
+        if (
+            parent_id
+            and 0 < parent_end < len(ledger)
+            and self.settings.get("chain_blocks")
+            and kvstate.chains_supported()
+        ):
+            link = self._capture_link(parent_end, len(ledger))
+        if link is not None:
+            block, layout, capture_ms = (link[0], link[1]), link[2], link[3]
+            start = parent_end
+        else:
+            payload, used, capture_ms = engine.capture()
+            # Continue from exactly what a resume will rebuild: the live context can hold
+            # more than the per-sequence state carries (with swa_full every sliding-window
+            # cell stays live, the state keeps only the window). Re-grafting the captured
+            # state in place makes this conversation's own continuation and every future
+            # resume compute from the same cells.
+            capture_ms += engine.restore(payload, ledger, used)
+            block, layout, start = (payload, used), None, 0
+            if kvstate.chains_supported():
+                try:
+                    layout = kvstate.parse(payload, used).layout()
+                except kvstate.KVLayoutError as exc:
+                    log.warning("a state this version cannot splice: %s", exc)
+        engine.evaluate(engine.probe_tokens)  # the next turn's opening: needed anyway
+        if counters is not None:
+            counters.new_tokens += len(engine.probe_tokens)
+        record = proofs.make_record(engine.probe_tokens, engine.last_logits())
+        own_tokens = ledger[start:]
+        row = self.vault.write_block(
+            kind=kind,
+            owner_id=owner_id,
+            parent_id=parent_id if start else None,
+            tokens=own_tokens,
+            generation=generation,
+            fingerprint=engine.fingerprint,
+            model_sha256=engine.model_sha256,
+            payload=memoryview(block[0]).cast("B")[: block[1]],
+            sealed_meta={
+                "tokens_sha256": tokens_digest(own_tokens),
+                "ledger_sha256": tokens_digest(ledger),
+                "layout": layout,
+                "proof": record.as_dict(),
+                "state_format": STATE_FORMAT,
+            },
+            capture_ms=capture_ms,
+            pos_start=start,
+        )
+        del block
+        return row, record
+
+    def _capture_link(
+        self, start: int, end: int
+    ) -> tuple[Any, int, list[kvstate.Ranges], float] | None:
+        """The cells after `start` and the whole state's layout, without serializing the
+        whole state: O(new tokens + the sliding window). None when the layout is not one
+        this version knows how to splice (the caller then stores a whole state)."""
+        engine = self.engine
+        try:
+            buffer, used, capture_ms = engine.capture_from(start)
+            link = kvstate.parse(buffer, used)
+            window_buffer, window_used, window_ms = engine.regraft_window()
+            window = kvstate.parse(window_buffer, window_used)
+            if len(window.sections) == len(link.sections):
+                layout = window.layout()  # no separate window cache: that was the whole state
+            elif (
+                len(link.sections) == 2
+                and len(window.sections) == 1
+                and link.layout()[0] == [(start, end)]
+            ):
+                layout = [[(0, end)], window.layout()[0]]  # full attention, sliding window
+            else:
+                raise kvstate.KVLayoutError("the cache sections are not the expected ones")
+            del link, window, window_buffer
+            return buffer, used, layout, capture_ms + window_ms
+        except kvstate.KVLayoutError as exc:
+            log.warning("storing a whole state, not a chain link: %s", exc)
+            return None
+
+    def next_generation(self, owner_id: str) -> int:
+        rows = self.vault.catalog.select("blocks", owner_id=owner_id)
+        return 1 + max([int(r["generation"]) for r in rows] or [0])

@@ -1,0 +1,239 @@
+"""Maintenance: prove, audit, forget, keys — and re-reading what another model made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.memory.conversations import Conversations, engine_answer
+from galahad_desktop.memory.documents import Documents
+from galahad_desktop.memory.library import VerifiedLibrary
+from galahad_desktop.memory.live import LiveContext, Rendered
+from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult, VerifyResult
+from galahad_desktop.memory.routing import Routing
+from galahad_desktop.vault.vault import AuditReport
+
+
+class Maintenance:
+    def __init__(
+        self,
+        live: LiveContext,
+        conversations: Conversations,
+        documents: Documents,
+        routing: Routing,
+        library: VerifiedLibrary,
+    ) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
+        self.documents = documents
+        self.routing = routing
+        self.library = library
+
+    @property
+    def engine(self) -> Any:
+        return self.live.engine
+
+    def ledger_for_model(self, row: dict[str, Any]) -> Rendered | None:
+        """A block made under another model file is re-read from its text, rebuilt with this
+        model's tokenizer and turn format (the old token ids mean nothing to it). A block
+        from the same model under other runtime settings re-reads its token ledger."""
+        made_with = row.get("model_sha256")
+        if not made_with or made_with == self.live.engine.model_sha256:
+            return None
+        if row["kind"] == "conversation":
+            return self.rendered_conversation(row)
+        if row["kind"] == "document":
+            tokens = self.documents.rendered_part(row["id"])
+            return Rendered(tokens) if tokens is not None else None
+        if row["kind"] == "verified":
+            return self.library.rendered(row)
+        return None
+
+    def rendered_conversation(self, row: dict[str, Any]) -> Rendered:
+        conversations = self.conversations
+        conv = conversations.row(row["owner_id"])
+        if conv["head_block_id"] != row["id"]:
+            raise InputError(
+                "This conversation was made with another model; open it first so it is "
+                "re-read once under this one, then go back to an earlier turn."
+            )
+        document_tokens = None
+        if conv["document_id"]:
+            doc = self.documents.row(conv["document_id"])
+            document_tokens = self.documents.document_tokens(
+                self.documents.name(doc), self.documents.text(doc["id"])
+            )
+        tokens, ranges = self.conversation_ledger(conv, document_tokens)
+        catalog = self.vault.catalog
+
+        def apply(new_row: dict[str, Any]) -> list[str]:
+            messages = conversations.message_rows(conv["id"])
+            for message, (start, end) in zip(messages, ranges, strict=False):
+                last = message is messages[-1]
+                catalog.update(
+                    "messages",
+                    message["id"],
+                    {
+                        "tok_start": start,
+                        "tok_end": end,
+                        "block_id": new_row["id"] if last else None,
+                    },
+                )
+            catalog.update(
+                "conversations",
+                conv["id"],
+                {"n_tokens": new_row["pos_end"], "model_sha256": self.live.engine.model_sha256},
+            )
+            # The other model's checkpoints mean nothing to this one.
+            return [
+                b["id"]
+                for b in catalog.select("blocks", owner_id=conv["id"])
+                if b["id"] not in (row["id"], new_row["id"])
+            ]
+
+        return Rendered(tokens, apply)
+
+    def conversation_ledger(
+        self, conv: dict[str, Any], document_tokens: list[int] | None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """The conversation's ledger rebuilt from its messages for the current model (its
+        tokenizer and turn format), and each message's token range: what a conversation
+        made under another model is re-read as. `document_tokens`: the document turn a
+        conversation on a document starts with."""
+        turns = self.live.engine.turns
+        system = self.conversations.system_text(conv)
+        thinking = bool(conv.get("thinking")) and turns.supports_thinking
+        if document_tokens is not None:
+            tokens = list(document_tokens) + turns.probe
+        else:
+            tokens = turns.start(system, thinking)
+        ranges: list[tuple[int, int]] = []
+        messages = self.conversations.messages(conv["id"])
+        rows = self.conversations.message_rows(conv["id"])
+        for index in range(0, len(messages) - 1, 2):
+            user, reply = messages[index], messages[index + 1]
+            user_start = len(tokens) - len(turns.probe)
+            if user.role == "document":
+                body = self.conversations.document_content(rows[index])
+                tokens += turns.document_turn(
+                    f'Document "{user.text}":\n\n{body}', reply.text, opening=False
+                )
+                ranges += [(user_start, len(tokens)), (len(tokens), len(tokens))]
+                tokens += turns.probe
+                continue
+            first = index == 0 and document_tokens is None
+            tokens += turns.user_turn(turns.user_text(user.text, system, first), thinking)
+            reply_start = len(tokens)
+            tokens += engine_answer(self.live.engine, reply.text) + turns.model_close
+            ranges += [(user_start, reply_start), (reply_start, len(tokens))]
+            tokens += turns.probe
+        return tokens[: len(tokens) - len(turns.probe)], ranges
+
+    def kind_of(self, item_id: str) -> str:
+        catalog = self.vault.catalog
+        for table, kind in (
+            ("conversations", "conversation"),
+            ("documents", "document"),
+            ("blocks", "block"),
+        ):
+            if catalog.get(table, item_id) is not None:
+                return kind
+        raise NotFoundError(f"Nothing stored has the id '{item_id}'.")
+
+    def verify_block(self, block_id: str) -> VerifyResult:
+        """Re-run the graft proof of one block in this engine; report, change nothing."""
+        engine = self.engine
+        row = self.vault.block_row(block_id)
+        matches = row["fingerprint"] == engine.fingerprint
+        base = {
+            "block_id": block_id,
+            "owner_id": row["owner_id"],
+            "kind": row["kind"],
+            "tokens": row["pos_end"],
+            "links": len(self.vault.chain_rows(block_id)),
+            "fingerprint": row["fingerprint"],
+            "fingerprint_matches": matches,
+        }
+        if not matches:
+            return VerifyResult(
+                **base, proof="skipped", reason="captured under another model or runtime"
+            )
+        self.live.drop()
+        restore_ms, _n, result = self.live.restore_and_prove(
+            block_id, self.conversations.chain_owners(row["owner_id"])
+        )
+        self.live.mark(row["owner_id"], block_id)
+        return VerifyResult(
+            **base,
+            proof=result.verdict,
+            restore_ms=restore_ms,
+            proof_ms=result.proof_ms,
+            max_abs_delta=result.max_abs_delta,
+            kl=result.kl,
+            argmax_agree=result.argmax_agree,
+        )
+
+    def verify(self, item_id: str | None = None) -> list[VerifyResult]:
+        if item_id is None:
+            block_ids = [r["id"] for r in self.vault.catalog.select("blocks", "created_at")]
+        else:
+            kind = self.kind_of(item_id)
+            if kind == "conversation":
+                block_ids = [self.conversations.head_block(item_id)]
+            elif kind == "document":
+                block_ids = [r["block_id"] for r in self.documents.part_rows(item_id)] or [
+                    self.documents.row(item_id)["block_id"]
+                ]
+            else:
+                block_ids = [item_id]
+        return [self.verify_block(b) for b in block_ids]
+
+    def forget(self, item_id: str) -> ForgetResult:
+        """Delete a conversation or a document with its blocks and their keys.
+
+        Forgetting a document also forgets the conversations built on it (their blocks hold
+        the document's content too), its routing-log lines and its usage lines.
+        """
+        kind = self.kind_of(item_id)
+        if kind == "block":
+            raise InputError("Forget a conversation or a document, not a single block.")
+        catalog = self.vault.catalog
+        conversations = (
+            [item_id]
+            if kind == "conversation"
+            else [r["id"] for r in catalog.select("conversations", document_id=item_id)]
+        )
+        owners = [*conversations, *([item_id] if kind == "document" else [])]
+        block_ids = [r["id"] for r in catalog.select_in("blocks", "owner_id", owners)]
+        log_lines = self.routing.forget_log_of(item_id) if kind == "document" else []
+        with self.vault.transaction():
+            catalog.delete_in("messages", "conversation_id", conversations)
+            catalog.delete_in("conversations", "id", conversations)
+            if kind == "document":
+                catalog.delete("documents", id=item_id)
+                catalog.delete("parts", document_id=item_id)
+            catalog.delete_in("routing_log", "id", log_lines)
+            catalog.delete_in("usage", "owner_id", owners)
+            self.vault.delete_block_rows(block_ids)
+        self.vault.unlink_block_files(block_ids)
+        catalog.checkpoint()
+        if kind == "document":
+            self.routing.forget_document(item_id)
+        holding = self.live.holding
+        if holding is not None and holding.owner_id in owners:
+            self.live.clear(wipe=True)
+        return ForgetResult(item_id, kind, conversations, len(block_ids))
+
+    def key_status(self) -> KeyStatus:
+        vault = self.vault
+        return KeyStatus(
+            vault.keystore.backend_name, vault.key_id, vault.locked, str(self.vault.data_dir)
+        )
+
+    def rotate_key(self) -> RotateResult:
+        blocks = self.vault.catalog.count("blocks")
+        return RotateResult(self.vault.rotate_master_key(), blocks)
+
+    def audit(self, repair: bool = False) -> AuditReport:
+        return self.vault.audit(repair=repair)

@@ -1,0 +1,102 @@
+"""The models a data directory can use: the embedded demo, downloaded GGUFs, the configured
+file; the engine configuration that follows from the settings; downloads from the Hub."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from galahad_desktop.engine.engine import EngineConfig, Progress, ProgressFn
+from galahad_desktop.errors import InputError
+from galahad_desktop.memory.results import ModelFile
+from galahad_desktop.models import catalog
+from galahad_desktop.models.hub import Downloaded, download_gguf
+from galahad_desktop.paths import default_model_path, ensure_private_dir
+from galahad_desktop.settings import Settings
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
+    configured = settings.get("model_path")
+    chosen = model_path or (Path(configured) if configured else None)
+    embedded = default_model_path()
+    path = chosen or embedded
+    return EngineConfig(
+        model_path=path,
+        n_ctx=settings.get("n_ctx"),
+        n_gpu_layers=settings.get("n_gpu_layers"),
+        n_threads=settings.get("n_threads"),
+        n_batch=settings.get("n_batch"),
+        n_ubatch=settings.get("n_ubatch"),
+        flash_attn=settings.get("flash_attn"),
+        kv_type=settings.get("kv_type"),
+        swa_full=settings.get("swa_full"),
+        embedded=same_file(path, embedded),
+    )
+
+
+class ModelShelf:
+    def __init__(self, data_dir: Path, settings: Settings, model_path: Path | None) -> None:
+        self.models_dir = data_dir / "models"
+        self.settings = settings
+        self.model_path = model_path
+
+    def files(self) -> list[ModelFile]:
+        in_use = engine_config(self.settings, self.model_path).model_path
+        seen: dict[Path, ModelFile] = {}
+        embedded = default_model_path()
+        candidates = [embedded]
+        if self.models_dir.is_dir():
+            candidates += sorted(self.models_dir.glob("*.gguf"))
+        if self.settings.get("model_path"):
+            candidates.append(Path(self.settings.get("model_path")))
+        for path in candidates:
+            try:
+                key = path.resolve()
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if key not in seen:
+                seen[key] = ModelFile(
+                    str(path),
+                    "Gemma 3 270M (embedded demo)" if same_file(path, embedded) else path.stem,
+                    size,
+                    same_file(path, embedded),
+                    same_file(path, in_use),
+                )
+        return list(seen.values())
+
+    def download(
+        self,
+        repo: str,
+        filename: str,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Downloaded:
+        """A GGUF (resumable, SHA-256 checked against the Hub) into the models folder."""
+        start = time.monotonic()
+
+        def report(have: int, total: int) -> None:
+            if progress is not None:
+                progress(Progress(have, total, time.monotonic() - start))
+
+        return download_gguf(
+            repo, filename, ensure_private_dir(self.models_dir), progress=report, cancel=cancel
+        )
+
+    @staticmethod
+    def gemma4_for(size: str | None) -> catalog.Gemma4Model:
+        """The catalog's Gemma 4 of `size` (default: the one recommended for this machine)."""
+        if size is None:
+            recommendation = catalog.recommend()
+            if recommendation.recommended is None:
+                raise InputError(recommendation.reason)
+            size = recommendation.recommended
+        return catalog.model_for(size)

@@ -1,0 +1,367 @@
+"""What the core returns: typed, immutable-enough values that cross threads and print as JSON.
+
+The window and the command receive the same objects; `as_dict()` is the `--json` form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from galahad_desktop.engine.engine import Counters, Progress
+from galahad_desktop.engine.modelinfo import ModelInfo
+from galahad_desktop.engine.proof import NO_PROOF, ProofResult
+from galahad_desktop.memory.router import RouteDecision
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, lists and dicts as JSON values (inf and nan become null)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "as_dict"):
+            return to_jsonable(value.as_dict())
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@dataclass
+class GraftReport:
+    owner_id: str
+    block_id: str
+    tokens: int
+    restored_tokens: int
+    recomputed_tokens: int
+    restore_ms: float
+    proof: ProofResult
+    fallback_reason: str | None = None
+
+    def describe(self) -> str:
+        if self.fallback_reason:
+            return f"re-read {self.tokens:,} tokens: {self.fallback_reason}"
+        if not self.block_id:
+            return "Ready"
+        return (
+            f"Resumed {self.restored_tokens:,} tokens in {self.restore_ms:.0f} ms · "
+            f"{self.proof.describe()}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["proof"] = self.proof.verdict
+        out["proof_detail"] = self.proof.as_dict()
+        out["proof_ms"] = self.proof.proof_ms
+        return out
+
+
+@dataclass(frozen=True)
+class LibraryUse:
+    """How the verified-answer library took part in a turn."""
+
+    mode: str  # none | recurrence | transfer
+    score: float | None = None
+    entry_id: str = ""
+    runner_up: float = 0.0
+    verified_at: float = 0.0
+    verifier: str = ""
+    label: str = ""
+
+
+@dataclass
+class TurnResult:
+    conversation_id: str
+    reply: str
+    stop_reason: str  # end | length | cancelled | context_full | verified | document
+    counters: Counters
+    proof: ProofResult
+    graft: GraftReport | None
+    context_tokens: int
+    n_ctx: int
+    tokens_per_s: float
+    library: LibraryUse | None = None
+    thoughts: str = ""  # the thought channel (thinking mode), never part of the reply
+    thought_tokens: int = 0
+    reread_tokens: int = 0  # answer tokens re-read so the history holds no thoughts
+    compaction: CompactResult | None = None
+
+    def describe(self) -> str:
+        """The status line after a turn: what the graft did, what the turn cost."""
+        parts = []
+        if self.library is not None and self.library.mode in ("recurrence", "transfer"):
+            parts.append(self.library.label)
+        elif self.graft is not None:
+            parts.append(self.graft.describe())
+        c = self.counters
+        parts.append(
+            f"{c.generated_tokens} tokens at {self.tokens_per_s:.1f} tok/s · "
+            f"context {self.context_tokens:,} of {self.n_ctx:,} tokens"
+        )
+        if self.thought_tokens:
+            parts.append(
+                f"thought for {self.thought_tokens} tokens (not kept); re-read the "
+                f"{self.reread_tokens}-token answer"
+            )
+        return " · ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "library": to_jsonable(self.library),
+            "conversation_id": self.conversation_id,
+            "reply": self.reply,
+            "thoughts": self.thoughts,
+            "thought_tokens": self.thought_tokens,
+            "reread_tokens": self.reread_tokens,
+            "stop_reason": self.stop_reason,
+            **self.counters.as_dict(),
+            "proof": self.proof.verdict,
+            "proof_detail": self.proof.as_dict(),
+            "fallback_reason": self.graft.fallback_reason if self.graft else None,
+            "graft": self.graft.as_dict() if self.graft else None,
+            "context_tokens": self.context_tokens,
+            "n_ctx": self.n_ctx,
+            "tokens_per_s": self.tokens_per_s,
+            "compaction": to_jsonable(self.compaction),
+        }
+
+
+@dataclass(frozen=True)
+class DepositResult:
+    document_id: str
+    name: str
+    tokens: int
+    prefill_ms: float
+    capture_ms: float
+    persist_ms: float
+    block_bytes: int
+    block_id: str
+    n_parts: int = 1
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["bytes_per_token"] = self.block_bytes / max(1, self.tokens)
+        out["tokens_per_s"] = self.tokens / (self.prefill_ms / 1e3) if self.prefill_ms else 0.0
+        return out
+
+
+@dataclass(frozen=True)
+class Message:
+    id: str
+    role: str  # user | model | document
+    text: str
+    created_at: float
+    tok_start: int
+    tok_end: int
+    block_id: str | None
+    thoughts: str = ""
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    id: str
+    title: str
+    document_id: str | None
+    n_tokens: int
+    n_messages: int
+    updated_at: float
+    created_at: float = 0.0
+    thinking: bool = False
+    model_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class DocumentSummary:
+    id: str
+    name: str
+    n_tokens: int
+    block_bytes: int
+    source_bytes: int
+    created_at: float
+    status: str
+    n_parts: int = 1
+
+
+@dataclass(frozen=True)
+class PartSummary:
+    id: str
+    part_no: int
+    n_parts: int
+    block_id: str
+    n_tokens: int
+
+
+@dataclass
+class AskResult:
+    """A routed question: the decision, and the answer when the gate let it through."""
+
+    question: str
+    decision: RouteDecision
+    answered: bool
+    text: str = ""
+    citation: str = ""
+    part_id: str = ""
+    document_id: str = ""
+    graft: GraftReport | None = None
+    counters: Counters | None = None
+    stop_reason: str = ""
+    candidates_cited: list[str] = field(default_factory=list)
+
+    @property
+    def why(self) -> str:
+        """Why the question was answered or refused, in words."""
+        return self.decision.explain()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "answered": self.answered,
+            "answer": self.text,
+            "citation": self.citation,
+            "why": self.why,
+            "part_id": self.part_id,
+            "document_id": self.document_id,
+            "routing": self.decision.as_dict(),
+            "candidates_cited": self.candidates_cited,
+            "graft": self.graft.as_dict() if self.graft else None,
+            "counters": self.counters.as_dict() if self.counters else None,
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    block_id: str
+    owner_id: str
+    kind: str
+    tokens: int
+    links: int
+    fingerprint: str
+    fingerprint_matches: bool
+    proof: str  # exact | close | diverged | skipped
+    reason: str = ""
+    restore_ms: float = 0.0
+    proof_ms: float = 0.0
+    max_abs_delta: float = 0.0
+    kl: float = 0.0
+    argmax_agree: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = to_jsonable(
+            {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class ForgetResult:
+    forgotten: str
+    kind: str
+    conversations: list[str]
+    blocks: int
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    conversation: str
+    links_before: int
+    merged: int
+    links_after: int
+    merged_block: str = ""
+    merged_bytes: int = 0
+    freed_bytes: int = 0
+    ms: float = 0.0
+    skipped: str = ""
+
+
+@dataclass(frozen=True)
+class RotateResult:
+    key_id: str
+    blocks_rewrapped: int
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    backend: str
+    key_id: str
+    locked: bool
+    data_dir: str
+
+
+@dataclass(frozen=True)
+class UsageEntry:
+    at: float
+    restored: int
+    recomputed: int
+    restore_ms: float
+    prefill_ms: float
+    library_saved_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    blocks: int
+    bytes: int
+    tokens_stored: int
+    restored_tokens_session: int
+    recomputed_tokens_session: int
+    history: list[UsageEntry]
+    restored_tokens_total: int
+    recomputed_tokens_total: int
+    library_saved_tokens_total: int
+
+
+@dataclass(frozen=True)
+class OpenedConversation:
+    """What the window shows when a conversation is opened."""
+
+    summary: ConversationSummary
+    messages: list[Message]
+    graft: GraftReport
+    context_tokens: int
+    n_ctx: int
+    library_enabled: bool
+    other_model: bool  # made with another model: it was re-read once under this one
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: str
+    title: str
+    snippet: str  # where the words were found (title or message)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    path: str
+    name: str
+    size_bytes: int
+    embedded: bool
+    in_use: bool
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What `galahad info` and the window's first screen say about the running model."""
+
+    model: ModelInfo
+    fingerprint: str
+    fingerprint_details: dict[str, Any]
+    backend: str
+    gpu_layers: int
+    n_ctx: int
+    turn_format: dict[str, Any]
+    turn_format_note: str
+    sampling_defaults: dict[str, Any]
+    keyring: str
+    supports_thinking: bool
+    settings_problems: list[str]
+
+
+NO_GRAFT_PROOF = NO_PROOF
+# Values the core hands out that are defined below it (the window imports them from here).
+__all__ = ["Counters", "ModelInfo", "Progress"]

@@ -1,0 +1,207 @@
+"""Asking the library: which stored part answers a question (the router and its confidence
+gate), and the answer from that part's graft. The index exists only in memory after unlock."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.memory.documents import Documents
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.results import AskResult
+from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
+from galahad_desktop.vault import crypto
+from galahad_desktop.vault.vault import new_id
+
+ROUTING_LOG_KEEP = 1000
+
+
+@dataclass(frozen=True)
+class RoutingLogEntry:
+    at: float
+    scope: str
+    candidates: list[list[Any]]
+    best_score: float
+    margin: float
+    decision: str
+    part_id: str | None
+
+
+class Routing:
+    def __init__(self, live: LiveContext, documents: Documents) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.documents = documents
+        self._index: PartIndex | None = None
+        documents.on_parts_added = self._parts_added
+
+    # -- the index -----------------------------------------------------------------------
+    def index(self) -> PartIndex:
+        """The router's index, built in memory from the decrypted parts (never on disk)."""
+        if self._index is None:
+            index = PartIndex()
+            docs = self.documents
+            index.add(
+                (r["id"], r["document_id"], r["part_no"], r["n_parts"], docs.part_text(r))
+                for r in docs.part_rows()
+            )
+            self._index = index
+        return self._index
+
+    def _parts_added(self, parts: list[tuple[str, str, int, int, str]]) -> None:
+        if self._index is not None:
+            self._index.add(parts)
+
+    def drop_index(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+
+    def forget_document(self, document_id: str) -> None:
+        if self._index is not None:
+            self._index.remove_document(document_id)
+
+    # -- routing -------------------------------------------------------------------------
+    def route(self, question: str, document_id: str | None = None) -> RouteDecision:
+        """Score every part (of one document, or of the whole library) and apply the gate.
+        The decision (scores and margin, not the question) goes to the routing log."""
+        if document_id is not None:
+            self.documents.row(document_id)
+        terms, candidates = self.index().search(question, document_id)
+        settings = self.live.settings
+        decision = decide(
+            terms,
+            candidates,
+            settings.get("route_min_strength"),
+            settings.get("route_min_margin"),
+            document_id or "library",
+        )
+        self.log(decision, "answered" if decision.confident else "gated", None)
+        return decision
+
+    def log(self, decision: RouteDecision, outcome: str, part_id: str | None) -> None:
+        entry = {
+            "scope": decision.scope,
+            "candidates": [[c.part_id, round(c.score, 4)] for c in decision.candidates],
+            "documents": sorted({c.document_id for c in decision.candidates}),
+            "best_score": decision.best_score,
+            "margin": decision.margin if decision.margin != float("inf") else -1.0,
+            "decision": outcome,
+            "part_id": part_id or (decision.best.part_id if decision.best else None),
+        }
+        entry_id = new_id("r")
+        catalog = self.vault.catalog
+        with self.vault.transaction():
+            catalog.insert(
+                "routing_log",
+                {
+                    "id": entry_id,
+                    "at": time.time(),
+                    "entry_enc": self.vault.fields.encrypt_text(
+                        json.dumps(entry), "routing_log", "entry", entry_id
+                    ),
+                },
+            )
+            rows = catalog.select("routing_log", "at desc")
+            catalog.delete_in("routing_log", "id", [r["id"] for r in rows[ROUTING_LOG_KEEP:]])
+
+    def _entries(self) -> list[tuple[str, float, dict[str, Any]]]:
+        out = []
+        fields = self.vault.fields
+        for row in self.vault.catalog.select("routing_log", "at desc"):
+            try:
+                entry = json.loads(
+                    fields.decrypt_text(row["entry_enc"], "routing_log", "entry", row["id"])
+                )
+            except (crypto.DecryptionFailed, TypeError, ValueError):
+                continue  # an unreadable log line is skipped; audit reports it
+            if isinstance(entry, dict):
+                out.append((row["id"], float(row["at"] or 0), entry))
+        return out
+
+    def routing_log(self, limit: int = 100) -> list[RoutingLogEntry]:
+        return [
+            RoutingLogEntry(
+                at,
+                str(e.get("scope", "")),
+                list(e.get("candidates", [])),
+                float(e.get("best_score", 0.0)),
+                float(e.get("margin", 0.0)),
+                str(e.get("decision", "")),
+                e.get("part_id"),
+            )
+            for _id, at, e in self._entries()[: max(0, limit)]
+        ]
+
+    def forget_log_of(self, document_id: str) -> list[str]:
+        """Ids of the log entries that name a document (deleted when it is forgotten)."""
+        return [i for i, _at, e in self._entries() if document_id in e.get("documents", [])]
+
+    def citation(self, part_id: str) -> str:
+        part = self.documents.part_row(part_id)
+        name = self.documents.name(self.documents.row(part["document_id"]))
+        return f"{name}, part {part['part_no']} of {part['n_parts']}"
+
+    # -- asking --------------------------------------------------------------------------
+    def ask(
+        self,
+        question: str,
+        document_id: str | None = None,
+        part_id: str | None = None,
+        on_text: TextFn | None = None,
+        cancel: threading.Event | None = None,
+        params: SamplingParams | None = None,
+        progress: ProgressFn | None = None,
+    ) -> AskResult:
+        """Answer a question from the stored part the router picks (or `part_id`, the user's
+        choice among the candidates). A weak or ambiguous match is not answered: the result
+        carries the candidates instead. Nothing is stored but the routing log."""
+        if not question.strip():
+            raise InputError("The question is empty.")
+        decision = self.route(question, document_id)
+        cited = [self.citation(c.part_id) for c in decision.candidates]
+        if part_id is None:
+            if not decision.confident or decision.best is None:
+                return AskResult(question, decision, False, candidates_cited=cited)
+            part_id = decision.best.part_id
+        else:
+            self.log(decision, "chosen", part_id)
+        part = self.vault.catalog.get("parts", part_id)
+        if part is None:
+            raise NotFoundError(f"No document part has the id '{part_id}'.")
+        if document_id is not None and part["document_id"] != document_id:
+            raise InputError(f"Part {part_id} is not a part of document {document_id}.")
+        self.live.seals.check("parts", part, "block_id")
+        counters = Counters()
+        graft = None
+        if not self.live.holds(part["document_id"], part["block_id"]):
+            graft = self.live.graft(part["block_id"], part["document_id"], counters, progress)
+        engine = self.live.engine
+        question_tokens = engine.turns.question(question)
+        if len(question_tokens) + 64 > engine.room():
+            raise InputError("The question is too long for the room left after the document.")
+        self.live.drop()  # the context now holds this one-off question
+        counters.prefill_ms += engine.evaluate(question_tokens)
+        counters.new_tokens += len(question_tokens)
+        generation = engine.generate(params or SamplingParams(), on_text, cancel)
+        counters.generated_tokens += len(generation.tokens)
+        counters.generate_ms += generation.elapsed_ms
+        return AskResult(
+            question,
+            decision,
+            True,
+            generation.text,
+            self.citation(part_id),
+            part_id,
+            part["document_id"],
+            graft,
+            counters,
+            generation.stop_reason,
+            cited,
+        )

@@ -1,0 +1,285 @@
+"""Bring history in, take it out: import conversations from other apps, export them.
+
+An imported conversation is read into the model once — turn by turn, each turn stored as a
+chain link (a checkpoint, like any conversation made here) — and opens later with zero
+recomputed tokens. A conversation is stored whole or not at all (its blocks are written
+first, its rows in one transaction). The plaintext of an import is read into memory only;
+nothing of it is written anywhere but the encrypted catalog and blocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.engine.engine import Counters, Progress, ProgressFn
+from galahad_desktop.errors import CancelledError, InputError
+from galahad_desktop.memory import formats
+from galahad_desktop.memory.conversations import TITLE_CHARS, Conversations
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.system.files import atomic_write_bytes
+from galahad_desktop.vault.vault import new_id
+
+
+@dataclass(frozen=True)
+class ImportedSummary:
+    conversation_id: str
+    title: str
+    messages: int
+    tokens: int
+    source: str
+    left_out: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SkippedImport:
+    title: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    conversations: list[ImportedSummary]
+    skipped: list[SkippedImport]
+    tokens: int
+    prefill_ms: float
+    cancelled: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.prefill_ms / 1e3) if self.prefill_ms else 0.0
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: str | None
+    format: str
+    messages: int
+    bytes: int
+    text: str = ""  # when no path was given (the command prints it)
+
+
+class Transfer:
+    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
+
+    # -- import --------------------------------------------------------------------------
+    def import_file(
+        self,
+        path: Path,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ImportResult:
+        parsed = formats.read_file(Path(path))
+        engine = self.live.engine
+        turns = engine.turns
+        plans: list[tuple[formats.ImportedConversation, list[list[int]]]] = []
+        skipped: list[SkippedImport] = []
+        for conversation in parsed:
+            title = conversation.title or _title_of(conversation)
+            if not conversation.messages:
+                skipped.append(SkippedImport(title, "it has no messages"))
+                continue
+            pieces = [turns.start()]
+            for index in range(0, len(conversation.messages), 2):
+                user, reply = conversation.messages[index], conversation.messages[index + 1]
+                pieces.append(
+                    turns.user_turn(user.text) + engine.encode_text(reply.text) + turns.model_close
+                )
+            total = sum(len(p) for p in pieces) + len(turns.probe) * (len(pieces) - 1)
+            if total + 64 > engine.n_ctx:
+                skipped.append(
+                    SkippedImport(
+                        title,
+                        f"it is {total:,} tokens, longer than the {engine.n_ctx:,}-token "
+                        "context (raise n_ctx, or use a model with a longer context)",
+                    )
+                )
+                continue
+            plans.append((conversation, pieces))
+        grand_total = sum(sum(len(p) for p in pieces) for _c, pieces in plans)
+        done = 0
+        start = time.perf_counter()
+        imported: list[ImportedSummary] = []
+        prefill_ms = 0.0
+        cancelled = False
+        for conversation, pieces in plans:
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+
+            def report(p: Progress, offset: int = done) -> None:
+                if progress is not None:
+                    progress(Progress(offset + p.done, grand_total, time.perf_counter() - start))
+
+            try:
+                summary, ms = self._import_one(conversation, pieces, report, cancel)
+            except CancelledError:
+                cancelled = True
+                break
+            imported.append(summary)
+            prefill_ms += ms
+            done += sum(len(p) for p in pieces)
+        return ImportResult(imported, skipped, done, prefill_ms, cancelled)
+
+    def _import_one(
+        self,
+        conversation: formats.ImportedConversation,
+        pieces: list[list[int]],
+        progress: ProgressFn,
+        cancel: threading.Event | None,
+    ) -> tuple[ImportedSummary, float]:
+        live, engine, vault = self.live, self.live.engine, self.vault
+        conversation_id = new_id("c")
+        total = sum(len(p) for p in pieces)
+        counters = Counters()
+        live.drop()
+        engine.reset()
+        rows: list[dict[str, Any]] = []
+        boundaries: list[tuple[int, int, int]] = []
+        read = 0
+        try:
+            for index, piece in enumerate(pieces):
+                if index == 0:
+                    counters.prefill_ms += engine.evaluate(piece)
+                    read += len(piece)
+                    continue
+                user_start = len(engine.tokens) - len(engine.probe_tokens)
+                message = conversation.messages[2 * (index - 1)]
+                reply_start = (
+                    user_start
+                    + len(engine.probe_tokens)
+                    + len(engine.turns.user_turn(message.text))
+                )
+
+                def report(p: Progress, offset: int = read) -> None:
+                    progress(Progress(offset + p.done, total, p.elapsed_s))
+
+                counters.prefill_ms += engine.evaluate(piece, progress=report, cancel=cancel)
+                read += len(piece)
+                parent = rows[-1] if rows else None
+                row, _record = live.persist(
+                    "conversation",
+                    conversation_id,
+                    parent["id"] if parent else None,
+                    index,
+                    parent_end=parent["pos_end"] if parent else None,
+                )
+                rows.append(row)
+                boundaries.append(
+                    (user_start, reply_start, len(engine.tokens) - len(engine.probe_tokens))
+                )
+            self._commit(conversation_id, conversation, rows, boundaries)
+        except BaseException:
+            live.drop()
+            vault.unlink_block_files([row["id"] for row in rows])
+            raise
+        live.mark(conversation_id, rows[-1]["id"])
+        title = conversation.title or _title_of(conversation)
+        return (
+            ImportedSummary(
+                conversation_id,
+                title,
+                len(conversation.messages),
+                rows[-1]["pos_end"],
+                conversation.source,
+                list(conversation.dropped),
+            ),
+            counters.prefill_ms,
+        )
+
+    def _commit(
+        self,
+        conversation_id: str,
+        conversation: formats.ImportedConversation,
+        rows: list[dict[str, Any]],
+        boundaries: list[tuple[int, int, int]],
+    ) -> None:
+        fields, catalog = self.vault.fields, self.vault.catalog
+        seals = self.live.seals
+        now = time.time()
+        created = conversation.created_at or conversation.messages[0].created_at or now
+        updated = conversation.updated_at or conversation.messages[-1].created_at or created
+        title = conversation.title or _title_of(conversation)
+        with self.vault.transaction():
+            for row in rows:
+                catalog.insert("blocks", row)
+            catalog.insert(
+                "conversations",
+                {
+                    "id": conversation_id,
+                    "title_enc": fields.encrypt_text(
+                        title, "conversations", "title", conversation_id
+                    ),
+                    "document_id": None,
+                    "head_block_id": rows[-1]["id"],
+                    "n_tokens": rows[-1]["pos_end"],
+                    "n_messages": len(conversation.messages),
+                    "seal": seals.seal(
+                        "conversations",
+                        conversation_id,
+                        rows[-1]["id"],
+                        len(conversation.messages),
+                    ),
+                    "system_prompt": "none",
+                    "thinking": 0,
+                    "model_sha256": self.live.engine.model_sha256,
+                    "created_at": created,
+                    "updated_at": updated,
+                },
+            )
+            for index, message in enumerate(conversation.messages):
+                pair = index // 2
+                user_start, reply_start, reply_end = boundaries[pair]
+                message_id = new_id("m")
+                is_user = message.role == "user"
+                catalog.insert(
+                    "messages",
+                    {
+                        "id": message_id,
+                        "conversation_id": conversation_id,
+                        "seq": index,
+                        "role": message.role,
+                        "text_enc": fields.encrypt_text(
+                            message.text, "messages", "text", message_id
+                        ),
+                        "tok_start": user_start if is_user else reply_start,
+                        "tok_end": reply_start if is_user else reply_end,
+                        "block_id": None if is_user else rows[pair]["id"],
+                        "created_at": message.created_at or created,
+                    },
+                )
+
+    # -- export --------------------------------------------------------------------------
+    def export(self, conversation_id: str, fmt: str, out: Path | None = None) -> ExportResult:
+        writer = formats.EXPORTERS.get(fmt)
+        if writer is None:
+            raise InputError(f"Unknown export format '{fmt}'; use md, json or html.")
+        conv = self.conversations.row(conversation_id)
+        messages = [
+            formats.ExportedMessage(m.role, m.text, m.created_at)
+            for m in self.conversations.messages(conversation_id)
+        ]
+        text = writer(
+            self.conversations.title(conv), conv["created_at"], conv["updated_at"], messages
+        )
+        data = text.encode("utf-8")
+        if out is None:
+            return ExportResult(None, fmt, len(messages), len(data), text)
+        out = Path(out)
+        if out.is_dir():
+            raise InputError(f"'{out}' is a directory; give a file name to export to.")
+        if not out.parent.is_dir():
+            raise InputError(f"The folder {out.parent} does not exist.")
+        atomic_write_bytes(out, data)
+        return ExportResult(str(out), fmt, len(messages), len(data))
+
+
+def _title_of(conversation: formats.ImportedConversation) -> str:
+    first = next((m.text for m in conversation.messages if m.role == "user"), "")
+    return " ".join(first.split())[:TITLE_CHARS] or "Imported conversation"

@@ -1,0 +1,97 @@
+"""What the memory saved: restored versus recomputed tokens per request (numbers only, but
+still what the user did: encrypted in the catalog, deleted with what they name)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+
+from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.results import GraftReport, MemoryStats, TurnResult, UsageEntry
+from galahad_desktop.vault import crypto
+from galahad_desktop.vault.vault import new_id
+
+USAGE_KEEP = 500
+
+
+class Usage:
+    def __init__(self, live: LiveContext) -> None:
+        self.live = live
+        self.vault = live.vault
+
+    def record_turn(self, result: TurnResult) -> None:
+        c = result.counters
+        saved = 0
+        if result.library is not None and result.library.mode == "recurrence":
+            saved = len(self.live.engine.encode_text(result.reply))  # what decoding would cost
+        self.record(
+            result.conversation_id,
+            UsageEntry(
+                time.time(),
+                c.restored_tokens,
+                c.recomputed_tokens,
+                c.restore_ms,
+                c.prefill_ms,
+                saved,
+            ),
+        )
+
+    def record_graft(self, report: GraftReport) -> None:
+        self.record(
+            report.owner_id,
+            UsageEntry(
+                time.time(),
+                report.restored_tokens,
+                report.recomputed_tokens,
+                report.restore_ms,
+                0.0,
+            ),
+        )
+
+    def record(self, owner: str, entry: UsageEntry) -> None:
+        if not (entry.restored or entry.recomputed or entry.library_saved_tokens):
+            return
+        entry_id = new_id("u")
+        catalog = self.vault.catalog
+        with self.vault.transaction():
+            catalog.insert(
+                "usage",
+                {
+                    "id": entry_id,
+                    "at": entry.at,
+                    "owner_id": owner,
+                    "entry_enc": self.vault.fields.encrypt_text(
+                        json.dumps(asdict(entry)), "usage", "entry", entry_id
+                    ),
+                },
+            )
+            old = catalog.select("usage", "at desc")[USAGE_KEEP:]
+            catalog.delete_in("usage", "id", [r["id"] for r in old])
+
+    def entries(self) -> list[UsageEntry]:
+        out = []
+        fields = self.vault.fields
+        for row in reversed(self.vault.catalog.select("usage", "at desc")):
+            try:
+                raw = json.loads(fields.decrypt_text(row["entry_enc"], "usage", "entry", row["id"]))
+                out.append(UsageEntry(**raw))
+            except (crypto.DecryptionFailed, TypeError, ValueError):
+                continue  # the audit reports damaged lines
+        return out
+
+    def stats(self) -> MemoryStats:
+        rows = self.vault.catalog.select("blocks")
+        history = self.entries()
+        session = self.live.stats
+        return MemoryStats(
+            len(rows),
+            sum(r["file_bytes"] for r in rows),
+            sum(r["n_tokens"] for r in rows),
+            session.restored_tokens,
+            session.recomputed_tokens,
+            history,
+            sum(h.restored for h in history),
+            sum(h.recomputed for h in history),
+            sum(h.library_saved_tokens for h in history),
+        )

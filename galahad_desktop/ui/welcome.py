@@ -1,0 +1,146 @@
+"""The first screen: what the app does, which model is running (and, for the embedded demo
+model, that it only continues text), a drop zone for documents, and the way to Gemma 4 —
+recommended for this machine, downloaded with progress, SHA-256 checked, switched to."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QMouseEvent
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from galahad_desktop.memory.results import EngineInfo
+from galahad_desktop.models.catalog import GIB, Recommendation
+
+
+class DropZone(QLabel):
+    """A dashed box to drop documents on (the window takes the drop), or to click."""
+
+    clicked = Signal()
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        self.clicked.emit()
+
+
+class Welcome(QWidget):
+    get_model = Signal(str)  # the Gemma 4 size to download
+    cancel_download = Signal()
+    choose_documents = Signal()
+    start_chat = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chosen_size = ""  # the Gemma 4 size the offer stands for
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(32, 24, 32, 24)
+        title = QLabel("<h1>Galahad Desktop</h1>")
+        intro = QLabel(
+            "A private chat with a model that runs on this computer. Everything the model "
+            "reads — your conversations and documents — is kept as encrypted memory, so a "
+            "past chat resumes, or a document loads, in milliseconds instead of being read "
+            "again, and every restore is checked to be byte-exact. Keys stay in your "
+            "system's keyring."
+        )
+        intro.setWordWrap(True)
+        self.model_label = QLabel("Loading the model…")
+        self.model_label.setWordWrap(True)
+        self.model_label.setTextFormat(Qt.TextFormat.RichText)
+        self.offer = QFrame()
+        self.offer.setFrameShape(QFrame.Shape.StyledPanel)
+        offer = QVBoxLayout(self.offer)
+        self.offer_label = QLabel()
+        self.offer_label.setWordWrap(True)
+        self.offer_label.setTextFormat(Qt.TextFormat.RichText)
+        row = QHBoxLayout()
+        self.get_button = QPushButton("Download Gemma 4")
+        self.get_button.clicked.connect(lambda: self.get_model.emit(self.chosen_size))
+        self.cancel_button = QPushButton("Pause")
+        self.cancel_button.clicked.connect(self.cancel_download.emit)
+        self.cancel_button.setVisible(False)
+        self.progress = QProgressBar()
+        self.progress.setVisible(False)
+        row.addWidget(self.get_button)
+        row.addWidget(self.progress, 1)
+        row.addWidget(self.cancel_button)
+        offer.addWidget(self.offer_label)
+        offer.addLayout(row)
+        self.offer.setVisible(False)
+        self.drop_zone = DropZone(
+            "Drop documents here (.txt, .md, .pdf, .docx, source files) to read them once "
+            "and keep them — or click to choose."
+        )
+        self.drop_zone.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.drop_zone.setWordWrap(True)
+        self.drop_zone.setMinimumHeight(90)
+        self.drop_zone.setStyleSheet(
+            "QLabel { border: 2px dashed gray; border-radius: 8px; padding: 12px; }"
+        )
+        self.drop_zone.clicked.connect(self.choose_documents.emit)
+        chat = QPushButton("Start a chat")
+        chat.clicked.connect(self.start_chat.emit)
+        for widget in (title, intro, self.model_label, self.offer, self.drop_zone, chat):
+            layout.addWidget(widget)
+        layout.addStretch(1)
+
+    def show_model(self, info: EngineInfo) -> None:
+        model = info.model
+        note = ""
+        if model.kind == "demo":
+            note = (
+                "<br><b>This is the embedded demo model:</b> a "
+                f"{html.escape(model.label)}. It shows how everything works, but it will not "
+                "answer questions. Get Gemma 4 below for real conversations."
+            )
+        elif model.kind == "base":
+            note = f"<br>{html.escape(model.label)}."
+        self.model_label.setText(
+            f"Running <b>{html.escape(model.name)}</b> ({model.n_params / 1e6:,.0f}M "
+            f"parameters, {html.escape(model.quantization)}) on {html.escape(info.backend)} · "
+            f"context {info.n_ctx:,} tokens · turn format: {html.escape(info.turn_format_note)}"
+            f"{note}"
+        )
+
+    def show_offer(self, recommendation: Recommendation, installed: bool) -> None:
+        if installed:
+            self.offer.setVisible(False)
+            return
+        self.offer.setVisible(True)
+        if recommendation.recommended is None:
+            self.get_button.setEnabled(False)
+            self.offer_label.setText(f"<b>Gemma 4</b>: {html.escape(recommendation.reason)}")
+            return
+        chosen = next(c for c in recommendation.candidates if c.size == recommendation.recommended)
+        self.chosen_size = chosen.size
+        self.get_button.setEnabled(True)
+        self.get_button.setText(f"Download Gemma 4 {chosen.size}")
+        self.offer_label.setText(
+            f"<b>Recommended for this computer: Gemma 4 {html.escape(chosen.size)}</b> "
+            f"({html.escape(chosen.active_params)}).<br>{html.escape(recommendation.reason)}"
+            f"<br>Download: about {chosen.bytes / 1e9:.1f} GB of disk · memory "
+            f"{chosen.memory_needed / GIB:.1f} GiB · each token of chat or document costs "
+            f"{chosen.kv_bytes_per_token / 1024:.0f} KiB of stored memory.<br>"
+            f"From {html.escape(chosen.repo)} on the Hugging Face Hub; its SHA-256 is checked "
+            "before it is used."
+        )
+
+    def show_progress(self, done: int, total: int) -> None:
+        self.progress.setVisible(True)
+        self.cancel_button.setVisible(True)
+        self.get_button.setEnabled(False)
+        self.progress.setMaximum(max(1, total // 1_000_000))
+        self.progress.setValue(done // 1_000_000)
+        self.progress.setFormat(f"{done / 1e9:.2f} of {total / 1e9:.2f} GB")
+
+    def download_over(self) -> None:
+        self.progress.setVisible(False)
+        self.cancel_button.setVisible(False)
+        self.get_button.setEnabled(True)

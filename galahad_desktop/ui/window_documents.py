@@ -1,0 +1,272 @@
+"""The window's document side: add and drop documents, ask the library, stack a document
+on a conversation, import and export conversations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
+
+from galahad_desktop.memory.results import DepositResult, TurnResult
+from galahad_desktop.memory.transfer import ImportResult
+from galahad_desktop.ui.format import human_bytes
+
+if TYPE_CHECKING:
+    from PySide6.QtCore import SignalInstance
+    from PySide6.QtWidgets import QStackedWidget
+
+    from galahad_desktop.ui.chat_view import ChatView
+    from galahad_desktop.ui.dialogs import AskDialog
+    from galahad_desktop.ui.host import Host
+    from galahad_desktop.ui.sidebar import Sidebar
+    from galahad_desktop.ui.worker import CoreBridge, Request
+
+DOCUMENT_FILTER = (
+    "Documents (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java "
+    "*.json *.yaml *.toml *.html *.csv);;All files (*)"
+)
+
+
+class DocumentActions:
+    """Mixed into MainWindow: these are the window's own widgets and methods."""
+
+    def _window(self) -> QWidget:
+        assert isinstance(self, QWidget)  # mixed into the main window
+        return self
+
+    if TYPE_CHECKING:
+        bridge: CoreBridge
+        chat: ChatView
+        sidebar: Sidebar
+        pages: QStackedWidget
+        ask_dialog: AskDialog
+        conversation_id: str | None
+        generating: Request | None
+        working: Request | None
+        show_dialogs: bool
+        drop_choice: str
+        deposit_finished: SignalInstance
+        import_finished: SignalInstance
+        turn_finished: SignalInstance
+
+        def set_status(self, text: str) -> None: ...
+        def show_error(self, message: str, kind: str = "") -> None: ...
+        def set_context(self, used: int, n_ctx: int) -> None: ...
+        def refresh_lists(self) -> None: ...
+        def open_conversation(self, conversation_id: str) -> None: ...
+        def _ask(self, title: str, text: str, buttons: list[str], test_answer: str) -> str: ...
+        def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None: ...
+        def _set_generating(self, request: Request | None) -> None: ...
+        def _turn_failed(self, message: str, kind: str) -> None: ...
+
+    # -- documents -----------------------------------------------------------------------
+    def choose_document(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(
+            self._window(), "Add documents", str(Path.home()), DOCUMENT_FILTER
+        )
+        for path in paths:
+            self.deposit(Path(path))
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = [Path(u.toLocalFile()) for u in event.mimeData().urls() if u.isLocalFile()]
+        if not paths:
+            return
+        if self.conversation_id is not None and self.pages.currentWidget() is self.chat:
+            answer = self._ask(
+                "Add a document",
+                f"Add {', '.join(p.name for p in paths)} to this conversation (only the new "
+                "document is read), or start a new chat on it?",
+                ["Add to this conversation", "New chat on it"],
+                "Add to this conversation" if self.drop_choice == "add" else "New chat on it",
+            )
+            if answer == "Add to this conversation":
+                self.add_to_conversation(paths[0])
+                return
+            if answer == "New chat on it":
+                self.deposit(paths[0], open_chat=True)
+            return
+        for path in paths:
+            self.deposit(path)
+
+    def deposit(self, path: Path, open_chat: bool = False) -> None:
+        self.sidebar.show_progress(True, f"Reading {path.name}…")
+        self.working = self.bridge.call(
+            "deposit",
+            path,
+            on_done=lambda result: self._deposited(result, open_chat),
+            on_error=self._work_failed,
+            on_progress=self._work_progress,
+        )
+
+    def _work_progress(self, done: int, total: int, tps: float, eta: float) -> None:
+        self.sidebar.deposit_bar.setMaximum(max(1, total))
+        self.sidebar.deposit_bar.setValue(done)
+        eta_text = f"{eta:.0f} s" if eta != float("inf") else "…"
+        self.sidebar.deposit_label.setText(
+            f"{done:,}/{total:,} tokens · {tps:,.0f} tok/s · ETA {eta_text}"
+        )
+
+    def _work_over(self) -> None:
+        self.working = None
+        self.sidebar.show_progress(False)
+
+    def _deposited(self, result: DepositResult, open_chat: bool) -> None:
+        self._work_over()
+        self.set_status(
+            f"Stored '{result.name}': {result.tokens:,} tokens read in "
+            f"{result.prefill_ms / 1e3:.1f} s · {human_bytes(result.block_bytes)}"
+        )
+        self.refresh_lists()
+        self.deposit_finished.emit(result)
+        if open_chat and result.n_parts == 1:
+            self.bridge.call(
+                "new_conversation",
+                result.document_id,
+                on_done=self.open_conversation,
+                on_error=self.show_error,
+            )
+
+    def _work_failed(self, message: str, kind: str) -> None:
+        self._work_over()
+        self.show_error(message, kind)
+
+    def cancel_work(self) -> None:
+        if self.working is not None:
+            self.working.cancel.set()
+
+    def chat_with_document(self) -> None:
+        document_id = self.sidebar.selected_document()
+        if document_id is None:
+            self.show_error("Select a document first.")
+            return
+        doc = next((d for d in self.sidebar.documents if d.id == document_id), None)
+        if doc is not None and doc.n_parts > 1:
+            # Longer than the context: each question is routed to the part that answers it.
+            self.open_ask(document_id)
+            return
+        self.bridge.call(
+            "new_conversation",
+            document_id,
+            on_done=self.open_conversation,
+            on_error=self.show_error,
+        )
+
+    def open_ask(self, document_id: str | None = None) -> None:
+        from galahad_desktop.ui.dialogs import AskDialog
+
+        name = None
+        if isinstance(document_id, str):
+            name = next((d.name for d in self.sidebar.documents if d.id == document_id), None)
+        else:
+            document_id = None
+        self.ask_dialog = AskDialog(cast("Host", self), self._window(), document_id, name)
+        if self.show_dialogs:
+            self.ask_dialog.show()
+
+    def choose_stacked_document(self) -> None:
+        if self.conversation_id is None or self.generating is not None:
+            self.show_error("Open a conversation first: the document is added to it.")
+            return
+        path, _ = QFileDialog.getOpenFileName(
+            self._window(), "Add a document to this conversation", str(Path.home()), DOCUMENT_FILTER
+        )
+        if path:
+            self.add_to_conversation(Path(path))
+
+    def add_to_conversation(self, path: Path) -> None:
+        """Read only the new document on top of the conversation (a chain link)."""
+        if self.conversation_id is None:
+            return
+        self.chat.append("document", path.name)
+        self.set_status(f"Reading {path.name} into this conversation…")
+        conversation_id = self.conversation_id
+        request = self.bridge.call(
+            "add_document_file",
+            conversation_id,
+            path,
+            on_done=lambda result: self._document_added(result, path),
+            on_error=self._turn_failed,
+            on_progress=self._reread_progress,
+        )
+        self._set_generating(request)
+
+    def _document_added(self, result: TurnResult, path: Path) -> None:
+        self._set_generating(None)
+        self.chat.append("model", result.reply)
+        self.set_context(result.context_tokens, result.n_ctx)
+        c = result.counters
+        self.set_status(
+            f"Added '{path.name}': read {c.new_tokens:,} new tokens, restored "
+            f"{c.restored_tokens:,}, re-read {c.recomputed_tokens:,} · saved in "
+            f"{c.persist_ms:.0f} ms"
+        )
+        self.refresh_lists()
+        self.turn_finished.emit(result)
+
+    # -- import and export ---------------------------------------------------------------
+    def import_conversations(self, path: Path | None = None) -> None:
+        if path is None or isinstance(path, bool):
+            chosen, _ = QFileDialog.getOpenFileName(
+                self._window(),
+                "Import conversations (ChatGPT, Jan thread.json, LM Studio, Open WebUI, "
+                "Markdown, Galahad)",
+                str(Path.home()),
+                "Chat exports (*.json *.jsonl *.md *.markdown);;All files (*)",
+            )
+            if not chosen:
+                return
+            path = Path(chosen)
+        self.sidebar.show_progress(True, f"Importing {path.name}…")
+        self.working = self.bridge.call(
+            "import_conversations",
+            path,
+            on_done=self._imported,
+            on_error=self._work_failed,
+            on_progress=self._work_progress,
+        )
+
+    def _imported(self, result: ImportResult) -> None:
+        self._work_over()
+        skipped = "".join(f"\n• skipped '{s.title}': {s.reason}" for s in result.skipped)
+        summary = (
+            f"Imported {len(result.conversations)} conversation(s): {result.tokens:,} tokens "
+            f"read at {result.tokens_per_s:,.0f} tok/s"
+            + (" (cancelled)" if result.cancelled else "")
+        )
+        self.set_status(summary)
+        if self.show_dialogs and (skipped or result.conversations):
+            QMessageBox.information(self._window(), "Import", summary + skipped)
+        self.refresh_lists()
+        self.import_finished.emit(result)
+
+    def export_conversation(self, conversation_id: str | None) -> None:
+        if not conversation_id:
+            self.show_error("Open a conversation to export it.")
+            return
+        if not self.show_dialogs:
+            return
+        path, chosen = QFileDialog.getSaveFileName(
+            self._window(),
+            "Export conversation (the file is plain text: keep it somewhere private)",
+            str(Path.home() / "conversation.md"),
+            "Markdown (*.md);;JSON, re-importable (*.json);;HTML (*.html)",
+        )
+        if not path:
+            return
+        fmt = "json" if "JSON" in chosen else "html" if "HTML" in chosen else "md"
+        self.bridge.call(
+            "export",
+            conversation_id,
+            fmt,
+            Path(path),
+            on_done=lambda r: self.set_status(
+                f"Exported {r.messages} messages to {r.path} (plain text)"
+            ),
+            on_error=self.show_error,
+        )

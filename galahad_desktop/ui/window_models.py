@@ -1,0 +1,148 @@
+"""The window's model side: what is running, the model switcher, Gemma 4 downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from galahad_desktop.memory.results import EngineInfo, ModelFile
+from galahad_desktop.models.catalog import Recommendation
+from galahad_desktop.ui.format import human_bytes, keyring_label
+
+if TYPE_CHECKING:
+    from PySide6.QtCore import SignalInstance
+    from PySide6.QtWidgets import QComboBox
+
+    from galahad_desktop.ui.chat_view import ChatView
+    from galahad_desktop.ui.welcome import Welcome
+    from galahad_desktop.ui.worker import CoreBridge, Request
+
+
+class ModelActions:
+    """Mixed into MainWindow: these are the window's own widgets and methods."""
+
+    if TYPE_CHECKING:
+        bridge: CoreBridge
+        chat: ChatView
+        welcome: Welcome
+        model_switcher: QComboBox
+        conversation_id: str | None
+        info: EngineInfo | None
+        model_files: list[ModelFile]
+        recommendation: Recommendation | None
+        n_ctx: int
+        working: Request | None
+        opened: SignalInstance
+        models_listed: SignalInstance
+
+        def set_status(self, text: str) -> None: ...
+        def show_error(self, message: str, kind: str = "") -> None: ...
+        def set_context(self, used: int, n_ctx: int) -> None: ...
+        def new_chat(self) -> None: ...
+        def open_conversation(self, conversation_id: str) -> None: ...
+
+    # -- the model -----------------------------------------------------------------------
+    def engine_changed(self) -> None:
+        self.bridge.call("info", on_done=self._opened, on_error=self.show_error)
+
+    def conversation_changed(self, conversation_id: str) -> None:
+        self.open_conversation(conversation_id)
+
+    def _opened(self, info: EngineInfo) -> None:
+        self.info = info
+        self.n_ctx = info.n_ctx
+        self.set_context(0, self.n_ctx)
+        self.chat.model_name = "Gemma" if "gemma" in info.model.architecture else info.model.name
+        self.chat.thinking_box.setVisible(info.supports_thinking)
+        self.welcome.show_model(info)
+        kind = "" if info.model.kind == "chat" else f" ({info.model.label})"
+        note = "" if info.turn_format.get("understood", True) else f" · {info.turn_format_note}"
+        self.set_status(
+            f"{info.model.name}{kind} · {info.backend} ({info.gpu_layers} GPU layers) · keys in "
+            f"{keyring_label(info.keyring)}{note}"
+        )
+        for problem in info.settings_problems:
+            self.show_error(problem)
+        self.bridge.call("model_files", on_done=self._models, on_error=self.show_error)
+        if self.recommendation is None:
+            self.bridge.call("recommend", on_done=self._recommended, on_error=self.show_error)
+        self.opened.emit(info)
+
+    def _recommended(self, recommendation: Recommendation) -> None:
+        self.recommendation = recommendation
+        self._models(self.model_files)  # the switcher also lists what can be downloaded
+
+    def _offer(self) -> None:
+        if self.recommendation is None:
+            return
+        installed = any("gemma-4" in Path(m.path).name.lower() for m in self.model_files)
+        self.welcome.show_offer(self.recommendation, installed)
+
+    def _models(self, files: list[ModelFile]) -> None:
+        self.model_files = files
+        self.model_switcher.blockSignals(True)
+        self.model_switcher.clear()
+        for model in files:
+            label = f"{model.name} · {human_bytes(model.size_bytes)}"
+            self.model_switcher.addItem(label, model.path)
+            if model.in_use:
+                self.model_switcher.setCurrentIndex(self.model_switcher.count() - 1)
+        if self.recommendation is not None:
+            for candidate in self.recommendation.candidates:
+                if candidate.fits and not any(candidate.file == Path(m.path).name for m in files):
+                    self.model_switcher.addItem(
+                        f"Gemma 4 {candidate.size} — download ({candidate.bytes / 1e9:.1f} GB)",
+                        f"get:{candidate.size}",
+                    )
+        self.model_switcher.blockSignals(False)
+        self._offer()
+        self.models_listed.emit()
+
+    def _model_chosen(self, index: int) -> None:
+        target = str(self.model_switcher.itemData(index))
+        if target.startswith("get:"):
+            self.get_gemma4(target[4:])
+            return
+        current = next((m for m in self.model_files if m.in_use), None)
+        if current is not None and current.path == target:
+            return
+        self.switch_model(Path(target))
+
+    def switch_model(self, path: Path) -> None:
+        self.set_status(f"Switching to {path.name}…")
+        self.bridge.call(
+            "use_model", path, on_done=lambda _c: self._switched(path), on_error=self.show_error
+        )
+
+    def _switched(self, path: Path) -> None:
+        self.set_status(
+            f"Now using {path.name}. A conversation made with another model is re-read once "
+            "when you open it."
+        )
+        if self.conversation_id is not None:
+            self.new_chat()
+        self.engine_changed()
+
+    def get_gemma4(self, size: str) -> None:
+        if self.working is not None:
+            return
+        self.welcome.show_progress(0, 1)
+        self.set_status(f"Downloading Gemma 4 {size or '(recommended)'}…")
+        self.working = self.bridge.call(
+            "get_gemma4",
+            size or None,
+            on_done=self._downloaded,
+            on_error=self._download_failed,
+            on_progress=lambda done, total, _r, _e: self.welcome.show_progress(done, total),
+        )
+
+    def _downloaded(self, done: Any) -> None:
+        self.working = None
+        self.welcome.download_over()
+        self.set_status(f"Downloaded and verified {done.path.name}; switched to it.")
+        self.engine_changed()
+
+    def _download_failed(self, message: str, kind: str) -> None:
+        self.working = None
+        self.welcome.download_over()
+        self.show_error(message, kind)

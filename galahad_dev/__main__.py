@@ -1,0 +1,148 @@
+"""`python -m galahad_dev bench|eval ...`: measurements that need a checkout.
+
+Results are printed (one JSON object with --json) and saved under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from galahad_desktop.bench import parse_sizes
+from galahad_desktop.cli.common import parse_pairs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m galahad_dev")
+    parser.add_argument("--model", type=Path, help="GGUF model (default: the embedded one)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="development benchmarks")
+    bench.add_argument("kind", choices=["persist", "pickle", "plot"])
+    bench.add_argument("--sizes", default="1000,4000,16000")
+    bench.add_argument("--reps", type=int, default=3)
+    bench.add_argument("--turns", type=int, default=3)
+    bench.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        default=Path("benchmarks/results/bench-resume.json"),
+        help="plot: the bench resume JSON to draw",
+    )
+    ev = sub.add_parser("eval", help="evaluations (throwaway data dirs)")
+    ev.add_argument(
+        "kind", choices=["needles", "memory", "tamper", "crashes", "hostile", "flywheel"]
+    )
+    ev.add_argument("--tokens", type=int, default=200_000, help="memory: tokens to deposit")
+    ev.add_argument("--probes", type=int, default=50, help="memory: routed questions")
+    ev.add_argument("--doc-tokens", type=int, default=12_000, help="memory: tokens per document")
+    ev.add_argument("--problems", type=int, default=30, help="flywheel: problems")
+    ev.add_argument("--attempts", type=int, default=5, help="flywheel: best-of-N first solve")
+    ev.add_argument(
+        "--oracle",
+        action="store_true",
+        help="flywheel: store the verifier's answer when the model fails",
+    )
+    ev.add_argument("--mutations", type=int, default=1000, help="tamper: mutations to try")
+    ev.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
+    ev.add_argument("--blocks", type=int, default=64)
+    ev.add_argument("--block-tokens", type=int, default=2000)
+    ev.add_argument("--controls", type=int, default=None, help="16 (needles), 20 (memory)")
+    ev.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
+    overrides = parse_pairs(args.set)
+    if args.command == "bench":
+        from galahad_dev import peers
+
+        if args.kind == "plot":
+            result = json.loads(args.source.read_text())
+            path = args.source.with_suffix(".png")
+            if not peers.plot_resume(result, path):
+                raise SystemExit("No plot: install the 'bench' extra (matplotlib).")
+            return "bench-plot", {"plot": str(path)}, f"wrote {path}"
+        sizes = parse_sizes(args.sizes)
+        if args.kind == "persist":
+            result = peers.bench_persist(sizes, args.turns, args.model, overrides, log)
+            text = json.dumps(result["summary"], indent=1)
+        else:
+            result = peers.bench_pickle(sizes, args.reps, args.model, overrides, log)
+            text = json.dumps(result["results"], indent=1)
+        return f"bench-{args.kind}", result, text
+    if args.kind == "needles":
+        from galahad_dev.needles import eval_needles
+
+        result = eval_needles(
+            args.blocks,
+            args.block_tokens,
+            16 if args.controls is None else args.controls,
+            args.seed,
+            args.model,
+            overrides,
+            log,
+        )
+    elif args.kind == "memory":
+        from galahad_dev.memory_eval import eval_memory
+
+        result = eval_memory(
+            args.tokens,
+            args.probes,
+            20 if args.controls is None else args.controls,
+            args.doc_tokens,
+            args.seed,
+            args.model,
+            overrides,
+            log,
+        )
+    elif args.kind == "flywheel":
+        from galahad_dev.flywheel import eval_flywheel
+
+        result = eval_flywheel(
+            args.problems,
+            args.attempts,
+            args.seed,
+            args.model,
+            overrides,
+            log,
+            oracle=args.oracle,
+        )
+    else:
+        from galahad_dev import hardening
+
+        if args.kind == "tamper":
+            result = hardening.tamper_fuzz(args.mutations, args.seed, log)
+        elif args.kind == "crashes":
+            result = hardening.crash_trials(args.trials, args.seed, log)
+        else:
+            result = hardening.eval_hostile(log)
+    summary = {k: v for k, v in result.items() if not isinstance(v, list | dict)}
+    return f"eval-{args.kind}", result, json.dumps(summary, indent=1, default=str)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    name, result, text = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    result["saved_to"] = str(args.out / f"{name}.json")
+    for path in (args.out / f"{name}.json", args.out / f"{name}-{stamp}.json"):
+        path.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result, default=str) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
