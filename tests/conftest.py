@@ -26,7 +26,7 @@ import pytest
 
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.vault.keys import MemoryKeyStore
-from tests.fake_engine import fake_factory
+from galahad_dev.fake_engine import fake_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small context keeps model tests quick; byte-exactness does not depend on it.

@@ -189,9 +189,12 @@ def test_key_rotation_keeps_every_block_readable(tmp_path: Path, data_dir: Path)
     old = cli_json("keys", "status", data_dir=data_dir)["key_id"]
     rotated = cli_json("keys", "rotate", data_dir=data_dir)
     assert rotated["blocks_rewrapped"] == 1 and rotated["key_id"] != old
-    assert (
-        keyring.get_password("galahad-desktop", f"master-key/{_vault_id(data_dir)}/{old}") is None
-    )
+    entry = f"master-key/{_vault_id(data_dir)}/{old}"
+    assert keyring.get_password("galahad-desktop", entry) is not None  # kept for old copies
+    asked = cli_json("ask", deposited["document_id"], "hi", "--max-tokens", "2", data_dir=data_dir)
+    assert asked["proof"] == "exact"
+    dropped = cli_json("keys", "drop-retired", data_dir=data_dir)
+    assert dropped["dropped"] == [old] and keyring.get_password("galahad-desktop", entry) is None
     asked = cli_json("ask", deposited["document_id"], "hi", "--max-tokens", "2", data_dir=data_dir)
     assert asked["proof"] == "exact"
 

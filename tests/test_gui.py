@@ -501,3 +501,24 @@ def test_the_window_remembers_its_size_splitter_theme_and_font(qtbot, open_windo
     assert again.chat.dark() and int(again.ui_settings.value("font_size")) == size
     again.set_theme("light")
     assert not again.chat.dark()
+
+
+def test_backup_recovery_kit_and_rotation_from_the_security_dialog(  # type: ignore[no-untyped-def]
+    qtbot, open_window, tmp_path: Path
+) -> None:
+    from galahad_desktop.ui.dialogs import SecurityDialog
+
+    window = open_window()
+    _send(qtbot, window, "Hello.")
+    dialog = SecurityDialog(window, window)
+    qtbot.addWidget(dialog)
+    dialog.run_backup(tmp_path / "backup")
+    qtbot.waitUntil(lambda: "Backed up" in dialog.output.toPlainText(), timeout=WAIT_MS)
+    assert (tmp_path / "backup" / "catalog.sqlite").is_file()
+    dialog.run_export_kit(tmp_path / "kit.json", "a recovery phrase 42")
+    qtbot.waitUntil(lambda: "Wrote the recovery kit" in dialog.output.toPlainText(), WAIT_MS)
+    assert "a recovery phrase" not in (tmp_path / "kit.json").read_text()
+    dialog.rotate()
+    qtbot.waitUntil(lambda: "need the old key" in dialog.output.toPlainText(), timeout=WAIT_MS)
+    assert str((tmp_path / "backup").resolve()) in dialog.output.toPlainText()
+    qtbot.waitUntil(lambda: "Retired keys" in dialog.summary.text(), timeout=WAIT_MS)

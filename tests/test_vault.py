@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from galahad_desktop.errors import BusyError, IntegrityError, KeyAccessError
-from galahad_desktop.vault import crypto
+from galahad_desktop.vault import crypto, custody
 from galahad_desktop.vault.keys import MemoryKeyStore, entry_name
 from galahad_desktop.vault.vault import Vault, tokens_digest
 
@@ -71,8 +71,12 @@ def test_rotation_rewraps_without_touching_block_files(tmp_path: Path) -> None:
     files = {p: p.read_bytes() for p in (tmp_path / "d" / "blocks").iterdir()}
     old = entry_name(vault.vault_id, vault.key_id)
     new_key_id = vault.rotate_master_key()
-    assert old not in keys.entries and entry_name(vault.vault_id, new_key_id) in keys.entries
+    # The retired key is kept (copies made before need it) until it is dropped on purpose.
+    assert old in keys.entries and entry_name(vault.vault_id, new_key_id) in keys.entries
+    assert vault.retired_key_ids() == [old.rsplit("/", 1)[1]]
     assert files == {p: p.read_bytes() for p in (tmp_path / "d" / "blocks").iterdir()}
+    dropped, stranded = custody.drop_retired(vault, confirmed=False)  # no backups: no question
+    assert dropped == [old.rsplit("/", 1)[1]] and stranded == [] and old not in keys.entries
     vault.close()
     reopened = Vault(tmp_path / "d", keys)
     for row in rows:
@@ -148,6 +152,9 @@ def test_failed_keyring_writes_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 
     with pytest.raises(KeyAccessError, match="locked"):
         Vault(tmp_path / "d", RefusingKeyStore())
-    assert not (tmp_path / "d" / "catalog.sqlite").exists()
-    assert not list((tmp_path / "d" / "blocks").iterdir())
-    assert set(os.listdir(tmp_path / "d")) == {"blocks", ".lock"}
+    assert not (tmp_path / "d").exists()  # no catalog, no blocks/, no .lock left behind
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "notes.txt").write_text("the user's")
+    with pytest.raises(KeyAccessError, match="locked"):
+        Vault(tmp_path / "e", RefusingKeyStore())
+    assert os.listdir(tmp_path / "e") == ["notes.txt"]  # a folder that existed is kept as it was

@@ -127,10 +127,15 @@ def cmd_settings(args: argparse.Namespace, out: Output) -> int:
 
     data_dir = data_dir_of(args)
     if args.changes:
+        changes = parse_pairs(args.changes)
+        if changes.get("model_path", "").strip():
+            from galahad_desktop.engine.modelinfo import check_model_file
+
+            check_model_file(Path(changes["model_path"]).expanduser())
         ensure_private_dir(data_dir)
         settings = Settings(data_dir)
         before = settings.as_dict()
-        runtime = settings.update(parse_pairs(args.changes))
+        runtime = settings.update(changes)
         note = " Stored blocks will be re-read once on next use." if runtime else ""
         changed = {k: v for k, v in settings.as_dict().items() if before[k] != v}
         out.result(

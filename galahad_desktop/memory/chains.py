@@ -39,7 +39,7 @@ class Chains:
         stay separate checkpoints; the merged-away ones are re-read if ever rewound to.
         """
         conv = self.conversations.row(conversation_id)
-        self.live.seals.check("conversations", conv, "head_block_id")
+        self.live.records.check("conversations", conv)
         keep = self.live.settings.get("checkpoints") if keep is None else keep
         if keep < 1:
             raise InputError("Compaction must keep at least one link.")
@@ -120,6 +120,7 @@ class Chains:
             catalog.update_where("messages", {"block_id": merged["id"]}, block_id=last["id"])
             catalog.update_in("messages", {"block_id": None}, "block_id", gone)
             self.vault.delete_block_rows(gone)
+            self.live.records.reseal("conversations", conversation_id)
         self.vault.unlink_block_files([*gone, successor["id"]], keep={rewritten["file_name"]})
         holding = self.live.holding
         if holding and holding.owner_id == conversation_id and holding.block_id in gone:

@@ -272,7 +272,7 @@ class Continuation:
         block, _record = live.persist(
             "conversation", new, conversations.live_parent(row, None), 1, counters
         )
-        fields, catalog = self.vault.fields, self.vault.catalog
+        catalog, records = self.vault.catalog, live.records
         now = time.time()
         with self.vault.transaction():
             catalog.insert("blocks", block)
@@ -284,27 +284,19 @@ class Continuation:
                 for offset, (role, message, lo, hi, block_id) in enumerate(
                     ((first_role, first_text, a, b, None), ("model", reply, b, c, block["id"]))
                 ):
-                    message_id = new_id("m")
-                    catalog.insert(
-                        "messages",
+                    records.add_message(
                         {
-                            "id": message_id,
+                            "id": new_id("m"),
                             "conversation_id": new,
                             "seq": 2 * seq + offset,
                             "role": role,
-                            "text_enc": fields.encrypt_text(
-                                message, "messages", "text", message_id
-                            ),
-                            "content_enc": fields.encrypt_text(
-                                content, "messages", "content", message_id
-                            )
-                            if content and offset == 0
-                            else None,
                             "tok_start": lo,
                             "tok_end": hi,
                             "block_id": block_id if seq == len(ranges) - 1 else None,
                             "created_at": now,
                         },
+                        message,
+                        content=content if offset == 0 else "",
                     )
             catalog.update(
                 "conversations",
@@ -313,10 +305,10 @@ class Continuation:
                     "head_block_id": block["id"],
                     "n_tokens": block["pos_end"],
                     "n_messages": 2 * len(ranges),
-                    "seal": live.seals.seal("conversations", new, block["id"], 2 * len(ranges)),
                     "model_sha256": engine.model_sha256,
                     "updated_at": now,
                 },
             )
+            records.reseal("conversations", new)
         live.mark(new, block["id"])
         return new

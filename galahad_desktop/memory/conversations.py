@@ -18,7 +18,7 @@ from typing import Any
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, Engine, ProgressFn, TextFn
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.live import LiveContext
 from galahad_desktop.memory.results import (
@@ -38,7 +38,7 @@ class Conversations:
         self.live = live
         self.vault = live.vault
         self.catalog = live.vault.catalog
-        self.seals = live.seals
+        self.records = live.records
 
     @property
     def engine(self) -> Engine:
@@ -58,9 +58,7 @@ class Conversations:
         return row
 
     def title(self, row: dict[str, Any]) -> str:
-        return str(
-            self.vault.fields.decrypt_text(row["title_enc"], "conversations", "title", row["id"])
-        )
+        return self.records.decrypt("conversations", "title_enc", row)
 
     def summary(self, r: dict[str, Any]) -> ConversationSummary:
         return ConversationSummary(
@@ -82,20 +80,20 @@ class Conversations:
         return self.catalog.select("messages", "seq", conversation_id=conversation_id)
 
     def messages(self, conversation_id: str) -> list[Message]:
-        self.row(conversation_id)
-        fields = self.vault.fields
+        """The transcript, checked against the conversation's seal first: an edited,
+        moved, dropped or reordered message is refused, never shown."""
+        self.records.check("conversations", self.row(conversation_id))
+        records = self.records
         return [
             Message(
                 r["id"],
                 r["role"],
-                fields.decrypt_text(r["text_enc"], "messages", "text", r["id"]),
+                records.decrypt("messages", "text_enc", r),
                 r["created_at"],
                 r["tok_start"],
                 r["tok_end"],
                 r["block_id"],
-                fields.decrypt_text(r["thought_enc"], "messages", "thought", r["id"])
-                if r.get("thought_enc")
-                else "",
+                records.decrypt("messages", "thought_enc", r) if r.get("thought_enc") else "",
             )
             for r in self.message_rows(conversation_id)
         ]
@@ -108,9 +106,7 @@ class Conversations:
                 "This conversation holds a document added before its text was kept; it "
                 "cannot be re-read. Open it with the model and settings it was made with."
             )
-        return str(
-            self.vault.fields.decrypt_text(row["content_enc"], "messages", "content", row["id"])
-        )
+        return self.records.decrypt("messages", "content_enc", row)
 
     def head_block(self, conversation_id: str) -> str:
         head = self.row(conversation_id)["head_block_id"]
@@ -141,27 +137,23 @@ class Conversations:
         thinking = settings.get("thinking") if thinking is None else thinking
         conversation_id = new_id("c")
         now = time.time()
+        row: dict[str, Any] = {
+            "id": conversation_id,
+            "document_id": document_id,
+            "head_block_id": None,
+            "n_tokens": 0,
+            "n_messages": 0,
+            "system_prompt": coerce("system_prompt", system_prompt)
+            if system_prompt is not None
+            else settings.get("system_prompt"),
+            "thinking": 1 if thinking else 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        row["title_enc"] = self.records.encrypt("conversations", "title_enc", row, title)
+        row["seal"] = self.records.seal_value("conversations", row)
         with self.vault.transaction():
-            self.catalog.insert(
-                "conversations",
-                {
-                    "id": conversation_id,
-                    "title_enc": self.vault.fields.encrypt_text(
-                        title, "conversations", "title", conversation_id
-                    ),
-                    "document_id": document_id,
-                    "head_block_id": None,
-                    "n_tokens": 0,
-                    "n_messages": 0,
-                    "seal": self.seals.seal("conversations", conversation_id, None, 0),
-                    "system_prompt": coerce("system_prompt", system_prompt)
-                    if system_prompt is not None
-                    else settings.get("system_prompt"),
-                    "thinking": 1 if thinking else 0,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
+            self.catalog.insert("conversations", row)
         return conversation_id
 
     def rename(self, conversation_id: str, title: str) -> ConversationSummary:
@@ -176,8 +168,8 @@ class Conversations:
                 "conversations",
                 conversation_id,
                 {
-                    "title_enc": self.vault.fields.encrypt_text(
-                        title, "conversations", "title", conversation_id
+                    "title_enc": self.records.encrypt(
+                        "conversations", "title_enc", {"id": conversation_id}, title
                     )
                 },
             )
@@ -200,6 +192,7 @@ class Conversations:
             )
         with self.vault.transaction():
             self.catalog.update("conversations", conversation_id, {"thinking": int(enabled)})
+            self.records.reseal("conversations", conversation_id)
         self.live.drop({conversation_id})
 
     def reply_room(self) -> int:
@@ -221,14 +214,14 @@ class Conversations:
         """Make the context hold this conversation's head plus the probe."""
         live = self.live
         if not seal_checked:
-            self.seals.check("conversations", conv, "head_block_id")
+            self.records.check("conversations", conv)
         if conv["head_block_id"]:
             if live.holds(conv["id"], conv["head_block_id"]):
                 return None
             return live.graft(conv["head_block_id"], conv["id"], counters, progress)
         if conv["document_id"]:
             doc = self.document_row(conv["document_id"])
-            self.seals.check("documents", doc, "block_id")
+            self.records.check("documents", doc)
             if live.holds(doc["id"], doc["block_id"]):
                 return None
             return live.graft(doc["block_id"], doc["id"], counters, progress)
@@ -266,6 +259,7 @@ class Conversations:
 
         Cancelling stops generation between tokens; what was generated is kept and stored.
         """
+        check_text(text, "The message")
         conv = self.row(conversation_id)
         counters = Counters()
         graft = self.ensure_live(conv, counters, progress)
@@ -301,9 +295,8 @@ class Conversations:
         if rows[-2]["role"] != "user":
             raise InputError("The last turn added a document; there is no reply to regenerate.")
         seq = len(rows) - 2
-        user_text = self.vault.fields.decrypt_text(
-            rows[seq]["text_enc"], "messages", "text", rows[seq]["id"]
-        )
+        self.records.check("conversations", conv)
+        user_text = self.records.decrypt("messages", "text_enc", rows[seq])
         counters = Counters()
         graft, parent = self.rewind(conv, rows, seq, counters, progress)
         replaced = [r["id"] for r in rows[seq:]]
@@ -341,48 +334,39 @@ class Conversations:
             raise InputError(f"Message {seq} is not a user message of this conversation.")
         if not new_text.strip():
             raise InputError("The message is empty.")
+        check_text(new_text, "The message")
         counters = Counters()
         graft, _parent = self.rewind(conv, rows, seq, counters, progress)
         branch_id = new_id("c")
         title = self.title(conv) or " ".join(new_text.split())[:TITLE_CHARS]
-        fields = self.vault.fields
+        records = self.records
         now = time.time()
         with self.vault.transaction():
-            self.catalog.insert(
-                "conversations",
-                {
-                    "id": branch_id,
-                    "title_enc": fields.encrypt_text(
-                        f"{title} (edited)", "conversations", "title", branch_id
-                    ),
-                    "document_id": conv["document_id"],
-                    "head_block_id": None,
-                    "n_tokens": 0,
-                    "n_messages": seq,
-                    "seal": self.seals.seal("conversations", branch_id, None, seq),
-                    "system_prompt": conv.get("system_prompt"),
-                    "thinking": conv.get("thinking") or 0,
-                    "model_sha256": conv.get("model_sha256"),
-                    "created_at": now,
-                    "updated_at": now,
-                },
+            branch = {
+                "id": branch_id,
+                "document_id": conv["document_id"],
+                "head_block_id": None,
+                "n_tokens": 0,
+                "n_messages": seq,
+                "system_prompt": conv.get("system_prompt"),
+                "thinking": conv.get("thinking") or 0,
+                "model_sha256": conv.get("model_sha256"),
+                "created_at": now,
+                "updated_at": now,
+            }
+            branch["title_enc"] = records.encrypt(
+                "conversations", "title_enc", branch, f"{title} (edited)"
             )
+            self.catalog.insert("conversations", branch)
             for row in rows[:seq]:
-                message_id = new_id("m")
-                copy = {
-                    **row,
-                    "id": message_id,
-                    "conversation_id": branch_id,
-                    "block_id": None,
-                    "text_enc": fields.encrypt_text(
-                        fields.decrypt_text(row["text_enc"], "messages", "text", row["id"]),
-                        "messages",
-                        "text",
-                        message_id,
-                    ),
-                    "thought_enc": None,
-                }
-                self.catalog.insert("messages", copy)
+                records.add_message(
+                    {**row, "id": new_id("m"), "conversation_id": branch_id, "block_id": None},
+                    records.decrypt("messages", "text_enc", row),
+                    content=records.decrypt("messages", "content_enc", row)
+                    if row.get("content_enc")
+                    else "",
+                )
+            records.reseal("conversations", branch_id)
         branch_row = self.row(branch_id)
         return self.turn(
             branch_row,
@@ -410,7 +394,7 @@ class Conversations:
         from the checkpoint stored at that turn boundary. Returns (graft, checkpoint id)."""
         engine = self.engine
         live = self.live
-        self.seals.check("conversations", conv, "head_block_id")
+        self.records.check("conversations", conv)
         live.drop()
         if seq == 0:
             start_conv = {**conv, "head_block_id": None}
@@ -563,7 +547,7 @@ class Conversations:
         for a regenerated reply, the replaced head when nothing continues from it)."""
         user_start, reply_start, reply_end = boundaries
         crashpoint("persist-before-commit")
-        fields = self.vault.fields
+        records = self.records
         catalog = self.catalog
         now = time.time()
         old_head = conv["head_block_id"]
@@ -593,45 +577,37 @@ class Conversations:
                     (roles[1], reply, reply_start, reply_end, row["id"], thoughts),
                 )
             ):
-                message_id = new_id("m")
                 extra = content if offset == 0 else ""
-                catalog.insert(
-                    "messages",
+                records.add_message(
                     {
-                        "id": message_id,
+                        "id": new_id("m"),
                         "conversation_id": conv["id"],
                         "seq": seq + offset,
                         "role": role,
-                        "text_enc": fields.encrypt_text(message, "messages", "text", message_id),
-                        "thought_enc": fields.encrypt_text(
-                            thought, "messages", "thought", message_id
-                        )
-                        if thought
-                        else None,
-                        "content_enc": fields.encrypt_text(extra, "messages", "content", message_id)
-                        if extra
-                        else None,
                         "tok_start": tok_start,
                         "tok_end": tok_end,
                         "block_id": block_id,
                         "created_at": now,
                     },
+                    message,
+                    thought,
+                    extra,
                 )
             changes: dict[str, Any] = {
                 "head_block_id": row["id"],
                 "n_tokens": row["pos_end"],
                 "n_messages": seq + 2,
-                "seal": self.seals.seal("conversations", conv["id"], row["id"], seq + 2),
                 "model_sha256": self.engine.model_sha256,
                 "updated_at": now,
             }
             if seq == 0 and not self.title(conv):
-                changes["title_enc"] = fields.encrypt_text(
-                    " ".join(text.split())[:TITLE_CHARS], "conversations", "title", conv["id"]
+                changes["title_enc"] = records.encrypt(
+                    "conversations", "title_enc", conv, " ".join(text.split())[:TITLE_CHARS]
                 )
             catalog.update("conversations", conv["id"], changes)
             catalog.update_in("messages", {"block_id": None}, "block_id", retired)
             self.vault.delete_block_rows(retired)
+            records.reseal("conversations", conv["id"])
         crashpoint("persist-after-commit")
         self.vault.unlink_block_files(retired)
         self.live.mark(conv["id"], row["id"])

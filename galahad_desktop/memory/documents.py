@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, Engine, Progress, ProgressFn
-from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.conversations import Conversations
 from galahad_desktop.memory.extraction import extract_text_bounded, overlap_tail, split_for_parts
@@ -23,6 +24,13 @@ log = logging.getLogger(__name__)
 ANSWER_RESERVE = 512  # room kept free after a document for a question and its answer
 MAX_DOCUMENT_CHARS = 40_000_000
 DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
+
+
+@dataclass(frozen=True)
+class PlannedPart:
+    text: str  # the part's own text
+    overlap: str  # the end of the previous part, repeated at its start
+    tokens: int  # its document turn's length
 
 
 class Documents:
@@ -42,11 +50,11 @@ class Documents:
         return self.conversations.document_row(document_id)
 
     def name(self, row: dict[str, Any]) -> str:
-        return str(self.vault.fields.decrypt_text(row["name_enc"], "documents", "name", row["id"]))
+        return self.live.records.decrypt("documents", "name_enc", row)
 
     def text(self, document_id: str) -> str:
         row = self.row(document_id)
-        return str(self.vault.fields.decrypt_text(row["text_enc"], "documents", "text", row["id"]))
+        return self.live.records.decrypt("documents", "text_enc", row)
 
     def part_rows(self, document_id: str | None = None) -> list[dict[str, Any]]:
         if document_id is None:
@@ -54,7 +62,7 @@ class Documents:
         return self.catalog.select("parts", "part_no", document_id=document_id)
 
     def part_text(self, part: dict[str, Any]) -> str:
-        return str(self.vault.fields.decrypt_text(part["text_enc"], "parts", "text", part["id"]))
+        return self.live.records.decrypt("parts", "text_enc", part)
 
     def part_row(self, part_id: str) -> dict[str, Any]:
         part = self.catalog.get("parts", part_id)
@@ -118,12 +126,15 @@ class Documents:
         configured = self.live.settings.get("part_tokens")
         return int(min(configured, limit) if configured else limit)
 
-    def plan_parts(self, name: str, text: str) -> list[tuple[str, list[int], str]]:
-        """(own text, tokens, overlap) for every part; one part when the document fits."""
-        tokens = self.document_tokens(name, text)
+    def plan_parts(self, name: str, text: str) -> list[PlannedPart]:
+        """Every part's own text, overlap and token count; one part when the document fits.
+        Tokens are not kept: a long document never holds more than one part's tokens (the
+        deposit makes each part's tokens again when it reads that part)."""
         budget = self.part_budget()
-        if len(tokens) <= budget:
-            return [(text, tokens, "")]
+        if len(text) <= budget * 8:  # a token is rarely over 8 characters: it may fit whole
+            whole = len(self.document_tokens(name, text))
+            if whole <= budget:
+                return [PlannedPart(text, "", whole)]
         overlap_tokens = self.live.settings.get("part_overlap")
         overhead = len(self.part_tokens(name, 999, 999, "x", "")) + overlap_tokens + 16
         room = budget - overhead
@@ -139,10 +150,9 @@ class Documents:
                 overlap = (
                     overlap_tail(pieces[index - 1], overlap_tokens, self._count) if index else ""
                 )
-                planned.append(
-                    (piece, self.part_tokens(name, index + 1, len(pieces), overlap, piece), overlap)
-                )
-            if all(len(p[1]) <= budget for p in planned):
+                size = len(self.part_tokens(name, index + 1, len(pieces), overlap, piece))
+                planned.append(PlannedPart(piece, overlap, size))
+            if all(p.tokens <= budget for p in planned):
                 return planned
             room = int(room * 0.9)  # token counts of pieces do not add up exactly: retry
             log.info("document parts ran over the budget; retrying (attempt %d)", attempt + 1)
@@ -204,6 +214,8 @@ class Documents:
         positions under a short header and stored as its own block. Every part is durable
         when written; the document exists (in one transaction) once all parts are.
         """
+        check_text(text, f"The document '{name}'")
+        check_text(name, "The document's name")
         if not text.strip():
             raise InputError(f"'{name}' contains no text.")
         if len(text) > MAX_DOCUMENT_CHARS:
@@ -213,7 +225,7 @@ class Documents:
             )
         engine = self.engine
         plan = self.plan_parts(name, text)
-        total = sum(len(tokens) for _piece, tokens, _overlap in plan)
+        total = sum(part.tokens for part in plan)
         document_id = new_id("d")
         self.live.drop()
         prefill_ms = capture_ms = 0.0
@@ -222,7 +234,8 @@ class Documents:
         rows: list[dict[str, Any]] = []
         done = 0
         try:
-            for _piece, tokens, _overlap in plan:
+            for number, part in enumerate(plan, start=1):
+                tokens = self.part_tokens(name, number, len(plan), part.overlap, part.text)
                 engine.reset()
                 offset = done
 
@@ -240,48 +253,41 @@ class Documents:
                 rows.append(row)
                 done += len(tokens)
             crashpoint("deposit-before-commit")
-            fields = self.vault.fields
-            seals = self.live.seals
+            records = self.live.records
             now = time.time()
             added = []
             with self.vault.transaction():
                 for row in rows:
                     self.catalog.insert("blocks", row)
-                for index, (row, (piece, tokens, _overlap)) in enumerate(
-                    zip(rows, plan, strict=True)
-                ):
-                    part_id = new_id("p")
-                    self.catalog.insert(
-                        "parts",
-                        {
-                            "id": part_id,
-                            "document_id": document_id,
-                            "part_no": index + 1,
-                            "n_parts": len(plan),
-                            "block_id": row["id"],
-                            "text_enc": fields.encrypt_text(piece, "parts", "text", part_id),
-                            "seal": seals.seal("parts", part_id, row["id"], 0),
-                            "n_tokens": len(tokens),
-                            "created_at": now,
-                        },
-                    )
-                    added.append((part_id, document_id, index + 1, len(plan), piece))
-                self.catalog.insert(
-                    "documents",
-                    {
-                        "id": document_id,
-                        "name_enc": fields.encrypt_text(name, "documents", "name", document_id),
-                        "text_enc": fields.encrypt_text(text, "documents", "text", document_id),
-                        "block_id": rows[0]["id"],
-                        "seal": seals.seal("documents", document_id, rows[0]["id"], 0),
-                        "n_tokens": total,
+                for index, (row, part) in enumerate(zip(rows, plan, strict=True)):
+                    piece = part.text
+                    part_row: dict[str, Any] = {
+                        "id": new_id("p"),
+                        "document_id": document_id,
+                        "part_no": index + 1,
                         "n_parts": len(plan),
-                        "source_bytes": source_bytes
-                        if source_bytes is not None
-                        else len(text.encode("utf-8")),
+                        "block_id": row["id"],
+                        "n_tokens": part.tokens,
                         "created_at": now,
-                    },
-                )
+                    }
+                    part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, piece)
+                    part_row["seal"] = records.seal_value("parts", part_row)
+                    self.catalog.insert("parts", part_row)
+                    added.append((part_row["id"], document_id, index + 1, len(plan), piece))
+                document: dict[str, Any] = {
+                    "id": document_id,
+                    "block_id": rows[0]["id"],
+                    "n_tokens": total,
+                    "n_parts": len(plan),
+                    "source_bytes": source_bytes
+                    if source_bytes is not None
+                    else len(text.encode("utf-8")),
+                    "created_at": now,
+                }
+                document["name_enc"] = records.encrypt("documents", "name_enc", document, name)
+                document["text_enc"] = records.encrypt("documents", "text_enc", document, text)
+                document["seal"] = records.seal_value("documents", document)
+                self.catalog.insert("documents", document)
         except BaseException:
             self.vault.unlink_block_files([row["id"] for row in rows])
             raise

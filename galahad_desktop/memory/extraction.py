@@ -96,11 +96,17 @@ def _decode_text(data: bytes, name: str) -> str:
     if b"\x00" in data[:65536]:
         raise InputError(f"'{name}' looks like a binary file, not text ({SUPPORTED}).")
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(
             f"'{name}' is not valid UTF-8 text (bad byte at offset {exc.start})."
         ) from None
+    if "\x00" in text:  # past the first 64 KiB: the model would stop reading at it
+        raise InputError(
+            f"'{name}' contains NUL characters (first at byte {data.index(0):,}); it looks "
+            "like a binary file, not text."
+        )
+    return text
 
 
 def _pdf_text(path: Path) -> str:

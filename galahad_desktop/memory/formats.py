@@ -112,12 +112,26 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _clean(text: str, dropped: list[str]) -> str:
+    """What the model can read faithfully: NULs removed and broken surrogates replaced,
+    each said in the import report."""
+    if "\x00" in text:
+        dropped.append(f"{text.count(chr(0))} NUL character(s) removed")
+        text = text.replace("\x00", "")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        dropped.append("broken characters (unpaired surrogates) replaced")
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text.strip()
+
+
 def normalize(conversation: ImportedConversation) -> ImportedConversation:
     """User and model turns alternating, starting with the user: consecutive messages of
     one role are joined; what cannot be placed is listed in `dropped`."""
     merged: list[ImportedMessage] = []
     for message in conversation.messages:
-        text = message.text.strip()
+        text = _clean(message.text, conversation.dropped)
         if not text:
             continue
         if merged and merged[-1].role == message.role:

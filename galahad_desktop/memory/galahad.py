@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine.engine import Engine, EngineConfig, ProgressFn, TextFn
-from galahad_desktop.engine.modelinfo import ModelInfo, inspect_gguf
+from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError
 from galahad_desktop.memory.chains import Chains
@@ -57,6 +57,7 @@ from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import SETTINGS, Setting, Settings
+from galahad_desktop.vault import custody
 from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
@@ -180,6 +181,9 @@ class Galahad:
 
     def update_settings(self, changes: dict[str, Any]) -> bool:
         """Save settings; a change to the runtime reloads the engine (blocks re-read once)."""
+        model = changes.get("model_path")
+        if isinstance(model, str) and model.strip():
+            check_model_file(Path(model))  # a missing or non-GGUF file is refused here
         changed = self.settings.update(changes)
         if changed:
             self.reload_engine()
@@ -499,6 +503,44 @@ class Galahad:
 
     def rotate_key(self) -> RotateResult:
         return self.maintenance.rotate_key()
+
+    def backup(self, dest: Path) -> custody.BackupResult:
+        """A consistent, still-encrypted copy of this data directory (catalog and blocks)."""
+        return custody.backup(self.vault, Path(dest))
+
+    def backups(self) -> list[custody.BackupRecord]:
+        return custody.backups(self.vault)
+
+    def export_recovery_kit(self, passphrase: str, out: Path) -> list[str]:
+        """The master keys (active and retired) wrapped under a recovery passphrase."""
+        return custody.export_kit(self.vault, passphrase, Path(out))
+
+    def drop_retired_keys(self, confirmed: bool) -> tuple[list[str], list[str]]:
+        dropped, stranded = custody.drop_retired(self.vault, confirmed)
+        return dropped, [b.path for b in stranded]
+
+    @staticmethod
+    def restore(
+        backup_dir: Path, data_dir: Path, passphrase: str | None = None
+    ) -> tuple[custody.RestoreResult, AuditReport]:
+        """Make a backup (or an older copy) the data directory, on purpose: it is opened
+        (accepting its older generation) and audited before what was there is set aside."""
+
+        def check(path: Path) -> AuditReport:
+            vault = Vault(path, open_keystore(path, passphrase), accept_older=True)
+            try:
+                return vault.audit()
+            finally:
+                vault.close()
+
+        return custody.restore(Path(backup_dir), Path(data_dir), check)
+
+    @staticmethod
+    def import_recovery_kit(
+        data_dir: Path, kit: Path, kit_passphrase: str, passphrase: str | None = None
+    ) -> list[str]:
+        keystore = open_keystore(Path(data_dir), passphrase)
+        return custody.import_kit(Path(data_dir), keystore, Path(kit), kit_passphrase)
 
     def usage_history(self) -> list[UsageEntry]:
         return self.usage.entries()

@@ -25,7 +25,7 @@ from typing import Any
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.memory.conversations import Conversations
 from galahad_desktop.memory.live import MODEL_CHANGED, LiveContext, Rendered
 from galahad_desktop.memory.results import LibraryUse, TurnResult
@@ -94,6 +94,8 @@ class VerifiedLibrary:
     def add(self, question: str, answer: str, user_verified: bool = False) -> Entry:
         """Store a verified answer. A mechanically checkable answer must pass its check;
         any other answer is stored only when the user vouches for it."""
+        check_text(question, "The question")
+        check_text(answer, "The answer")
         if not question.strip() or not answer.strip():
             raise InputError("A verified entry needs a question and an answer.")
         key, verifier = problem_key(question)
@@ -108,8 +110,8 @@ class VerifiedLibrary:
                 "No verifier can check this question; mark it as verified yourself to store it."
             )
         engine, vault = self.live.engine, self.vault
-        fields = vault.fields
-        lookup = fields.lookup_tag(key, "verified")
+        records = self.live.records
+        lookup = vault.fields.lookup_tag(key, "verified")
         for row in vault.catalog.select("verified", lookup=lookup):
             self.remove(row["id"])  # one entry per problem: the newest verified answer
         entry_id = new_id("v")
@@ -131,23 +133,23 @@ class VerifiedLibrary:
         now = time.time()
         with vault.transaction():
             vault.catalog.insert("blocks", row)
-            vault.catalog.insert(
-                "verified",
-                {
-                    "id": entry_id,
-                    "lookup": lookup,
-                    "question_enc": fields.encrypt_text(question, "verified", "question", entry_id),
-                    "answer_enc": fields.encrypt_text(answer, "verified", "answer", entry_id),
-                    "key_enc": fields.encrypt_text(key, "verified", "key", entry_id),
-                    "verdict_enc": fields.encrypt_text(
-                        json.dumps(verdict_info), "verified", "verdict", entry_id
-                    ),
-                    "verifier": verifier,
-                    "block_id": row["id"],
-                    "uses": 0,
-                    "created_at": now,
-                },
-            )
+            entry_row: dict[str, Any] = {
+                "id": entry_id,
+                "lookup": lookup,
+                "verifier": verifier,
+                "block_id": row["id"],
+                "uses": 0,
+                "created_at": now,
+            }
+            for column, value in (
+                ("question_enc", question),
+                ("answer_enc", answer),
+                ("key_enc", key),
+                ("verdict_enc", json.dumps(verdict_info)),
+            ):
+                entry_row[column] = records.encrypt("verified", column, entry_row, value)
+            entry_row["seal"] = records.seal_value("verified", entry_row)
+            vault.catalog.insert("verified", entry_row)
         self.live.drop()  # the context holds the entry, not a conversation
         return self.entry(entry_id)
 
@@ -174,8 +176,8 @@ class VerifiedLibrary:
                 "verified",
                 entry.id,
                 {
-                    "verdict_enc": self.vault.fields.encrypt_text(
-                        json.dumps(verdict), "verified", "verdict", entry.id
+                    "verdict_enc": self.live.records.encrypt(
+                        "verified", "verdict_enc", {"id": entry.id}, json.dumps(verdict)
                     )
                 },
             )
@@ -184,14 +186,15 @@ class VerifiedLibrary:
         return Rendered(tokens, apply)
 
     def _entry(self, row: dict[str, Any]) -> Entry:
-        f = self.vault.fields
+        records = self.live.records
+        records.check("verified", row)
         return Entry(
             row["id"],
-            f.decrypt_text(row["question_enc"], "verified", "question", row["id"]),
-            f.decrypt_text(row["answer_enc"], "verified", "answer", row["id"]),
-            f.decrypt_text(row["key_enc"], "verified", "key", row["id"]),
+            records.decrypt("verified", "question_enc", row),
+            records.decrypt("verified", "answer_enc", row),
+            records.decrypt("verified", "key_enc", row),
             row["verifier"],
-            json.loads(f.decrypt_text(row["verdict_enc"], "verified", "verdict", row["id"])),
+            json.loads(records.decrypt("verified", "verdict_enc", row)),
             row["block_id"],
             row["created_at"],
             row["uses"] or 0,
@@ -253,6 +256,8 @@ class VerifiedLibrary:
             self.vault.catalog.update(
                 "conversations", conversation_id, {"library": 1 if enabled else 0}
             )
+            self.live.records.reseal("conversations", conversation_id)
+            self.live.records.reseal("conversations", conversation_id)
 
     def enabled(self, conversation_id: str) -> bool:
         row = self.conversations.row(conversation_id)
@@ -289,7 +294,7 @@ class VerifiedLibrary:
             result.library = LibraryUse("none", hit.score if hit else None)
             return result
         counters = Counters()
-        self.live.seals.check("conversations", conv, "head_block_id")
+        self.live.records.check("conversations", conv)
         if hit.mode == "transfer":
             graft = self.live.graft(hit.entry.block_id, hit.entry.id, counters, progress)
             result = conversations.turn(

@@ -25,7 +25,6 @@ from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, Engine, ProgressFn
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.memory.results import GraftReport
-from galahad_desktop.memory.seals import Seals
 from galahad_desktop.settings import Settings
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
 
@@ -79,7 +78,7 @@ class LiveContext:
         self._engine: Engine | None = None
         self.holding: Holding | None = None
         self.stats = Stats()
-        self.seals = Seals(lambda: self.vault.fields)
+        self.records = vault.records
         # Who may own a chain's links, and how to rebuild a ledger for another model:
         # both know about conversations and documents, so the façade supplies them.
         self.chain_owners: Callable[[str], set[str]] = lambda owner: {owner}
@@ -230,6 +229,7 @@ class LiveContext:
         catalog = self.vault.catalog
         with self.vault.transaction():
             catalog.insert("blocks", new_row)
+            resealed: set[tuple[str, str]] = set()
             for table, column in (
                 ("conversations", "head_block_id"),
                 ("documents", "block_id"),
@@ -237,17 +237,19 @@ class LiveContext:
                 ("verified", "block_id"),
             ):
                 for owner in catalog.select(table, **{column: row["id"]}):
-                    changes: dict[str, Any] = {column: new_row["id"]}
-                    if table != "verified":  # verified entries have no sealed pointer
-                        changes["seal"] = self.seals.seal(
-                            table, owner["id"], new_row["id"], owner.get("n_messages") or 0
-                        )
-                    catalog.update(table, owner["id"], changes)
+                    catalog.update(table, owner["id"], {column: new_row["id"]})
+                    resealed.add((table, owner["id"]))
+                    if table == "parts":  # a document's seal covers its parts' blocks
+                        resealed.add(("documents", owner["document_id"]))
+            for message in catalog.select("messages", block_id=row["id"]):
+                resealed.add(("conversations", message["conversation_id"]))
             catalog.update_where("messages", {"block_id": new_row["id"]}, block_id=row["id"])
             retired = [] if keep_old else [row["id"]]
             if rendered is not None and rendered.apply is not None:
                 retired += [b for b in rendered.apply(new_row) if b not in retired]
             self.vault.delete_block_rows(retired)
+            for table, owner_id in sorted(resealed):
+                self.records.reseal(table, owner_id)
         self.vault.unlink_block_files(retired)
         counters.recomputed_tokens += len(tokens)
         counters.prefill_ms += prefill_ms

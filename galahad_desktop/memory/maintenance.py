@@ -11,6 +11,7 @@ from galahad_desktop.memory.library import VerifiedLibrary
 from galahad_desktop.memory.live import LiveContext, Rendered
 from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult, VerifyResult
 from galahad_desktop.memory.routing import Routing
+from galahad_desktop.vault import custody
 from galahad_desktop.vault.vault import AuditReport
 
 
@@ -71,9 +72,8 @@ class Maintenance:
             messages = conversations.message_rows(conv["id"])
             for message, (start, end) in zip(messages, ranges, strict=False):
                 last = message is messages[-1]
-                catalog.update(
-                    "messages",
-                    message["id"],
+                self.live.records.move_message(
+                    message,
                     {
                         "tok_start": start,
                         "tok_end": end,
@@ -228,12 +228,20 @@ class Maintenance:
     def key_status(self) -> KeyStatus:
         vault = self.vault
         return KeyStatus(
-            vault.keystore.backend_name, vault.key_id, vault.locked, str(self.vault.data_dir)
+            vault.keystore.backend_name,
+            vault.key_id,
+            vault.locked,
+            str(vault.data_dir),
+            vault.retired_key_ids(),
+            vault.generation,
         )
 
     def rotate_key(self) -> RotateResult:
         blocks = self.vault.catalog.count("blocks")
-        return RotateResult(self.vault.rotate_master_key(), blocks)
+        old = self.vault.key_id
+        new = self.vault.rotate_master_key()
+        needing = [b.path for b in custody.stranded_by(self.vault, [old])]
+        return RotateResult(new, blocks, old, needing)
 
     def audit(self, repair: bool = False) -> AuditReport:
         return self.vault.audit(repair=repair)

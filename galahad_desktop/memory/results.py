@@ -282,6 +282,8 @@ class CompactResult:
 class RotateResult:
     key_id: str
     blocks_rewrapped: int
+    retired_key_id: str = ""
+    backups_needing_retired: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -290,6 +292,8 @@ class KeyStatus:
     key_id: str
     locked: bool
     data_dir: str
+    retired_key_ids: list[str] = dataclasses.field(default_factory=list)
+    generation: int = 0
 
 
 @dataclass(frozen=True)

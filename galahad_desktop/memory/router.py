@@ -83,19 +83,70 @@ class RouteDecision:
         }
 
 
+# Chinese, Japanese and Korean scripts: no spaces between words (or particles glued to them),
+# so a run of them is indexed and searched as overlapping character pairs, the usual way to
+# search CJK text without a dictionary.
+_CJK = re.compile(
+    "([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\u1100-\u11ff]+)"
+)
+
+
+def words_of(text: str) -> list[str]:
+    """Lower-case words; CJK runs as overlapping character pairs (a lone character as itself)."""
+    out: list[str] = []
+    for word in _WORD.findall(text.lower()):
+        if not _CJK.search(word):
+            out.append(word)
+            continue
+        for piece in _CJK.split(word):
+            if not piece:
+                continue
+            if not _CJK.fullmatch(piece) or len(piece) == 1:
+                out.append(piece)
+            else:
+                out.extend(piece[i : i + 2] for i in range(len(piece) - 1))
+    return out
+
+
+def _is_cjk(word: str) -> bool:
+    return bool(_CJK.fullmatch(word))
+
+
+_HIRAGANA = re.compile("[\u3040-\u309f]+")
+# Question words and endings of Chinese and Korean questions (Japanese ones are kana pairs,
+# dropped below): what kind of question it is, not what it is about.
+CJK_STOPWORDS = frozenset(
+    """什么 么是 是什 哪里 哪儿 哪个 是哪 是谁 多少 怎么 为什 什么 吗 呢 的 是 了 在
+    어디 무엇 입니 니까 니다 인가 가요 습니 세요 까요 합니 나요 엇입 디에 에있 있나 는무
+    누구 언제 얼마 몇 디입 제입 구입""".split()
+)
+
+
+def _asks_nothing(word: str) -> bool:
+    """A pair that only says how the question is phrased: kana particles and endings
+    (は, の, ですか, どこ…), Chinese and Korean question words."""
+    return bool(_HIRAGANA.fullmatch(word)) or word in CJK_STOPWORDS
+
+
 def query_terms(question: str) -> list[str]:
     seen: list[str] = []
-    for word in _WORD.findall(question.lower()):
-        if word not in STOPWORDS and word not in seen and (len(word) > 1 or word.isdigit()):
+    for word in words_of(question):
+        if word in STOPWORDS or word in seen or _asks_nothing(word):
+            continue
+        if len(word) > 1 or word.isdigit() or _is_cjk(word):
             seen.append(word)
     return seen
 
 
 def adjacent_pairs(question: str) -> list[str]:
-    words = _WORD.findall(question.lower())
+    words = words_of(question)
     pairs: list[str] = []
     for first, second in itertools.pairwise(words):
-        if first in STOPWORDS or second in STOPWORDS or len(first) < 2 or len(second) < 2:
+        if first in STOPWORDS or second in STOPWORDS or _asks_nothing(first + second):
+            continue
+        if _asks_nothing(first) or _asks_nothing(second):
+            continue
+        if (len(first) < 2 and not _is_cjk(first)) or (len(second) < 2 and not _is_cjk(second)):
             continue
         pair = f"{first} {second}"
         if pair not in pairs:
@@ -127,15 +178,17 @@ class PartIndex:
 
     def add(self, rows: Iterable[tuple[str, str, int, int, str]]) -> None:
         """(part_id, document_id, part_no, n_parts, text) rows."""
-        rows = list(rows)
+        # The body is indexed as our own word list (CJK runs already cut into pairs), so
+        # FTS5 and the phrase counts below see the same words.
+        rows = [(p, d, no, n, " ".join(words_of(text))) for p, d, no, n, text in rows]
         with self.db:
             self.db.executemany(
                 "INSERT INTO parts(part_id, document_id, part_no, n_parts, body) "
                 "VALUES (?, ?, ?, ?, ?)",
                 rows,
             )
-        for part_id, _doc, _no, _n, text in rows:
-            self.words[part_id] = " " + " ".join(_WORD.findall(text.lower())) + " "
+        for part_id, _doc, _no, _n, body in rows:
+            self.words[part_id] = f" {body} "
 
     def remove_document(self, document_id: str) -> None:
         gone = [

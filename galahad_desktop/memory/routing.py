@@ -121,8 +121,9 @@ class Routing:
                 )
             except (crypto.DecryptionFailed, TypeError, ValueError):
                 continue  # an unreadable log line is skipped; audit reports it
+            at = row["at"]
             if isinstance(entry, dict):
-                out.append((row["id"], float(row["at"] or 0), entry))
+                out.append((row["id"], float(at) if isinstance(at, int | float) else 0.0, entry))
         return out
 
     def routing_log(self, limit: int = 100) -> list[RoutingLogEntry]:
@@ -177,7 +178,7 @@ class Routing:
             raise NotFoundError(f"No document part has the id '{part_id}'.")
         if document_id is not None and part["document_id"] != document_id:
             raise InputError(f"Part {part_id} is not a part of document {document_id}.")
-        self.live.seals.check("parts", part, "block_id")
+        self.live.records.check("parts", part)
         counters = Counters()
         graft = None
         if not self.live.holds(part["document_id"], part["block_id"]):

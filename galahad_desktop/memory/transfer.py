@@ -200,8 +200,7 @@ class Transfer:
         rows: list[dict[str, Any]],
         boundaries: list[tuple[int, int, int]],
     ) -> None:
-        fields, catalog = self.vault.fields, self.vault.catalog
-        seals = self.live.seals
+        catalog, records = self.vault.catalog, self.live.records
         now = time.time()
         created = conversation.created_at or conversation.messages[0].created_at or now
         updated = conversation.updated_at or conversation.messages[-1].created_at or created
@@ -209,51 +208,38 @@ class Transfer:
         with self.vault.transaction():
             for row in rows:
                 catalog.insert("blocks", row)
-            catalog.insert(
-                "conversations",
-                {
-                    "id": conversation_id,
-                    "title_enc": fields.encrypt_text(
-                        title, "conversations", "title", conversation_id
-                    ),
-                    "document_id": None,
-                    "head_block_id": rows[-1]["id"],
-                    "n_tokens": rows[-1]["pos_end"],
-                    "n_messages": len(conversation.messages),
-                    "seal": seals.seal(
-                        "conversations",
-                        conversation_id,
-                        rows[-1]["id"],
-                        len(conversation.messages),
-                    ),
-                    "system_prompt": "none",
-                    "thinking": 0,
-                    "model_sha256": self.live.engine.model_sha256,
-                    "created_at": created,
-                    "updated_at": updated,
-                },
-            )
+            conv: dict[str, Any] = {
+                "id": conversation_id,
+                "document_id": None,
+                "head_block_id": rows[-1]["id"],
+                "n_tokens": rows[-1]["pos_end"],
+                "n_messages": len(conversation.messages),
+                "system_prompt": "none",
+                "thinking": 0,
+                "model_sha256": self.live.engine.model_sha256,
+                "created_at": created,
+                "updated_at": updated,
+            }
+            conv["title_enc"] = records.encrypt("conversations", "title_enc", conv, title)
+            catalog.insert("conversations", conv)
             for index, message in enumerate(conversation.messages):
                 pair = index // 2
                 user_start, reply_start, reply_end = boundaries[pair]
-                message_id = new_id("m")
                 is_user = message.role == "user"
-                catalog.insert(
-                    "messages",
+                records.add_message(
                     {
-                        "id": message_id,
+                        "id": new_id("m"),
                         "conversation_id": conversation_id,
                         "seq": index,
                         "role": message.role,
-                        "text_enc": fields.encrypt_text(
-                            message.text, "messages", "text", message_id
-                        ),
                         "tok_start": user_start if is_user else reply_start,
                         "tok_end": reply_start if is_user else reply_end,
                         "block_id": None if is_user else rows[pair]["id"],
                         "created_at": message.created_at or created,
                     },
+                    message.text,
                 )
+            records.reseal("conversations", conversation_id)
 
     # -- export --------------------------------------------------------------------------
     def export(self, conversation_id: str, fmt: str, out: Path | None = None) -> ExportResult:

@@ -86,8 +86,8 @@ class Usage:
         session = self.live.stats
         return MemoryStats(
             len(rows),
-            sum(r["file_bytes"] for r in rows),
-            sum(r["n_tokens"] for r in rows),
+            sum(_count(r["file_bytes"]) for r in rows),
+            sum(_count(r["n_tokens"]) for r in rows),
             session.restored_tokens,
             session.recomputed_tokens,
             history,
@@ -95,3 +95,9 @@ class Usage:
             sum(h.recomputed for h in history),
             sum(h.library_saved_tokens for h in history),
         )
+
+
+def _count(value: object) -> int:
+    """A catalog count as a number (an edited cell of another type counts as 0 here; the
+    audit names the record)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -90,6 +90,13 @@ class UnsafeExpression(ValueError):
     pass
 
 
+MAX_BITS = 1024  # numerator and denominator of every intermediate value
+
+
+def _bits(value: Fraction) -> int:
+    return max(value.numerator.bit_length(), value.denominator.bit_length())
+
+
 def safe_arithmetic(expression: str) -> Fraction:
     """Exact value of + - * / // % ** and parentheses on numbers; refuses anything else,
     huge powers and deep nesting."""
@@ -114,15 +121,20 @@ def safe_arithmetic(expression: str) -> Fraction:
             return Fraction(str(node.value))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = walk(node.left, depth + 1), walk(node.right, depth + 1)
+            # Exact fractions grow with every power: bound the result's size before
+            # computing it (1/999999 ** 64 ** 64 would take minutes and gigabytes).
             if isinstance(node.op, ast.Pow) and (
-                right.denominator != 1 or abs(right) > 64 or abs(left) > 10**6
+                right.denominator != 1
+                or abs(right) > 64
+                or abs(left) > 10**6
+                or _bits(left) * abs(int(right)) > MAX_BITS
             ):
                 raise UnsafeExpression("power too large")
             if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and right == 0:
                 raise UnsafeExpression("division by zero")
             value = _BINARY[type(node.op)](left, right)
-            if abs(value) > 10**30:
-                raise UnsafeExpression("value too large")
+            if abs(value) > 10**30 or _bits(Fraction(value)) > MAX_BITS:
+                raise UnsafeExpression("value too large or too precise")
             return Fraction(value)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return Fraction(_UNARY[type(node.op)](walk(node.operand, depth + 1)))

@@ -223,6 +223,22 @@ class SecurityDialog(QDialog):
         for button in (self.rotate_button, self.lock_button, self.audit_button, self.forget_button):
             row.addWidget(button)
         layout.addLayout(row)
+        copies = QHBoxLayout()
+        self.backup_button = QPushButton("Back up…")
+        self.backup_button.setToolTip(
+            "A consistent, still-encrypted copy of every conversation and document"
+        )
+        self.backup_button.clicked.connect(self.backup)
+        self.kit_button = QPushButton("Export recovery kit…")
+        self.kit_button.setToolTip(
+            "The master keys wrapped under a recovery passphrase: opens your backups on "
+            "another computer, or after the keyring is lost"
+        )
+        self.kit_button.clicked.connect(self.export_kit)
+        for button in (self.backup_button, self.kit_button):
+            copies.addWidget(button)
+        copies.addStretch(1)
+        layout.addLayout(copies)
         self.output = QPlainTextEdit()
         self.output.setReadOnly(True)
         layout.addWidget(self.output)
@@ -240,6 +256,12 @@ class SecurityDialog(QDialog):
             f"<b>{html.escape(status.backend)}</b> and never written to a file.<br>Data "
             f"directory: {html.escape(status.data_dir)}<br>State: "
             f"{'locked — keys dropped from memory' if self.locked else 'unlocked'}"
+            + (
+                f"<br>Retired keys kept for older copies: "
+                f"{html.escape(', '.join(status.retired_key_ids))}"
+                if status.retired_key_ids
+                else ""
+            )
         )
 
     def rotate(self) -> None:
@@ -247,11 +269,74 @@ class SecurityDialog(QDialog):
         self.host.bridge.call("rotate_key", on_done=self._rotated, on_error=self.host.show_error)
 
     def _rotated(self, result: Any) -> None:
-        self.output.setPlainText(
+        text = (
             f"New master key {result.key_id}; re-wrapped {result.blocks_rewrapped} block keys "
-            "(payloads untouched)."
+            f"(payloads untouched). The old key {result.retired_key_id} stays in the keyring "
+            "for copies made before ('galahad keys drop-retired' removes it)."
         )
+        if result.backups_needing_retired:
+            text += "\nBackups that need the old key:\n" + "\n".join(
+                result.backups_needing_retired
+            )
+        self.output.setPlainText(text)
         self.refresh()
+
+    def backup(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        folder = QFileDialog.getExistingDirectory(self, "Choose an empty folder for the backup")
+        if folder:
+            self.run_backup(Path(folder))
+
+    def run_backup(self, folder: Path) -> None:
+        self.output.setPlainText(f"Backing up to {folder}…")
+        self.host.bridge.call(
+            "backup", folder, on_done=self._backed_up, on_error=self.host.show_error
+        )
+
+    def _backed_up(self, result: Any) -> None:
+        self.output.setPlainText(
+            f"Backed up {result.files} files ({result.bytes / 1e6:,.1f} MB, still encrypted) "
+            f"to {result.path}.\nIt opens with key {result.key_id} from this computer's "
+            "keyring, or anywhere with a recovery kit. Restore it with: galahad restore "
+            f"{result.path}"
+        )
+
+    def export_kit(self) -> None:
+        from PySide6.QtWidgets import QFileDialog, QInputDialog, QLineEdit
+
+        path, _filter = QFileDialog.getSaveFileName(
+            self, "Save the recovery kit", "galahad-recovery-kit.json", "JSON (*.json)"
+        )
+        if not path:
+            return
+        phrase, ok = QInputDialog.getText(
+            self,
+            "Recovery passphrase",
+            "A passphrase for the kit (at least 12 characters); keep it apart from the kit:",
+            QLineEdit.EchoMode.Password,
+        )
+        if not ok:
+            return
+        again, ok = QInputDialog.getText(
+            self, "Recovery passphrase", "Again:", QLineEdit.EchoMode.Password
+        )
+        if not ok or again != phrase:
+            self.output.setPlainText("The two passphrases differ; no kit was written.")
+            return
+        self.run_export_kit(Path(path), phrase)
+
+    def run_export_kit(self, path: Path, phrase: str) -> None:
+        self.host.bridge.call(
+            "export_recovery_kit",
+            phrase,
+            path,
+            on_done=lambda keys: self.output.setPlainText(
+                f"Wrote the recovery kit {path} ({len(keys)} key(s)). Keep it, and its "
+                "passphrase, apart from your backups."
+            ),
+            on_error=self.host.show_error,
+        )
 
     def toggle_lock(self) -> None:
         self.host.bridge.call(

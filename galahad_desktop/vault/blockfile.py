@@ -17,10 +17,14 @@ the master key, so rotating the master key never rewrites these files.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import hashlib
 import json
+import mmap
 import os
+import stat
 import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -69,13 +73,55 @@ class BlockHeader:
     def from_bytes(cls, raw: bytes) -> BlockHeader:
         try:
             fields = json.loads(raw.decode("utf-8"))
-            return cls(**fields)
-        except (UnicodeDecodeError, ValueError, TypeError) as exc:
-            raise BlockFormatError(f"header is not valid: {exc}") from None
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BlockFormatError("header is not valid JSON") from None
+        if not isinstance(fields, dict) or set(fields) != set(_HEADER_TYPES):
+            raise BlockFormatError("header does not have the expected fields")
+        for name, kinds in _HEADER_TYPES.items():
+            value = fields[name]
+            # bool is an int in Python; a header never holds one.
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise BlockFormatError(f"header field '{name}' has the wrong type")
+        return cls(**fields)
 
     @property
     def n_chunks(self) -> int:
         return max(1, -(-self.payload_bytes // self.chunk_bytes))
+
+
+_HEADER_TYPES: dict[str, type | tuple[type, ...]] = {
+    "block_id": str,
+    "kind": str,
+    "owner_id": str,
+    "parent_id": (str, type(None)),
+    "pos_start": int,
+    "pos_end": int,
+    "n_tokens": int,
+    "generation": int,
+    "fingerprint": str,
+    "created_at": (int, float),
+    "payload_bytes": int,
+    "chunk_bytes": int,
+    "nonce_prefix": str,
+}
+
+
+def open_block_file(path: Path) -> BinaryIO:
+    """Open a block file for reading: never through a link, and only a regular file (a
+    folder, a pipe or a device put in its place is refused, not waited on)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or path.is_symlink():
+            raise BlockFormatError("is a link, not a block file; refused") from None
+        if exc.errno == errno.EISDIR:
+            raise BlockFormatError("is a folder, not a block file; refused") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BlockFormatError("is not a regular file; refused")
+    return os.fdopen(fd, "rb")
 
 
 def header_digest(header_bytes: bytes) -> str:
@@ -145,7 +191,7 @@ def _read_exact(handle: BinaryIO, n: int, what: str) -> bytes:
 
 def read_header(path: Path) -> tuple[BlockHeader, bytes]:
     """Read and parse the plaintext header (not yet authenticated: that needs the key)."""
-    with open(path, "rb") as handle:
+    with open_block_file(path) as handle:
         return _read_header(handle)
 
 
@@ -159,8 +205,15 @@ def _read_header(handle: BinaryIO) -> tuple[BlockHeader, bytes]:
         raise BlockFormatError("header length is out of range")
     raw = _read_exact(handle, header_len, "header")
     header = BlockHeader.from_bytes(raw)
-    if header.chunk_bytes <= 0 or header.payload_bytes < 0 or len(header.nonce_prefix) != 16:
+    if (
+        header.chunk_bytes <= 0
+        or header.payload_bytes < 0
+        or len(header.nonce_prefix) != 16
+        or any(c not in "0123456789abcdef" for c in header.nonce_prefix)
+    ):
         raise BlockFormatError("header fields are out of range")
+    if hasattr(handle, "fileno") and header.payload_bytes > os.fstat(handle.fileno()).st_size:
+        raise BlockFormatError("file is truncated (header claims more payload than it holds)")
     return header, raw
 
 
@@ -178,7 +231,7 @@ def read_block(
     with keep_payload=False (the audit) chunks are authenticated and dropped. `buffer_for(n)`
     may supply a reusable buffer of at least n bytes (the payload fills its first n bytes).
     """
-    with open(path, "rb") as handle:
+    with open_block_file(path) as handle:
         header, raw = _read_header(handle)
         digest_hex = header_digest(raw)
         if digest_hex != expected_digest:
@@ -205,30 +258,46 @@ def read_block(
         prefix = bytes.fromhex(header.nonce_prefix)
         n_chunks = header.n_chunks
         offset = 0
-        ciphertext = bytearray(min(header.chunk_bytes, max(header.payload_bytes, 0)) + _TAG_BYTES)
-        scratch = memoryview(bytearray(len(ciphertext) - _TAG_BYTES)) if view is None else None
-        for index in range(n_chunks):
-            (length,) = _U32.unpack(_read_exact(handle, _U32.size, f"chunk {index} length"))
-            plain_len = min(header.chunk_bytes, header.payload_bytes - offset)
-            if length != plain_len + _TAG_BYTES:
-                raise BlockFormatError(f"chunk {index} has the wrong length")
-            chunk = memoryview(ciphertext)[:length]
-            if handle.readinto(chunk) != length:
-                raise BlockFormatError(f"file is truncated (in chunk {index})")
-            nonce = prefix + struct.pack(">I", index)
-            target = view if view is not None else scratch
-            assert target is not None
-            into = target[offset : offset + plain_len] if view is not None else target[:plain_len]
-            try:
-                # Decrypted straight into the buffer llama.cpp will read: no extra copy. On a
-                # failed tag the whole buffer is dropped, never used.
-                aead.decrypt_into(
-                    nonce, chunk, _chunk_aad(digest, index, index == n_chunks - 1), into
+        plain_max = min(header.chunk_bytes, max(header.payload_bytes, 0))
+        scratch = memoryview(bytearray(plain_max)) if view is None else None
+        # The chunks are decrypted straight out of the page cache (a read-only map): no
+        # copy into a read buffer first, which cost as much as the decryption itself.
+        at = handle.tell()
+        size = os.fstat(handle.fileno()).st_size
+        with contextlib.ExitStack() as stack:  # the header was read: the file is not empty
+            mapped = stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+            data = memoryview(mapped)
+            stack.callback(data.release)
+            for index in range(n_chunks):
+                if at + _U32.size > size:
+                    raise BlockFormatError(f"file is truncated (in chunk {index} length)")
+                (length,) = _U32.unpack(data[at : at + _U32.size])
+                at += _U32.size
+                plain_len = min(header.chunk_bytes, header.payload_bytes - offset)
+                if length != plain_len + _TAG_BYTES:
+                    raise BlockFormatError(f"chunk {index} has the wrong length")
+                if at + length > size:
+                    raise BlockFormatError(f"file is truncated (in chunk {index})")
+                chunk = data[at : at + length]
+                at += length
+                nonce = prefix + struct.pack(">I", index)
+                target = view if view is not None else scratch
+                assert target is not None
+                into = (
+                    target[offset : offset + plain_len] if view is not None else target[:plain_len]
                 )
-            except InvalidTag:
-                raise BlockFormatError(f"chunk {index} failed authentication") from None
-            offset += plain_len
-        if handle.read(1):
+                try:
+                    # Decrypted straight into the buffer llama.cpp will read: no extra copy. On
+                    # a failed tag the whole buffer is dropped, never used.
+                    aead.decrypt_into(
+                        nonce, chunk, _chunk_aad(digest, index, index == n_chunks - 1), into
+                    )
+                except InvalidTag:
+                    raise BlockFormatError(f"chunk {index} failed authentication") from None
+                finally:
+                    chunk.release()
+                offset += plain_len
+        if at != size:
             raise BlockFormatError("file has extra bytes after the last chunk")
     if offset != header.payload_bytes:
         raise BlockFormatError("payload is shorter than the header says")

@@ -18,9 +18,10 @@ from typing import Any
 
 import sqlite_utils
 
+from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: messages bound to their place, every record sealed
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -91,6 +92,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "verdict_enc": bytes,
             "verifier": str,
             "block_id": str,
+            "seal": bytes,
             "uses": int,
             "created_at": float,
         },
@@ -130,6 +132,12 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     # Routing decisions, to measure the router: scores and margin, never the question's text.
     # Encrypted like everything else that says what the user did; deleted with what it names.
     "routing_log": ({"id": str, "at": float, "entry_enc": bytes}, "id"),
+    # Backups taken with `galahad backup`: where (encrypted) and under which key, so a key
+    # rotation can say which backups need the key it retires.
+    "backups": (
+        {"id": str, "at": float, "key_id": str, "generation": int, "dest_enc": bytes},
+        "id",
+    ),
     # Restored-versus-recomputed counts per request, for the Memory view (numbers only).
     "usage": ({"id": str, "at": float, "owner_id": str, "entry_enc": bytes}, "id"),
 }
@@ -156,6 +164,22 @@ class Catalog:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA secure_delete=ON")
         self.db.execute("PRAGMA foreign_keys=ON")
+        existing = set(self.db.table_names())
+        missing = [n for n in _TABLES if existing and n not in existing] + [
+            f"{name}.{column}"
+            for name, (columns, _pk) in _TABLES.items()
+            if name in existing
+            for column in columns
+            if column not in self.db[name].columns_dict
+        ]
+        if missing and self._schema_version() == SCHEMA_VERSION:
+            # A current catalog lacks a table or column: dropped by someone, never ours to
+            # re-create empty (that would hide the loss from the next open).
+            conn.close()
+            raise IntegrityError(
+                "The catalog is missing parts of its structure (" + ", ".join(missing) + "): "
+                "it was edited or damaged; refused. Restore a backup (galahad restore)."
+            )
         for name, (columns, pk) in _TABLES.items():
             self.db[name].create(columns, pk=pk, if_not_exists=True)  # type: ignore[union-attr]
             table = self.db[name]
@@ -168,6 +192,13 @@ class Catalog:
         self.db["blocks"].create_index(["owner_id"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["blocks"].create_index(["parent_id"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["parts"].create_index(["document_id"], if_not_exists=True)  # type: ignore[union-attr]
+
+    def _schema_version(self) -> int | None:
+        try:
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            return int(bytes(row[0]).decode()) if row else None
+        except (sqlite3.Error, ValueError, TypeError, UnicodeDecodeError):
+            return None
 
     def close(self) -> None:
         self.db.conn.close()
@@ -314,7 +345,11 @@ class Catalog:
     # -- meta ----------------------------------------------------------------------------
     def meta_get(self, key: str) -> bytes | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
-        return row[0] if row else None
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes):  # every entry is written as bytes
+            raise IntegrityError(f"The catalog's '{key}' entry is damaged.")
+        return row[0]
 
     def meta_delete(self, key: str) -> None:
         self.db.execute("DELETE FROM meta WHERE key = ?", [key])

@@ -73,7 +73,7 @@ class FieldCipher:
     def encrypt_text(self, text: str, table: str, column: str, row_id: str) -> bytes:
         return seal(self._key, text.encode("utf-8"), field_aad(table, column, row_id))
 
-    def decrypt_text(self, blob: bytes, table: str, column: str, row_id: str) -> str:
+    def decrypt_text(self, blob: object, table: str, column: str, row_id: str) -> str:
         raw = self.decrypt_bytes(blob, table, column, row_id)
         try:
             return raw.decode("utf-8")
@@ -83,7 +83,9 @@ class FieldCipher:
     def encrypt_bytes(self, data: bytes, table: str, column: str, row_id: str) -> bytes:
         return seal(self._key, data, field_aad(table, column, row_id))
 
-    def decrypt_bytes(self, blob: bytes, table: str, column: str, row_id: str) -> bytes:
+    def decrypt_bytes(self, blob: object, table: str, column: str, row_id: str) -> bytes:
+        if not isinstance(blob, bytes):  # a catalog cell edited to another type
+            raise DecryptionFailed(damaged(table, column, row_id))
         try:
             return open_sealed(self._key, blob, field_aad(table, column, row_id))
         except DecryptionFailed:
@@ -103,6 +105,7 @@ def damaged(table: str, column: str, row_id: object) -> str:
         "usage": "usage line",
     }.get(table, table)
     field = column.removesuffix("_enc")
+    row_id = str(row_id).split("|")[0]  # a message's context starts with its id
     return (
         f"The {field} of {what} {row_id} in the catalog is damaged or was edited (it failed "
         "authentication); refused. Run 'galahad audit' to see every damaged record."

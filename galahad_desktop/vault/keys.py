@@ -27,6 +27,62 @@ def entry_name(vault_id: str, key_id: str) -> str:
     return f"master-key/{vault_id}/{key_id}"
 
 
+# scrypt cost bounds: below, a stolen file is cheap to attack; above, opening takes minutes
+# or more memory than a desktop has (a file edited to make every open hang).
+SCRYPT_N_RANGE = (2**14, 2**20)
+SCRYPT_R_RANGE = (8, 16)
+SCRYPT_P_RANGE = (1, 4)
+
+
+def check_scrypt_params(params: Any, where: str) -> None:
+    """Refuse scrypt parameters that are missing, of the wrong type, weak or absurd."""
+    ok = isinstance(params, dict)
+    for name, (low, high) in (("n", SCRYPT_N_RANGE), ("r", SCRYPT_R_RANGE), ("p", SCRYPT_P_RANGE)):
+        value = params.get(name) if ok else None
+        ok = ok and isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    n = params.get("n") if ok else 0
+    ok = ok and n & (n - 1) == 0  # a power of two
+    try:
+        ok = ok and len(base64.b64decode(params["salt"], validate=True)) >= 16
+    except (KeyError, TypeError, binascii.Error):
+        ok = False
+    if not ok:
+        raise KeyAccessError(
+            f"The key-derivation parameters in {where} are missing, weak or out of range; "
+            "refused (the file was edited)."
+        )
+
+
+def _call_with_timeout(action: Any, timeout_s: float) -> Any:
+    """Run a keyring call with a deadline: a Secret Service that does not answer must not
+    hang the app (nor hold the data directory's lock) for minutes."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = action()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="galahad-keyring", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def keyring_timeout_s() -> float:
+    try:
+        return max(0.1, float(os.environ.get("GALAHAD_KEYRING_TIMEOUT_S", "20")))
+    except ValueError:
+        return 20.0
+
+
 class KeyStore(Protocol):
     """Storage for master keys; implementations raise KeyAccessError with a user message."""
 
@@ -64,6 +120,12 @@ class KeyringKeyStore:
         return f"{type(backend).__module__}.{type(backend).__name__}"
 
     def _fail(self, action: str, exc: Exception) -> KeyAccessError:
+        if isinstance(exc, TimeoutError):
+            return KeyAccessError(
+                f"The OS keyring ({self.backend_name}) did not answer a request to {action} "
+                f"the master key ({exc}). Unlock or restart the keyring service and try again; "
+                "nothing was changed."
+            )
         return KeyAccessError(
             f"The OS keyring ({self.backend_name}) refused to {action} the master key: "
             f"{type(exc).__name__}: {exc}. Unlock the keyring and try again."
@@ -71,9 +133,13 @@ class KeyringKeyStore:
 
     def get(self, name: str) -> bytes | None:
         try:
-            value = self._keyring.get_password(SERVICE, name)
+            value = _call_with_timeout(
+                lambda: self._keyring.get_password(SERVICE, name), keyring_timeout_s()
+            )
         except Exception as exc:  # keyring backends raise many unrelated types
             raise self._fail("read", exc) from None
+        if value is not None and not isinstance(value, str):
+            raise KeyAccessError(f"The keyring entry '{SERVICE} / {name}' is not text.")
         if value is None:
             return None
         try:
@@ -84,8 +150,11 @@ class KeyringKeyStore:
             ) from None
 
     def put(self, name: str, key: bytes) -> None:
+        encoded = base64.b64encode(key).decode("ascii")
         try:
-            self._keyring.set_password(SERVICE, name, base64.b64encode(key).decode("ascii"))
+            _call_with_timeout(
+                lambda: self._keyring.set_password(SERVICE, name, encoded), keyring_timeout_s()
+            )
         except Exception as exc:
             raise self._fail("store", exc) from None
         if self.get(name) != key:
@@ -95,7 +164,9 @@ class KeyringKeyStore:
 
     def delete(self, name: str) -> None:
         try:
-            self._keyring.delete_password(SERVICE, name)
+            _call_with_timeout(
+                lambda: self._keyring.delete_password(SERVICE, name), keyring_timeout_s()
+            )
         except self._keyring.errors.PasswordDeleteError:
             pass  # already gone
         except Exception as exc:
@@ -134,6 +205,12 @@ class PassphraseKeyStore:
         if len(passphrase) < 8:
             raise KeyAccessError("The passphrase must be at least 8 characters long.")
         self.path = Path(data_dir) / self.FILE_NAME
+        creating = not self.path.exists()
+        if creating and len(set(passphrase)) < 4:
+            raise KeyAccessError(
+                "That passphrase is too easy to guess (fewer than 4 different characters); "
+                "choose another."
+            )
         self._state = self._load()
         salt = base64.b64decode(self._state["salt"])
         self._kek = Scrypt(
@@ -141,16 +218,32 @@ class PassphraseKeyStore:
         ).derive(passphrase.encode("utf-8"))
         check = self._state.get("check")
         if check is None:
-            self._state["check"] = self._seal(b"galahad-passphrase-check", "check")
+            self._state["check"] = self._seal(b"galahad-passphrase-check", self._check_name())
             self._save()
         else:
             try:
-                self._open(check, "check")
-            except InvalidTag:
+                self._open_check(check)
+            except (InvalidTag, ValueError, binascii.Error):
                 raise KeyAccessError(
-                    "The passphrase is wrong: it does not open this data directory. "
-                    "Nothing was read or changed."
+                    "The passphrase is wrong (or the key file's parameters were edited): it "
+                    "does not open this data directory. Nothing was read or changed."
                 ) from None
+
+    def _open_check(self, check: str) -> None:
+        try:
+            self._open(check, self._check_name())
+        except InvalidTag:
+            # A file from before the parameters were bound: its check opens with the key
+            # those same parameters derive, which proves them too. Bind them now.
+            self._open(check, "check")
+            self._state["check"] = self._seal(b"galahad-passphrase-check", self._check_name())
+            self._save()
+
+    def _check_name(self) -> str:
+        """The check value's associated data binds the salt and scrypt parameters: a file
+        edited to weaker ones fails the check, whatever the passphrase."""
+        s = self._state
+        return f"check/{s['n']}/{s['r']}/{s['p']}/{s['salt']}"
 
     @property
     def backend_name(self) -> str:
@@ -159,10 +252,20 @@ class PassphraseKeyStore:
     def _load(self) -> dict[str, Any]:
         if self.path.exists():
             try:
-                state: dict[str, Any] = json.loads(self.path.read_text("utf-8"))
-                return state
-            except (OSError, ValueError) as exc:
-                raise KeyAccessError(f"{self.path} is unreadable: {exc}") from None
+                state = json.loads(self.path.read_bytes())
+            except OSError as exc:
+                raise KeyAccessError(f"{self.path} cannot be read: {exc.strerror}.") from None
+            except (ValueError, RecursionError):
+                raise KeyAccessError(f"{self.path} is damaged (not valid JSON).") from None
+            check_scrypt_params(state, str(self.path))
+            entries = state.get("entries")
+            if (
+                not isinstance(entries, dict)
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items())
+                or not isinstance(state.get("check", ""), str)
+            ):
+                raise KeyAccessError(f"{self.path} is damaged (its key entries are malformed).")
+            return dict(state)
         return {
             "salt": base64.b64encode(os.urandom(16)).decode(),
             "n": self.SCRYPT_N,
@@ -183,7 +286,9 @@ class PassphraseKeyStore:
         return base64.b64encode(sealed).decode()
 
     def _open(self, blob: str, name: str) -> bytes:
-        raw = base64.b64decode(blob)
+        raw = base64.b64decode(blob, validate=True)
+        if len(raw) < 12 + 16:
+            raise ValueError("too short")
         return AESGCM(self._kek).decrypt(raw[:12], raw[12:], name.encode())
 
     def get(self, name: str) -> bytes | None:
@@ -192,7 +297,7 @@ class PassphraseKeyStore:
             return None
         try:
             return self._open(blob, name)
-        except InvalidTag:
+        except (InvalidTag, ValueError, binascii.Error):
             raise KeyAccessError(f"The stored key '{name}' failed authentication.") from None
 
     def put(self, name: str, key: bytes) -> None:
@@ -210,6 +315,14 @@ def keystore_mode_file(data_dir: Path) -> Path:
 
 def open_keystore(data_dir: Path, passphrase: str | None) -> KeyStore:
     """The keystore a data directory uses: passphrase mode once chosen, else the OS keyring."""
+    has_catalog = (Path(data_dir) / "catalog.sqlite").exists()
+    if passphrase is not None and has_catalog and not keystore_mode_file(data_dir).exists():
+        raise KeyAccessError(
+            f"{data_dir} keeps its key in the OS keyring, not under a passphrase; drop "
+            "--passphrase (and GALAHAD_PASSPHRASE). To move it to a passphrase: export a "
+            "recovery kit (galahad keys export), then create a passphrase directory and "
+            "import your conversations into it."
+        )
     if keystore_mode_file(data_dir).exists() or passphrase is not None:
         if passphrase is None:
             raise KeyAccessError(

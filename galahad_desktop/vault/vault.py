@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -20,14 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from galahad_desktop.errors import IntegrityError, KeyAccessError, NotFoundError
+from galahad_desktop.errors import IntegrityError, KeyAccessError, NotFoundError, StorageError
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.paths import ensure_private_dir
-from galahad_desktop.system.files import TMP_PREFIX, create_private_file, fsync_dir
-from galahad_desktop.system.lock import DataDirLock
-from galahad_desktop.vault import blockfile, crypto
+from galahad_desktop.system.files import create_private_file, fsync_dir
+from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
+from galahad_desktop.vault import blockfile, crypto, custody
 from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
 from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
+from galahad_desktop.vault.records import Records
 
 BLOCK_SUFFIX = ".gkv"
 MAX_CHAIN = 100_000
@@ -35,6 +38,22 @@ MAX_CHAIN = 100_000
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(8)}"
+
+
+_BLOCK_ID = re.compile(r"b-[0-9a-f]{16}")
+_BLOCK_FILE = re.compile(r"(b-[0-9a-f]{16})(-[0-9a-f]{8})?" + re.escape(".gkv"))
+
+
+def block_file_of(row: dict[str, Any]) -> str:
+    """A block row's file name, checked: only a name this vault writes for this block (an
+    edited catalog must not point a read, or a delete, outside the blocks folder)."""
+    name = row.get("file_name")
+    match = _BLOCK_FILE.fullmatch(name) if isinstance(name, str) else None
+    if match is None or match.group(1) != row.get("id"):
+        raise IntegrityError(
+            f"The catalog record of block {row.get('id')} names an invalid file; refused."
+        )
+    return str(name)
 
 
 def _catalog_key_aad(vault_id: str, key_id: str) -> bytes:
@@ -73,14 +92,19 @@ class AuditReport:
 
 class Vault:
     def __init__(
-        self, data_dir: Path, keystore: KeyStore | None = None, lock_timeout_s: float = 10.0
+        self,
+        data_dir: Path,
+        keystore: KeyStore | None = None,
+        lock_timeout_s: float = 10.0,
+        accept_older: bool = False,
     ) -> None:
+        made = _missing_paths(Path(data_dir))
         self.data_dir = ensure_private_dir(Path(data_dir))
         self.blocks_dir = ensure_private_dir(self.data_dir / "blocks")
         self._lock: DataDirLock | None = self._acquire_lock(lock_timeout_s)
+        first_use = not (self.data_dir / Catalog.FILE_NAME).exists()
         try:
             self.keystore: KeyStore = keystore if keystore is not None else KeyringKeyStore()
-            first_use = not (self.data_dir / Catalog.FILE_NAME).exists()
             if first_use:
                 # Key first: if the keyring refuses, no catalog is left behind.
                 vault_id, key_id, master = (
@@ -90,6 +114,7 @@ class Vault:
                 )
                 self.keystore.put(entry_name(vault_id, key_id), master)
             self.catalog = Catalog(self.data_dir)
+            self.records = Records(self.catalog, self._field_cipher)
             if first_use:
                 catalog_key = crypto.new_key()
                 with self.catalog.transaction():
@@ -101,9 +126,43 @@ class Vault:
                         crypto.seal(master, catalog_key, _catalog_key_aad(vault_id, key_id)),
                     )
             self._unlock()
+            self._upgrade_schema()
+            self.generation = custody.open_generation(self, accept_older)
         except BaseException:
+            if hasattr(self, "catalog"):
+                self.catalog.close()
             self._release_lock()
+            if first_use and not hasattr(self, "catalog"):
+                # Refused before anything was stored: leave no trace of the attempt.
+                with contextlib.suppress(OSError):
+                    (self.data_dir / LOCK_NAME).unlink()
+                _remove_if_empty([self.blocks_dir, *made])
             raise
+
+    def _upgrade_schema(self) -> None:
+        """Refuse a catalog from a newer Galahad; bring an older one up to date in one
+        transaction (a crash leaves it as it was)."""
+        raw = self.catalog.meta_get("schema_version")
+        try:
+            version = int((raw or b"").decode())
+        except (UnicodeDecodeError, ValueError):
+            raise IntegrityError(
+                "The catalog's schema version is missing or damaged; refused. Nothing was "
+                "changed."
+            ) from None
+        if version > SCHEMA_VERSION:
+            raise StorageError(
+                f"This data directory was written by a newer Galahad (catalog schema "
+                f"{version}; this one reads up to {SCHEMA_VERSION}). Update Galahad to open "
+                "it; nothing was changed."
+            )
+        if version < 1:
+            raise IntegrityError(f"The catalog's schema version ({version}) is not valid.")
+
+        if version == 1:
+            with self.catalog.transaction():
+                self.records.upgrade_from_v1()
+                self.catalog.meta_set("schema_version", str(SCHEMA_VERSION).encode())
 
     # -- locking -------------------------------------------------------------------------
     def _acquire_lock(self, timeout_s: float) -> DataDirLock:
@@ -118,6 +177,8 @@ class Vault:
             self._lock = None
 
     def close(self) -> None:
+        if hasattr(self, "catalog") and not self.locked:
+            custody.close_generation(self)
         self.lock()
         if hasattr(self, "catalog"):
             self.catalog.close()
@@ -136,7 +197,13 @@ class Vault:
         value = self.catalog.meta_get(key)
         if value is None:
             raise IntegrityError(f"The catalog is missing its '{key}' entry.")
-        return value.decode()
+        try:
+            text = bytes(value).decode("ascii")
+        except (UnicodeDecodeError, TypeError):
+            raise IntegrityError(f"The catalog's '{key}' entry is damaged.") from None
+        if not text.isalnum():
+            raise IntegrityError(f"The catalog's '{key}' entry is damaged.")
+        return text
 
     def _master_key(self) -> bytes:
         master = self.keystore.get(entry_name(self.vault_id, self.key_id))
@@ -144,6 +211,12 @@ class Vault:
             raise KeyAccessError(
                 f"The master key for {self.data_dir} is not in the keyring "
                 f"({self.keystore.backend_name}). Without it the stored data cannot be opened."
+            )
+        if len(master) != crypto.KEY_BYTES:
+            raise KeyAccessError(
+                f"The keyring entry for {self.data_dir} holds {len(master)} bytes, not a "
+                f"{crypto.KEY_BYTES}-byte master key: it was changed outside Galahad. Nothing "
+                "was read or changed."
             )
         return master
 
@@ -179,6 +252,11 @@ class Vault:
     def unlock(self) -> None:
         if self.locked:
             self._unlock()
+
+    def _field_cipher(self) -> crypto.FieldCipher:
+        if self.locked or self.fields is None:
+            raise KeyAccessError("The vault is locked. Unlock it to continue.")
+        return self.fields
 
     def _require_master(self) -> bytes:
         if self._master is None:
@@ -217,7 +295,11 @@ class Vault:
                 crypto.seal(new_master, catalog_key, _catalog_key_aad(vault_id, new_key_id)),
             )
             self.catalog.meta_set("active_key_id", new_key_id.encode())
-            self.catalog.meta_set("retired_key_id", old_key_id.encode())
+            # The old key is kept (backups and copies made before need it) until the user
+            # drops it: `galahad keys drop-retired`.
+            self.catalog.meta_set(
+                "retired_key_ids", json.dumps([*self.retired_key_ids(), old_key_id]).encode()
+            )
             self.catalog.meta_delete("pending_key_id")
         crashpoint("rotate-after-commit")
         self._master = new_master
@@ -225,16 +307,34 @@ class Vault:
         return new_key_id
 
     def _finish_rotation(self) -> None:
-        """Remove a key a rotation left behind: never committed (pending) or replaced."""
+        """Finish or undo what a rotation left behind: a key stored but never committed
+        (pending) is removed; a catalog from before retired keys were kept lists its one."""
         active = self.key_id
-        for marker in ("pending_key_id", "retired_key_id"):
-            value = self.catalog.meta_get(marker)
-            if value is None:
-                continue
-            if value.decode() != active:
-                self.keystore.delete(entry_name(self.vault_id, value.decode()))
+        pending = self.catalog.meta_get("pending_key_id")
+        if pending is not None:
+            if pending.decode("ascii", "replace") != active:
+                self.keystore.delete(entry_name(self.vault_id, pending.decode("ascii", "replace")))
             with self.catalog.transaction():
-                self.catalog.meta_delete(marker)
+                self.catalog.meta_delete("pending_key_id")
+        legacy = self.catalog.meta_get("retired_key_id")
+        if legacy is not None:
+            old = legacy.decode("ascii", "replace")
+            with self.catalog.transaction():
+                if old != active:
+                    self.catalog.meta_set(
+                        "retired_key_ids", json.dumps([*self.retired_key_ids(), old]).encode()
+                    )
+                self.catalog.meta_delete("retired_key_id")
+
+    def retired_key_ids(self) -> list[str]:
+        raw = self.catalog.meta_get("retired_key_ids")
+        try:
+            ids = json.loads(raw) if raw else []
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise IntegrityError("The catalog's list of retired keys is damaged.")
+        return [str(i) for i in ids]
 
     # -- blocks --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -326,7 +426,7 @@ class Vault:
             raise IntegrityError(
                 f"The token record of block {row['id']} failed authentication."
             ) from None
-        return [int(t) for t in np.frombuffer(raw, dtype="<i4")]
+        return list(np.frombuffer(raw, dtype="<i4").tolist())
 
     def _check_header(self, row: dict[str, Any], header: blockfile.BlockHeader) -> None:
         expected = {
@@ -373,9 +473,11 @@ class Vault:
             raise IntegrityError(
                 f"Block {block_id} belongs to {row['owner_id']}, not {expected_owner}; refused."
             )
-        path = self.blocks_dir / row["file_name"]
+        path = self.blocks_dir / block_file_of(row)
+        if path.is_symlink():
+            raise IntegrityError(f"Block {block_id} was refused: its file is a link; refused.")
         try:
-            size = path.stat().st_size
+            size = path.lstat().st_size
         except FileNotFoundError:
             raise IntegrityError(f"The file of block {block_id} is missing.") from None
         if size != row["file_bytes"]:
@@ -501,6 +603,8 @@ class Vault:
         """After the transaction committed: remove the files of deleted blocks (a rewritten
         block's earlier files too); `keep` names files still in use."""
         for block_id in block_ids:
+            if not _BLOCK_ID.fullmatch(block_id):
+                continue  # never a pattern from an edited catalog
             for path in self.blocks_dir.glob(f"{block_id}*{BLOCK_SUFFIX}"):
                 if keep is None or path.name not in keep:
                     with contextlib.suppress(FileNotFoundError):
@@ -509,46 +613,27 @@ class Vault:
 
     # -- audit ---------------------------------------------------------------------------
     def audit(self, repair: bool = False) -> AuditReport:
-        report = AuditReport()
-        rows = {row["file_name"]: row for row in self.catalog.select("blocks")}
-        report.blocks = len(rows)
-        for file_name, row in rows.items():
-            path = self.blocks_dir / file_name
-            try:
-                size = path.stat().st_size
-                if size != row["file_bytes"]:
-                    raise IntegrityError(
-                        f"size {size} differs from the catalog's {row['file_bytes']}"
-                    )
-                header, raw = blockfile.read_header(path)
-                if blockfile.header_digest(raw) != row["header_sha256"]:
-                    raise IntegrityError("header does not match the catalog")
-                self._check_header(row, header)
-                blockfile.read_block(
-                    path, self._data_key(row), row["header_sha256"], keep_payload=False
-                )
-                report.ok += 1
-            except FileNotFoundError:
-                report.problems.append(f"block {row['id']}: file missing")
-            except (IntegrityError, blockfile.BlockFormatError) as exc:
-                report.problems.append(f"block {row['id']}: {exc}")
-        referenced = {r["head_block_id"] for r in self.catalog.select("conversations")}
-        referenced |= {r["parent_id"] for r in rows.values()}
-        referenced |= {r["block_id"] for r in self.catalog.select("parts")}
-        referenced |= {r["block_id"] for r in self.catalog.select("documents")}
-        for block_id in sorted(b for b in referenced if b):
-            if self.catalog.get("blocks", block_id) is None:
-                report.problems.append(f"catalog refers to missing block {block_id}")
-        for path in sorted(self.blocks_dir.iterdir()):
-            if path.name in rows:
-                continue
-            what = "unfinished write" if path.name.startswith(TMP_PREFIX) else "orphan file"
-            if repair:
-                path.unlink()
-                report.repaired.append(f"removed {what} {path.name}")
-            else:
-                report.problems.append(f"{what} {path.name} is not in the catalog")
-        return report
+        """Every block file, every catalog record and the blocks folder, checked."""
+        from galahad_desktop.vault.audit import audit
+
+        return audit(self, repair)
+
+
+def _missing_paths(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing
+
+
+def _remove_if_empty(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def _fresh_buffer(size: int) -> ctypes.Array[ctypes.c_uint8]:

@@ -102,7 +102,7 @@ class FakeEngine:
         self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details)
         self.probe_tokens = self.turns.probe
         self.decoded_tokens = 0
-        self._held: tuple[list[int], dict[int, bytes]] | None = None
+        self._held: tuple[list[int], dict[int, bytes], dict[int, bytes]] | None = None
         self.script: list[int] = []  # tokens generate() emits before sampling (tests)
         self.closed = False
 

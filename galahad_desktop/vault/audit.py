@@ -1,0 +1,81 @@
+"""The audit: every block file against its catalog row, every catalog record against its
+seal, and the blocks folder for leftovers (removed with repair) and entries that do not
+belong there (links, folders: reported, never followed or removed)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from galahad_desktop.errors import IntegrityError
+from galahad_desktop.system.files import TMP_PREFIX
+from galahad_desktop.vault import blockfile
+
+if TYPE_CHECKING:
+    from galahad_desktop.vault.vault import AuditReport, Vault
+
+
+def audit(vault: Vault, repair: bool = False) -> AuditReport:
+    from galahad_desktop.vault.vault import AuditReport, block_file_of, tokens_digest
+
+    report = AuditReport()
+    rows: dict[str, dict[str, Any]] = {}
+    all_rows = vault.catalog.select("blocks")
+    report.blocks = len(all_rows)
+    for row in all_rows:
+        try:
+            rows[block_file_of(row)] = row
+        except IntegrityError as exc:
+            report.problems.append(str(exc).removesuffix("; refused."))
+    for file_name, row in rows.items():
+        path = vault.blocks_dir / file_name
+        try:
+            size = path.lstat().st_size
+            if size != row["file_bytes"]:
+                raise IntegrityError(f"size {size} differs from the catalog's {row['file_bytes']}")
+            header, raw = blockfile.read_header(path)
+            if blockfile.header_digest(raw) != row["header_sha256"]:
+                raise IntegrityError("header does not match the catalog")
+            vault._check_header(row, header)
+            _h, meta, _p = blockfile.read_block(
+                path, vault._data_key(row), row["header_sha256"], keep_payload=False
+            )
+            if meta.get("tokens_sha256") != tokens_digest(vault.block_tokens(row)):
+                raise IntegrityError("its token record does not match the block")
+            report.ok += 1
+        except FileNotFoundError:
+            report.problems.append(f"block {row['id']}: file missing")
+        except (IntegrityError, blockfile.BlockFormatError) as exc:
+            report.problems.append(f"block {row['id']}: {exc}")
+        except OSError as exc:
+            report.problems.append(f"block {row['id']}: cannot be read ({exc.strerror})")
+    referenced = {r["head_block_id"] for r in vault.catalog.select("conversations")}
+    referenced |= {r["parent_id"] for r in rows.values()}
+    referenced |= {r["block_id"] for r in vault.catalog.select("parts")}
+    referenced |= {r["block_id"] for r in vault.catalog.select("documents")}
+    if any(b is not None and not isinstance(b, str) for b in referenced):
+        report.problems.append("catalog refers to a block by a value that is not an id")
+    for block_id in sorted(b for b in referenced if b and isinstance(b, str)):
+        if vault.catalog.get("blocks", block_id) is None:
+            report.problems.append(f"catalog refers to missing block {block_id}")
+    report.problems += vault.records.audit()
+    try:
+        vault.retired_key_ids()
+    except IntegrityError as exc:
+        report.problems.append(str(exc))
+    for path in sorted(vault.blocks_dir.iterdir()):
+        if path.name in rows and path.is_file() and not path.is_symlink():
+            continue
+        if path.is_symlink() or not path.is_file():
+            # Never followed or removed: a link or folder here was put by someone else.
+            report.problems.append(
+                f"unexpected {'link' if path.is_symlink() else 'entry'} {path.name} in "
+                "the blocks folder"
+            )
+            continue
+        what = "unfinished write" if path.name.startswith(TMP_PREFIX) else "orphan file"
+        if repair:
+            path.unlink()
+            report.repaired.append(f"removed {what} {path.name}")
+        else:
+            report.problems.append(f"{what} {path.name} is not in the catalog")
+    return report

@@ -1,0 +1,412 @@
+"""Custody of keys and copies: the rollback counter, backups, restore and the recovery kit.
+
+- **Rollback counter.** A generation number is kept twice: sealed in the catalog (under the
+  catalog key) and beside the master key in the keystore. Each open and each close advances
+  both, catalog first. A directory whose catalog is behind the keystore is an older copy put
+  back (catalog and blocks together, which every per-block check accepts): refused, unless
+  restored on purpose (`galahad restore`).
+- **Backups** (`galahad backup DEST`) are consistent, still-encrypted snapshots taken under the
+  data directory's lock, and recorded (destination encrypted) so a key rotation can say
+  which backups need the key it retires. Retired keys are kept until the user drops them.
+- **Recovery kit** (`galahad keys export`): the vault's master keys, active and retired,
+  wrapped under a recovery passphrase (scrypt, parameters bound in the associated data).
+  `galahad keys import` puts them in this machine's keystore so a backup opens anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+from galahad_desktop.errors import (
+    GalahadError,
+    InputError,
+    IntegrityError,
+    KeyAccessError,
+    StorageError,
+)
+from galahad_desktop.paths import ensure_private_dir
+from galahad_desktop.system.files import atomic_write_bytes, fsync_dir
+from galahad_desktop.vault import crypto
+from galahad_desktop.vault.keys import (
+    KeyStore,
+    PassphraseKeyStore,
+    check_scrypt_params,
+    entry_name,
+)
+
+if TYPE_CHECKING:
+    from galahad_desktop.vault.vault import Vault
+
+KIT_FORMAT = "galahad-recovery-kit/1"
+KIT_SCRYPT = (2**16, 8, 1)
+MIN_RECOVERY_PASSPHRASE = 12
+COPIED_FILES = ("catalog.sqlite", "settings.json", "passphrase-keys.json")
+
+
+# -- the rollback counter ----------------------------------------------------------------
+def _generation_entry(vault_id: str) -> str:
+    return f"generation/{vault_id}"
+
+
+def _catalog_generation(vault: Vault) -> int:
+    blob = vault.catalog.meta_get("generation")
+    if blob is None:
+        return 0  # a catalog from before the counter
+    try:
+        raw = vault.fields.decrypt_bytes(blob, "meta", "generation", vault.vault_id)
+    except crypto.DecryptionFailed:
+        raise IntegrityError(
+            "The catalog's generation counter failed authentication (the catalog was "
+            "edited); refused. Nothing was changed."
+        ) from None
+    return int.from_bytes(raw, "big")
+
+
+def _keystore_generation(vault: Vault) -> int:
+    raw = vault.keystore.get(_generation_entry(vault.vault_id))
+    if raw is None:
+        return 0  # a keystore that never saw this directory (a new machine, a kit import)
+    if len(raw) != 8:
+        raise KeyAccessError(
+            f"The keystore entry '{_generation_entry(vault.vault_id)}' was changed outside "
+            "Galahad (wrong length)."
+        )
+    return int.from_bytes(raw, "big")
+
+
+def _advance(vault: Vault, generation: int) -> None:
+    value = generation.to_bytes(8, "big")
+    with vault.catalog.transaction():
+        vault.catalog.meta_set(
+            "generation", vault.fields.encrypt_bytes(value, "meta", "generation", vault.vault_id)
+        )
+    # Catalog first: a crash in between leaves the catalog ahead, which is accepted.
+    vault.keystore.put(_generation_entry(vault.vault_id), value)
+
+
+def open_generation(vault: Vault, accept_older: bool) -> int:
+    mine, known = _catalog_generation(vault), _keystore_generation(vault)
+    if mine < known and not accept_older:
+        raise IntegrityError(
+            f"{vault.data_dir} is an older copy of this data directory (generation {mine}; "
+            f"this computer has since opened generation {known}). Opening it would silently "
+            "undo newer changes, so it was refused and nothing was changed. To go back to "
+            f"this copy on purpose, run: galahad restore {vault.data_dir}"
+        )
+    generation = max(mine, known) + 1
+    _advance(vault, generation)
+    return generation
+
+
+def close_generation(vault: Vault) -> None:
+    """Advance again on close, so a copy taken while the directory was open is older too."""
+    with contextlib.suppress(GalahadError, OSError, sqlite3.Error):
+        _advance(vault, max(vault.generation, _keystore_generation(vault)) + 1)
+
+
+# -- backups -----------------------------------------------------------------------------
+@dataclass
+class BackupResult:
+    path: str
+    files: int
+    bytes: int
+    key_id: str
+    generation: int
+
+
+def _empty_target(dest: Path, what: str) -> Path:
+    dest = dest.expanduser()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise InputError(f"{dest} already exists and is not an empty folder; choose a new {what}.")
+    if not dest.parent.is_dir():
+        raise InputError(f"The folder {dest.parent} does not exist.")
+    return dest
+
+
+def _copy_file(source: Path, target: Path) -> int:
+    with source.open("rb") as src:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(src, out, 4 * 1024 * 1024)
+            out.flush()
+            os.fsync(out.fileno())
+    return target.stat().st_size
+
+
+def backup(vault: Vault, dest: Path) -> BackupResult:
+    """A consistent, still-encrypted copy of the catalog and every block file, made while
+    this process holds the data directory's lock (nothing else can write meanwhile)."""
+    from galahad_desktop.vault.vault import block_file_of, new_id
+
+    dest = _empty_target(Path(dest), "folder for the backup")
+    if dest.resolve().is_relative_to(vault.data_dir.resolve()):
+        raise InputError("A backup cannot be stored inside the data directory it copies.")
+    tmp = dest.parent / f".tmp-galahad-backup-{secrets.token_hex(4)}"
+    files, size = 0, 0
+    # Recorded first, so the backup lists itself too: a directory restored from it still
+    # knows which key that backup needs when a later rotation retires it.
+    row: dict[str, Any] = {
+        "id": new_id("k"),
+        "at": time.time(),
+        "key_id": vault.key_id,
+        "generation": vault.generation,
+    }
+    row["dest_enc"] = vault.records.encrypt("backups", "dest_enc", row, str(dest.resolve()))
+    with vault.catalog.transaction():
+        vault.catalog.insert("backups", row)
+    try:
+        ensure_private_dir(tmp / "blocks")
+        target = sqlite3.connect(tmp / "catalog.sqlite")
+        try:
+            vault.catalog.db.conn.backup(target)  # SQLite's online backup: one snapshot
+        finally:
+            target.close()
+        os.chmod(tmp / "catalog.sqlite", 0o600)
+        files, size = 1, (tmp / "catalog.sqlite").stat().st_size
+        for name in COPIED_FILES[1:]:
+            if (vault.data_dir / name).is_file():
+                size += _copy_file(vault.data_dir / name, tmp / name)
+                files += 1
+        for block in vault.catalog.select("blocks"):
+            name = block_file_of(block)
+            size += _copy_file(vault.blocks_dir / name, tmp / "blocks" / name)
+            files += 1
+        fsync_dir(tmp / "blocks")
+        fsync_dir(tmp)
+        if dest.exists():
+            dest.rmdir()  # the empty folder the user named
+        os.replace(tmp, dest)
+        fsync_dir(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with vault.catalog.transaction():
+            vault.catalog.delete("backups", id=row["id"])
+        raise
+    return BackupResult(str(dest), files, size, vault.key_id, vault.generation)
+
+
+@dataclass
+class BackupRecord:
+    id: str
+    at: float
+    path: str
+    key_id: str
+
+
+def backups(vault: Vault) -> list[BackupRecord]:
+    return [
+        BackupRecord(r["id"], r["at"], vault.records.decrypt("backups", "dest_enc", r), r["key_id"])
+        for r in vault.catalog.select("backups", "at")
+    ]
+
+
+@dataclass
+class RestoreResult:
+    data_dir: str
+    restored_from: str
+    previous_kept_at: str | None
+
+
+def restore(
+    backup_dir: Path, data_dir: Path, check: Callable[[Path], Any]
+) -> tuple[RestoreResult, Any]:
+    """Make a backup (or an older copy) the data directory, on purpose. The copy is opened
+    and audited by `check` (which accepts its older generation) before anything is moved:
+    a backup whose key is missing changes nothing. What was there is moved aside, never
+    deleted."""
+    from galahad_desktop.system.lock import DataDirLock
+
+    backup_dir, data_dir = Path(backup_dir).expanduser(), Path(data_dir).expanduser()
+    if not (backup_dir / "catalog.sqlite").is_file() or not (backup_dir / "blocks").is_dir():
+        raise InputError(f"{backup_dir} is not a Galahad backup (no catalog and blocks).")
+    if backup_dir.resolve() == data_dir.resolve():  # in place: accept it as it is
+        return RestoreResult(str(data_dir), str(backup_dir), None), check(data_dir)
+    data_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = data_dir.parent / f".tmp-galahad-restore-{secrets.token_hex(4)}"
+    aside: Path | None = None
+    try:
+        ensure_private_dir(tmp / "blocks")
+        for name in COPIED_FILES:
+            if (backup_dir / name).is_file():
+                _copy_file(backup_dir / name, tmp / name)
+        for path in (backup_dir / "blocks").iterdir():
+            if path.is_file() and not path.is_symlink():
+                _copy_file(path, tmp / "blocks" / path.name)
+        fsync_dir(tmp / "blocks")
+        report = check(tmp)
+        if data_dir.exists() and any(data_dir.iterdir()):
+            lock = DataDirLock(data_dir, 2.0)
+            lock.acquire()  # never move a directory another Galahad is using
+            lock.release()
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            aside = data_dir.with_name(f"{data_dir.name}.before-restore-{stamp}")
+            if aside.exists():
+                aside = aside.with_name(f"{aside.name}-{secrets.token_hex(2)}")
+            os.replace(data_dir, aside)
+        elif data_dir.exists():
+            data_dir.rmdir()
+        os.replace(tmp, data_dir)
+        fsync_dir(data_dir.parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StorageError(f"The backup could not be restored: {exc.strerror}.") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return RestoreResult(str(data_dir), str(backup_dir), str(aside) if aside else None), report
+
+
+# -- retired keys ------------------------------------------------------------------------
+def stranded_by(vault: Vault, key_ids: list[str]) -> list[BackupRecord]:
+    """Backups that need one of `key_ids` from this machine's keystore (a passphrase
+    directory's backup carries its own key file, wrapped under the same passphrase)."""
+    if isinstance(vault.keystore, PassphraseKeyStore):
+        return []
+    return [b for b in backups(vault) if b.key_id in key_ids]
+
+
+def drop_retired(vault: Vault, confirmed: bool) -> tuple[list[str], list[BackupRecord]]:
+    retired = vault.retired_key_ids()
+    stranded = stranded_by(vault, retired)
+    if stranded and not confirmed:
+        raise InputError(
+            f"Dropping the retired keys makes {len(stranded)} backup(s) unreadable without a "
+            "recovery kit that holds them: "
+            + "; ".join(b.path for b in stranded)
+            + ". Export a kit first (galahad keys export), or confirm with --yes."
+        )
+    for key_id in retired:
+        vault.keystore.delete(entry_name(vault.vault_id, key_id))
+    with vault.catalog.transaction():
+        vault.catalog.meta_delete("retired_key_ids")
+    return retired, stranded
+
+
+# -- the recovery kit --------------------------------------------------------------------
+def _kit_aad(vault_id: str, key_id: str, params: dict[str, Any]) -> bytes:
+    bound = json.dumps(params, sort_keys=True)
+    return f"galahad-kit/v1/{vault_id}/{key_id}/{bound}".encode()
+
+
+def _kit_kek(passphrase: str, params: dict[str, Any]) -> bytes:
+    salt = base64.b64decode(params["salt"])
+    return Scrypt(salt=salt, length=32, n=params["n"], r=params["r"], p=params["p"]).derive(
+        passphrase.encode("utf-8")
+    )
+
+
+def check_recovery_passphrase(passphrase: str) -> None:
+    if len(passphrase) < MIN_RECOVERY_PASSPHRASE or len(set(passphrase)) < 6:
+        raise InputError(
+            f"A recovery passphrase needs at least {MIN_RECOVERY_PASSPHRASE} characters and "
+            "6 different ones: it alone protects every key in the kit."
+        )
+
+
+def export_kit(vault: Vault, passphrase: str, out: Path) -> list[str]:
+    check_recovery_passphrase(passphrase)
+    out = Path(out).expanduser()
+    if out.exists():
+        raise InputError(f"{out} already exists; choose a new file for the recovery kit.")
+    if not out.parent.is_dir():
+        raise InputError(f"The folder {out.parent} does not exist.")
+    n, r, p = KIT_SCRYPT
+    params = {"n": n, "r": r, "p": p, "salt": base64.b64encode(os.urandom(16)).decode()}
+    kek = _kit_kek(passphrase, params)
+    keys: dict[str, str] = {}
+    for key_id in [vault.key_id, *vault.retired_key_ids()]:
+        master = vault.keystore.get(entry_name(vault.vault_id, key_id))
+        if master is not None:
+            aad = _kit_aad(vault.vault_id, key_id, params)
+            keys[key_id] = base64.b64encode(crypto.seal(kek, master, aad)).decode()
+    kit = {"format": KIT_FORMAT, "vault_id": vault.vault_id, "scrypt": params, "keys": keys}
+    atomic_write_bytes(out, json.dumps(kit, indent=1).encode("utf-8"))
+    return list(keys)
+
+
+def _read_kit(path: Path) -> dict[str, Any]:
+    try:
+        kit = json.loads(Path(path).expanduser().read_bytes())
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist.") from None
+    except (OSError, ValueError, RecursionError):
+        raise InputError(f"{path} is not a Galahad recovery kit (not readable JSON).") from None
+    ok = (
+        isinstance(kit, dict)
+        and kit.get("format") == KIT_FORMAT
+        and isinstance(kit.get("vault_id"), str)
+        and isinstance(kit.get("scrypt"), dict)
+        and isinstance(kit.get("keys"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in kit["keys"].items())
+    )
+    if not ok:
+        raise InputError(f"{path} is not a Galahad recovery kit.")
+    check_scrypt_params(kit["scrypt"], str(path))
+    return dict(kit)
+
+
+def catalog_identity(data_dir: Path) -> tuple[str, str]:
+    """(vault id, active key id) of a data directory, read without opening the vault."""
+    path = Path(data_dir) / "catalog.sqlite"
+    if not path.is_file():
+        raise InputError(f"{data_dir} holds no Galahad catalog.")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            conn.close()
+        return bytes(meta["vault_id"]).decode(), bytes(meta["active_key_id"]).decode()
+    except (sqlite3.Error, KeyError, TypeError, UnicodeDecodeError):
+        raise IntegrityError(
+            f"The catalog in {data_dir} is damaged; its identity cannot be read."
+        ) from None
+
+
+def import_kit(data_dir: Path, keystore: KeyStore, kit_path: Path, passphrase: str) -> list[str]:
+    """Put the kit's keys into this machine's keystore for `data_dir`; return their ids."""
+    vault_id, active = catalog_identity(data_dir)
+    kit = _read_kit(kit_path)
+    if kit["vault_id"] != vault_id:
+        raise InputError(
+            f"This recovery kit belongs to another data directory (vault {kit['vault_id']}, "
+            f"not {vault_id})."
+        )
+    kek = _kit_kek(passphrase, kit["scrypt"])
+    imported = []
+    for key_id, blob in kit["keys"].items():
+        try:
+            master = crypto.open_sealed(
+                kek,
+                base64.b64decode(blob, validate=True),
+                _kit_aad(vault_id, key_id, kit["scrypt"]),
+            )
+        except (crypto.DecryptionFailed, binascii.Error):
+            raise KeyAccessError(
+                "The recovery passphrase is wrong, or the kit was edited: it does not open "
+                "the kit's keys. Nothing was changed."
+            ) from None
+        name = entry_name(vault_id, key_id)
+        if keystore.get(name) is None:
+            keystore.put(name, master)
+        imported.append(key_id)
+    if active not in imported and keystore.get(entry_name(vault_id, active)) is None:
+        raise KeyAccessError(
+            f"The kit does not hold key {active}, the one this data directory uses (the kit "
+            "was exported before a later rotation)."
+        )
+    return imported

@@ -1,0 +1,255 @@
+"""Catalog records, authenticated: every private field is bound to where it belongs, and every
+record's structure is sealed.
+
+- A private field (message text, a title, a document's text…) is AES-GCM encrypted with its
+  table, column and *context* as additional data: for most tables the row id; for a message,
+  also its conversation, position, role and token range — so a message moved to another
+  conversation, renumbered, or given another role no longer decrypts.
+- A record's plain structural columns (a conversation's head block, message count, token
+  count and document; a document's block and parts; a part's place) are sealed: their values,
+  and for a conversation a digest of its whole transcript, encrypted and bound to the row. An
+  edited, deleted, added or reordered message, or a head pointed at an older checkpoint, no
+  longer matches its seal: refused, and the audit names the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from galahad_desktop.errors import IntegrityError
+from galahad_desktop.vault import crypto
+from galahad_desktop.vault.catalog import ENCRYPTED, Catalog
+
+SEALED: dict[str, tuple[str, ...]] = {
+    "conversations": (
+        "head_block_id",
+        "n_messages",
+        "n_tokens",
+        "document_id",
+        "system_prompt",
+        "thinking",
+        "library",
+        "model_sha256",
+    ),
+    "documents": ("block_id", "n_tokens", "n_parts"),
+    "parts": ("block_id", "document_id", "part_no", "n_parts", "n_tokens"),
+    "verified": ("block_id", "lookup", "verifier"),
+}
+SEAL_SCHEME = 2
+MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc")
+OPTIONAL = ("thought_enc", "content_enc")  # private fields a record may lack
+_WHAT = {
+    "conversations": "conversation",
+    "documents": "document",
+    "parts": "document part",
+    "verified": "verified answer",
+}
+
+
+def _plain(value: Any) -> Any:
+    """A column's value as JSON can hold it (an edited cell may hold any SQLite type)."""
+    return {"blob": value.hex()} if isinstance(value, bytes) else value
+
+
+def field_context(table: str, row: dict[str, Any]) -> str:
+    """What a private field of `row` is bound to (beyond its table and column)."""
+    if table == "messages":
+        return "|".join(
+            str(row.get(k))
+            for k in ("id", "conversation_id", "seq", "role", "tok_start", "tok_end")
+        )
+    return str(row["id"])
+
+
+class Records:
+    def __init__(self, catalog: Catalog, fields: Callable[[], crypto.FieldCipher]) -> None:
+        self.catalog = catalog
+        self._fields = fields  # the vault's FieldCipher (it changes on lock and unlock)
+
+    # -- private fields ------------------------------------------------------------------
+    def encrypt(self, table: str, column: str, row: dict[str, Any], text: str) -> bytes:
+        return bytes(
+            self._fields().encrypt_text(
+                text, table, column.removesuffix("_enc"), field_context(table, row)
+            )
+        )
+
+    def decrypt(self, table: str, column: str, row: dict[str, Any]) -> str:
+        return str(
+            self._fields().decrypt_text(
+                row.get(column), table, column.removesuffix("_enc"), field_context(table, row)
+            )
+        )
+
+    def add_message(
+        self, row: dict[str, Any], text: str, thought: str = "", content: str = ""
+    ) -> None:
+        """Insert a message row (its place in `row`), its private fields bound to that place."""
+        row = dict(row)
+        row["text_enc"] = self.encrypt("messages", "text_enc", row, text)
+        row["thought_enc"] = (
+            self.encrypt("messages", "thought_enc", row, thought) if thought else None
+        )
+        row["content_enc"] = (
+            self.encrypt("messages", "content_enc", row, content) if content else None
+        )
+        self.catalog.insert("messages", row)
+
+    def move_message(self, row: dict[str, Any], changes: dict[str, Any]) -> None:
+        """Change a message's place (token range, position…): its private fields are
+        decrypted under the old place and bound to the new one."""
+        moved = {**row, **changes}
+        for column in MESSAGE_FIELDS:
+            if row.get(column):
+                moved[column] = self.encrypt(
+                    "messages", column, moved, self.decrypt("messages", column, row)
+                )
+        self.catalog.update(
+            "messages", row["id"], {k: moved[k] for k in (*changes, *MESSAGE_FIELDS)}
+        )
+
+    # -- seals ---------------------------------------------------------------------------
+    def transcript(self, conversation_id: str) -> str:
+        """A digest of a conversation's messages: ids, order, roles, token ranges,
+        checkpoints and ciphertexts."""
+        digest = hashlib.sha256()
+        for m in self.catalog.select("messages", "seq", conversation_id=conversation_id):
+            text = m.get("text_enc")
+            place = [
+                _plain(m[k]) for k in ("id", "seq", "role", "tok_start", "tok_end", "block_id")
+            ]
+            cipher = hashlib.sha256(text).hexdigest() if isinstance(text, bytes) else None
+            digest.update(json.dumps([*place, cipher]).encode())
+        return digest.hexdigest()
+
+    def part_list(self, document_id: str) -> str:
+        """A digest of a document's parts: which exist, their order and their blocks."""
+        parts = self.catalog.select("parts", "part_no", document_id=document_id)
+        return hashlib.sha256(
+            json.dumps(
+                [[_plain(p[k]) for k in ("id", "part_no", "block_id")] for p in parts]
+            ).encode()
+        ).hexdigest()
+
+    def _payload(self, table: str, row: dict[str, Any]) -> str:
+        values: dict[str, Any] = {"scheme": SEAL_SCHEME}
+        values.update({k: _plain(row.get(k)) for k in SEALED[table]})
+        if table == "conversations":
+            values["transcript"] = self.transcript(str(row["id"]))
+        elif table == "documents":
+            values["parts"] = self.part_list(str(row["id"]))
+        return json.dumps(values, sort_keys=True)
+
+    def seal_value(self, table: str, row: dict[str, Any]) -> bytes:
+        """The seal for `row` as it stands (for an insert: the row about to be written)."""
+        return bytes(
+            self._fields().encrypt_text(self._payload(table, row), table, "seal", str(row["id"]))
+        )
+
+    def reseal(self, table: str, row_id: str) -> None:
+        """Seal a record again from the catalog (inside the caller's transaction)."""
+        row = self.catalog.get(table, row_id)
+        if row is not None:
+            self.catalog.update(table, row_id, {"seal": self.seal_value(table, row)})
+
+    def check(self, table: str, row: dict[str, Any]) -> None:
+        """Raise IntegrityError naming the record when it does not match its seal."""
+        sealed = row.get("seal")
+        try:
+            found = self._fields().decrypt_text(sealed, table, "seal", str(row["id"]))
+        except crypto.DecryptionFailed:
+            found = None
+        if found != self._payload(table, row):
+            what = "its messages" if table == "conversations" else "its structure"
+            raise IntegrityError(
+                f"The catalog record of {_WHAT[table]} {row['id']} was edited ({what} or its "
+                "latest checkpoint no longer match its seal); refused. Run 'galahad audit'."
+            )
+
+    # -- auditing ------------------------------------------------------------------------
+    def audit(self) -> list[str]:
+        """Every private field decrypts where it stands, every record matches its seal, and
+        every message belongs to a conversation: the problems found, one line each."""
+        problems: list[str] = []
+        fields = self._fields()
+        for table, columns in ENCRYPTED.items():
+            if table in ("meta", "blocks"):
+                continue  # the wrapped catalog key opened; blocks are audited with their files
+            for row in self.catalog.select(table):
+                for column in columns:
+                    if column == "seal" or (column in OPTIONAL and row.get(column) is None):
+                        continue
+                    try:
+                        if table in ("routing_log", "usage"):
+                            fields.decrypt_text(
+                                row.get(column),
+                                table,
+                                column.removesuffix("_enc"),
+                                str(row["id"]),
+                            )
+                        else:
+                            self.decrypt(table, column, row)
+                    except crypto.DecryptionFailed as exc:
+                        problems.append(str(exc).split(";")[0])
+                if table in SEALED:
+                    try:
+                        self.check(table, row)
+                    except IntegrityError as exc:
+                        problems.append(str(exc).split(";")[0])
+        return problems + self._orphans()
+
+    def _orphans(self) -> list[str]:
+        """Rows whose owner's record is gone: a deleted record leaves its messages, parts
+        and blocks behind, so a deletion is named rather than silently missing."""
+        ids = {
+            table: {r["id"] for r in self.catalog.select(table)}
+            for table in ("conversations", "documents", "verified")
+        }
+        problems = [
+            f"Message {m['id']} belongs to no conversation ({m['conversation_id']})"
+            for m in self.catalog.select("messages")
+            if m["conversation_id"] not in ids["conversations"]
+        ]
+        problems += [
+            f"Document part {p['id']} belongs to no document ({p['document_id']})"
+            for p in self.catalog.select("parts")
+            if p["document_id"] not in ids["documents"]
+        ]
+        problems += [
+            f"Conversation {c['id']} is on a document that is not in the catalog"
+            for c in self.catalog.select("conversations")
+            if c["document_id"] and c["document_id"] not in ids["documents"]
+        ]
+        owner_table = {
+            "conversation": "conversations",
+            "document": "documents",
+            "verified": "verified",
+        }
+        problems += [
+            f"Block {b['id']} belongs to a {b['kind']} that is not in the catalog"
+            for b in self.catalog.select("blocks")
+            if b["owner_id"] not in ids.get(owner_table.get(b["kind"], ""), set())
+        ]
+        return problems
+
+    # -- upgrading -----------------------------------------------------------------------
+    def upgrade_from_v1(self) -> None:
+        """Schema 1 bound a message's fields to its id only and sealed only pointers: bind
+        every message to its place and seal every record (inside the caller's transaction)."""
+        fields = self._fields()
+        for m in self.catalog.select("messages"):
+            changes: dict[str, Any] = {}
+            for column in MESSAGE_FIELDS:
+                if m.get(column):
+                    text = fields.decrypt_text(
+                        m[column], "messages", column.removesuffix("_enc"), str(m["id"])
+                    )
+                    changes[column] = self.encrypt("messages", column, m, text)
+            if changes:
+                self.catalog.update("messages", m["id"], changes)
+        for table in ("parts", "documents", "conversations", "verified"):
+            for row in self.catalog.select(table):
+                self.reseal(table, row["id"])
