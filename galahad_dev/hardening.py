@@ -1,7 +1,7 @@
 """Hardening evaluations: a seeded tamper fuzzer over block files and the catalog, and
 crash trials that SIGKILL real `galahad` processes at random moments.
 
-`galahad eval tamper` and `galahad eval crashes` print the figures recorded in
+`python -m galahad_dev eval tamper` and `… eval crashes` print the figures recorded in
 docs/reliability.md; the test suite runs them too (crash trials scaled down).
 """
 

@@ -148,8 +148,31 @@ def bench_persist(
         bench.close()
 
 
+PLOTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "bench resume": (
+        "Resume time against tokens",
+        (
+            ("prefill_ms", "re-prefill (cold)"),
+            ("pickle_state_ms", "save_state + pickle"),
+            ("seq_file_ms", "llama.cpp seq file (plain)"),
+            ("restore_ms", "Galahad restore"),
+            ("floor_ms", "floor: read + decrypt"),
+        ),
+    ),
+    "bench deposit": (
+        "Reading a document against tokens",
+        (
+            ("raw_prefill_default_ms", "llama.cpp, previous defaults (flash off, full SWA)"),
+            ("raw_prefill_best_ms", "llama.cpp, fastest (flash on, ring-buffer SWA)"),
+            ("deposit_ms", "Galahad deposit (prefill + capture + encrypt + store)"),
+        ),
+    ),
+}
+
+
 def plot_resume(result: dict[str, Any], path: Path) -> bool:
-    """Write the PNG plot; False when matplotlib (the `bench` extra) is not installed."""
+    """Write the PNG plot of a `bench resume` or `bench deposit` result; False when
+    matplotlib (the `bench` extra) is not installed."""
     try:
         import matplotlib
     except ImportError:
@@ -158,16 +181,10 @@ def plot_resume(result: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    title, series = PLOTS.get(str(result.get("command")), PLOTS["bench resume"])
     rows = result["results"]
     tokens = [r["tokens"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = (
-        ("prefill_ms", "re-prefill (cold)"),
-        ("pickle_state_ms", "save_state + pickle"),
-        ("seq_file_ms", "llama.cpp seq file (plain)"),
-        ("restore_ms", "Galahad restore"),
-        ("floor_ms", "floor: read + decrypt + copy"),
-    )
     for key, label in series:
         if all(key in r for r in rows):
             ax.plot(tokens, [r[key] for r in rows], marker="o", label=label)
@@ -175,7 +192,7 @@ def plot_resume(result: dict[str, Any], path: Path) -> bool:
     ax.set_yscale("log")
     ax.set_xlabel("tokens")
     ax.set_ylabel("ms (median)")
-    ax.set_title(f"Resume time against tokens ({result.get('model', 'Gemma 3 270M')}, CPU)")
+    ax.set_title(f"{title} ({result.get('model', 'Gemma 3 270M')}, CPU)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,5 +1,5 @@
 """Hardening: tampering, hostile documents, crashes, keyring failures and passphrase mode.
-The full-size runs are `galahad eval tamper|hostile|crashes` (docs/reliability.md)."""
+The full-size runs are `python -m galahad_dev eval tamper|hostile|crashes` (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -160,6 +160,10 @@ class Catalog:
         create_private_file(self.path)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db = sqlite_utils.Database(conn)
+        # One process holds the data directory (its lock), so SQLite may keep the WAL index
+        # in heap memory instead of a shared -shm file: nothing shared, and the history can
+        # still be read when the disk is full (creating -shm would fail there).
+        self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA secure_delete=ON")

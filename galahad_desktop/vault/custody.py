@@ -108,7 +108,13 @@ def open_generation(vault: Vault, accept_older: bool) -> int:
             f"this copy on purpose, run: galahad restore {vault.data_dir}"
         )
     generation = max(mine, known) + 1
-    _advance(vault, generation)
+    try:
+        _advance(vault, generation)
+    except (GalahadError, OSError, sqlite3.Error):
+        # A full disk or a keyring that will not write must not lock the user out of
+        # reading their history: this session simply does not advance the counter (an older
+        # copy is still refused; only a copy taken during this session would go unnoticed).
+        return max(mine, known)
     return generation
 
 

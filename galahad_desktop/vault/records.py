@@ -34,7 +34,7 @@ SEALED: dict[str, tuple[str, ...]] = {
         "library",
         "model_sha256",
     ),
-    "documents": ("block_id", "n_tokens", "n_parts"),
+    "documents": ("block_id", "n_tokens", "n_parts", "source_bytes"),
     "parts": ("block_id", "document_id", "part_no", "n_parts", "n_tokens"),
     "verified": ("block_id", "lookup", "verifier"),
 }
