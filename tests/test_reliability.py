@@ -582,3 +582,40 @@ def test_a_damaged_routing_log_line_is_named(make_fake_core: CoreFactory) -> Non
     again = make_fake_core()
     assert again.routing_log() == []  # a diagnostics line: skipped when unreadable…
     assert any(line["id"] in p for p in again.audit().problems)  # …and named by the audit
+
+
+def test_crash_trials_refuse_to_run_outside_a_throwaway_keyring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from galahad_dev import hardening
+
+    monkeypatch.delenv("GALAHAD_KEYRING_READY", raising=False)
+    with pytest.raises(RuntimeError, match="throwaway keyring"):
+        hardening.crash_trials(1, seed=0, log=lambda _m: None)
+
+
+def test_terminal_escapes_in_names_are_never_printed_raw(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from galahad_dev.fake_engine import fake_factory
+
+    data = tmp_path / "data"
+    core = Galahad(
+        data,
+        model_path=tmp_path / "fake.gguf",
+        passphrase="correct horse battery",
+        engine_factory=fake_factory("gemma3"),
+    )
+    core.deposit_text("evil\x1b[2J\x1b]0;owned\x07.txt", "The harbour ledger lists boats.")
+    core.close()
+    proc = subprocess.run(
+        [sys.executable, "-m", "galahad_desktop.cli", "--data-dir", str(data), "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GALAHAD_PASSPHRASE": "correct horse battery"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "evil" in proc.stdout and "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert "\\x1b" in proc.stdout  # shown as a code, not obeyed by the terminal
