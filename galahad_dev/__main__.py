@@ -39,7 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev = sub.add_parser("eval", help="evaluations (throwaway data dirs)")
     ev.add_argument(
-        "kind", choices=["needles", "memory", "tamper", "catalog", "crashes", "hostile", "flywheel"]
+        "kind", choices=[
+            "needles",
+            "memory",
+            "routing",
+            "tamper",
+            "catalog",
+            "crashes",
+            "hostile",
+            "flywheel",
+        ],
     )
     ev.add_argument("--tokens", type=int, default=200_000, help="memory: tokens to deposit")
     ev.add_argument("--probes", type=int, default=50, help="memory: routed questions")
@@ -108,6 +117,10 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             overrides,
             log,
         )
+    elif args.kind == "routing":
+        from galahad_dev.routing_eval import eval_routing
+
+        result = eval_routing(args.model, overrides, log)
     elif args.kind == "flywheel":
         from galahad_dev.flywheel import eval_flywheel
 
@@ -159,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execv(str(script), command)
     name, result, text = run(args)
     if name == "bench-plot":  # a drawing of a saved result, not a result of its own
-        print(text)
+        print(json.dumps(result) if args.json else text)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -160,15 +160,17 @@ def main() -> int:
     window.bridge.stop()
     window = new_window()
     window.new_chat()
-    for turn in range(8):
+    for turn in range(10):
         window.input.setPlainText(f"Turn {turn}: tell me about the castle walls and the towers.")
         window.send()
         wait_until(idle(window))
     fulls: list[object] = []
     window.context_full.connect(fulls.append)
-    window.input.setPlainText("One more question about the towers " * 30)
+    window.input.setPlainText("One more question about the towers " * 40)
     window.send()
-    wait_until(lambda: bool(fulls) and window.bridge.pending() == 0)
+    wait_until(lambda: window.bridge.pending() == 0)
+    if not fulls:
+        raise SystemExit("screenshots: the conversation did not fill its context")
     dialog = ContextFullDialog(fulls[0], window)  # type: ignore[arg-type]
     dialog.resize(640, 380)
     dialog.show()

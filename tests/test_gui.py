@@ -516,7 +516,9 @@ def test_backup_recovery_kit_and_rotation_from_the_security_dialog(  # type: ign
     qtbot.waitUntil(lambda: "Backed up" in dialog.output.toPlainText(), timeout=WAIT_MS)
     assert (tmp_path / "backup" / "catalog.sqlite").is_file()
     dialog.run_export_kit(tmp_path / "kit.json", "a recovery phrase 42")
-    qtbot.waitUntil(lambda: "Wrote the recovery kit" in dialog.output.toPlainText(), WAIT_MS)
+    qtbot.waitUntil(
+        lambda: "Wrote the recovery kit" in dialog.output.toPlainText(), timeout=WAIT_MS
+    )
     assert "a recovery phrase" not in (tmp_path / "kit.json").read_text()
     dialog.rotate()
     qtbot.waitUntil(lambda: "need the old key" in dialog.output.toPlainText(), timeout=WAIT_MS)

@@ -73,16 +73,38 @@ def test_router_finds_the_part_and_the_gate_refuses_absent_names(parts: int) -> 
         assert not decision.confident and decision.reason
 
 
-def test_gate_refuses_a_tie() -> None:
+def test_gate_refuses_a_tie_between_documents_not_between_neighbours() -> None:
     index = PartIndex()
     index.add([("a", "d", 1, 2, "the lighthouse keeper"), ("b", "d", 2, 2, "lighthouse keeper")])
+    index.add([("c", "e", 1, 1, "a lighthouse keeper's log"), ("x", "e", 2, 2, "the harbour")])
     terms, candidates = index.search("Who was the lighthouse keeper?")
+    decision = decide(terms, candidates, 0.5, 1.5, "library")
+    assert not decision.confident and "two documents match about as well" in decision.reason
+    assert {c.part_id for c in decision.candidates} == {"a", "b", "c"}
+    # Within one document two parts holding the words are neighbours, not a doubt: the
+    # answer comes from the stronger, and the other is cited with it.
+    terms, candidates = index.search("Who was the lighthouse keeper?", document_id="d")
     decision = decide(terms, candidates, 0.5, 1.5, "d")
-    assert not decision.confident and "about as well" in decision.reason
-    assert {c.part_id for c in decision.candidates} == {"a", "b"}
+    assert decision.confident, decision.reason
+    assert [c.part_id for c in decision.cited] == [candidates[0].part_id, candidates[1].part_id]
+    assert "cited too" in decision.explain()
     assert query_terms("What is it?") == []
     with pytest.raises(InputError, match="no words"):
         index.search("What is it?")
+
+
+def test_words_are_matched_by_their_stems() -> None:
+    index = PartIndex()
+    index.add([("a", "d", 1, 1, "Libpng is thread safe when each thread has its own struct.")])
+    index.add([("b", "e", 1, 1, "Packages are refused when their triggers are pending.")])
+    _terms, candidates = index.search("Can several threads use the library?")
+    assert candidates[0].part_id == "a"
+    _terms, candidates = index.search("Why was the package refusing a trigger?")
+    assert candidates[0].part_id == "b" and candidates[0].coverage > 0.5
+    # A document's name is indexed with its parts: a question that names it finds it.
+    index.add([("c", "f", 1, 1, "It holds the default priority of rules.")], title="mime-spec")
+    _terms, candidates = index.search("What is the default priority in the mime spec?")
+    assert candidates[0].part_id == "c"
 
 
 def _long_document(corpus: Corpus, sections: int) -> tuple[str, list[tuple[str, str]]]:

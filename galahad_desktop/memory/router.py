@@ -7,6 +7,7 @@ best score is weak, or not clearly ahead of the runner-up; the caller then shows
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -14,6 +15,8 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import snowballstemmer
 
 from galahad_desktop.errors import InputError
 
@@ -47,6 +50,7 @@ class RouteDecision:
     scope: str = "library"
     strength: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    cited: list[Candidate] = field(default_factory=list)  # the parts an answer comes from
 
     @property
     def best(self) -> Candidate | None:
@@ -59,13 +63,17 @@ class RouteDecision:
         best = self.candidates[0]
         if self.confident:
             lead = (
-                "no other part matches"
+                "no other document matches"
                 if self.margin == float("inf")
-                else f"{self.margin:.1f}× ahead of the next part"
+                else f"{self.margin:.1f}× more than any other document"
+            )
+            also = "".join(
+                f"; part {c.part_no} next to it matches almost as well and is cited too"
+                for c in self.cited[1:]
             )
             return (
                 f"Answered from part {best.part_no} of {best.n_parts}: it holds "
-                f"{self.strength:.0%} of what the question asks about, {lead}."
+                f"{self.strength:.0%} of what the question asks about, {lead}{also}."
             )
         return f"Not answered: {self.reason}."
 
@@ -78,6 +86,7 @@ class RouteDecision:
             "strength": self.strength,
             "margin": self.margin if self.margin != float("inf") else None,
             "confident": self.confident,
+            "cited": [c.part_id for c in self.cited],
             "reason": self.reason,
             "scope": self.scope,
         }
@@ -91,7 +100,7 @@ _CJK = re.compile(
 )
 
 
-def words_of(text: str) -> list[str]:
+def _raw_words(text: str) -> list[str]:
     """Lower-case words; CJK runs as overlapping character pairs (a lone character as itself)."""
     out: list[str] = []
     for word in _WORD.findall(text.lower()):
@@ -106,6 +115,24 @@ def words_of(text: str) -> list[str]:
             else:
                 out.extend(piece[i : i + 2] for i in range(len(piece) - 1))
     return out
+
+
+_STEMMER = snowballstemmer.stemmer("english")
+_LATIN = re.compile("[a-z]+")
+
+
+@functools.lru_cache(maxsize=200_000)
+def stem(word: str) -> str:
+    """A word's stem (Snowball, English) so "threads" finds "thread" and "refused" finds
+    "refuse"; other scripts, numbers and identifiers with digits or underscores as they are."""
+    if len(word) < 4 or not _LATIN.fullmatch(word):
+        return word
+    return str(_STEMMER.stemWord(word))
+
+
+def words_of(text: str) -> list[str]:
+    """The words the index holds: lower-case, stemmed, CJK as character pairs."""
+    return [stem(w) for w in _raw_words(text)]
 
 
 def _is_cjk(word: str) -> bool:
@@ -130,16 +157,18 @@ def _asks_nothing(word: str) -> bool:
 
 def query_terms(question: str) -> list[str]:
     seen: list[str] = []
-    for word in words_of(question):
-        if word in STOPWORDS or word in seen or _asks_nothing(word):
+    for word in _raw_words(question):
+        if word in STOPWORDS or _asks_nothing(word):
             continue
         if len(word) > 1 or word.isdigit() or _is_cjk(word):
-            seen.append(word)
+            term = stem(word)
+            if term not in seen:
+                seen.append(term)
     return seen
 
 
 def adjacent_pairs(question: str) -> list[str]:
-    words = words_of(question)
+    words = _raw_words(question)
     pairs: list[str] = []
     for first, second in itertools.pairwise(words):
         if first in STOPWORDS or second in STOPWORDS or _asks_nothing(first + second):
@@ -148,7 +177,7 @@ def adjacent_pairs(question: str) -> list[str]:
             continue
         if (len(first) < 2 and not _is_cjk(first)) or (len(second) < 2 and not _is_cjk(second)):
             continue
-        pair = f"{first} {second}"
+        pair = f"{stem(first)} {stem(second)}"
         if pair not in pairs:
             pairs.append(pair)
     return pairs
@@ -176,11 +205,22 @@ class PartIndex:
         )
         self.words: dict[str, str] = {}  # part id -> " w1 w2 ... " for phrase counts
 
-    def add(self, rows: Iterable[tuple[str, str, int, int, str]]) -> None:
-        """(part_id, document_id, part_no, n_parts, text) rows."""
-        # The body is indexed as our own word list (CJK runs already cut into pairs), so
-        # FTS5 and the phrase counts below see the same words.
-        rows = [(p, d, no, n, " ".join(words_of(text))) for p, d, no, n, text in rows]
+    def add(self, rows: Iterable[tuple[str, str, int, int, str]], title: str = "") -> None:
+        """(part_id, document_id, part_no, n_parts, text) rows; `title` is the document's
+        name, indexed with each of its parts (a question often names what it is about)."""
+        # The body is indexed as our own word list (stemmed; CJK runs already cut into
+        # pairs), so FTS5 and the phrase counts below see the same words.
+        head = " ".join(words_of(title))
+        rows = [
+            (
+                p,
+                d,
+                no,
+                n,
+                f"{head} . {' '.join(words_of(text))}" if head else " ".join(words_of(text)),
+            )
+            for p, d, no, n, text in rows
+        ]
         with self.db:
             self.db.executemany(
                 "INSERT INTO parts(part_id, document_id, part_no, n_parts, body) "
@@ -224,7 +264,7 @@ class PartIndex:
         return {r[0] for r in self.db.execute(sql, args)}
 
     def search(
-        self, question: str, document_id: str | None = None, limit: int = 5
+        self, question: str, document_id: str | None = None, limit: int = 8
     ) -> tuple[list[str], list[Candidate]]:
         """(terms, best candidates first)."""
         terms = query_terms(question)
@@ -283,17 +323,34 @@ def decide(
 
     Strength is the share of the question's weight (IDF of its words and word pairs) the
     best part holds, so one threshold means the same for a two-part document and for a
-    library of thousands of parts; the margin compares it with the runner-up's share."""
+    library of thousands of parts. The margin compares it with the best part of *another*
+    document: parts of the same document are neighbours, and two of them holding the words
+    is no doubt about where the answer is. A neighbour about as strong as the best part is
+    cited with it; the answer comes from the stronger."""
     if not candidates:
         return RouteDecision(terms, [], 0.0, 0.0, False, "no part matches any word", scope)
-    best = candidates[0].score
-    strength = candidates[0].coverage
-    runner_up = candidates[1].coverage if len(candidates) > 1 else 0.0
+    first = candidates[0]
+    best = first.score
+    strength = first.coverage
+    rival = next((c for c in candidates[1:] if c.document_id != first.document_id), None)
+    runner_up = rival.coverage if rival is not None else 0.0
     margin = strength / runner_up if runner_up > 0 else float("inf")
     if strength < min_strength:
-        reason = f"the best match is weak (strength {strength:.2f} < {min_strength:.2f})"
+        reason = (
+            f"the best match is weak: part {first.part_no} of {first.n_parts} holds only "
+            f"{strength:.0%} of what the question asks about (at least {min_strength:.0%} "
+            "is needed)"
+        )
         return RouteDecision(terms, candidates, best, margin, False, reason, scope, strength)
     if margin < min_margin:
-        reason = f"two parts match about as well (margin {margin:.2f} < {min_margin:.2f})"
+        reason = (
+            f"two documents match about as well ({strength:.0%} and {runner_up:.0%} of what "
+            f"the question asks about; the best must hold {min_margin:.2g}× the other's)"
+        )
         return RouteDecision(terms, candidates, best, margin, False, reason, scope, strength)
-    return RouteDecision(terms, candidates, best, margin, True, "", scope, strength)
+    cited = [first] + [
+        c
+        for c in candidates[1:3]
+        if c.document_id == first.document_id and c.coverage * min_margin >= strength
+    ]
+    return RouteDecision(terms, candidates, best, margin, True, "", scope, strength, cited=cited)

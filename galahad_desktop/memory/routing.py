@@ -47,16 +47,23 @@ class Routing:
         if self._index is None:
             index = PartIndex()
             docs = self.documents
-            index.add(
-                (r["id"], r["document_id"], r["part_no"], r["n_parts"], docs.part_text(r))
-                for r in docs.part_rows()
-            )
+            by_document: dict[str, list[dict[str, Any]]] = {}
+            for row in docs.part_rows():
+                by_document.setdefault(row["document_id"], []).append(row)
+            for document_id, rows in by_document.items():
+                index.add(
+                    (
+                        (r["id"], r["document_id"], r["part_no"], r["n_parts"], docs.part_text(r))
+                        for r in rows
+                    ),
+                    title=docs.name(docs.row(document_id)),
+                )
             self._index = index
         return self._index
 
     def _parts_added(self, parts: list[tuple[str, str, int, int, str]]) -> None:
-        if self._index is not None:
-            self._index.add(parts)
+        if self._index is not None and parts:
+            self._index.add(parts, title=self.documents.name(self.documents.row(parts[0][1])))
 
     def drop_index(self) -> None:
         if self._index is not None:

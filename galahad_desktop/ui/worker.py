@@ -123,8 +123,10 @@ class CoreBridge(QObject):
         self._shutdown.connect(self.worker.shutdown)
         self.worker.finished.connect(self._on_finished)
         self.worker.failed.connect(self._on_failed)
-        self.worker.streamed.connect(lambda rid, piece: self._relay(rid, "stream", piece))
-        self.worker.thought.connect(lambda rid, piece: self._relay(rid, "thought", piece))
+        # Bound slots, never lambdas: a lambda has no thread, so PySide would call it in the
+        # core thread and the window would be touched from there.
+        self.worker.streamed.connect(self._on_streamed)
+        self.worker.thought.connect(self._on_thought)
         self.worker.progressed.connect(self._on_progressed)
         self.core_thread.start()
 
@@ -175,6 +177,14 @@ class CoreBridge(QObject):
             callback(message, kind)
         else:
             log.warning("unhandled %s error", kind)
+
+    @Slot(int, str)
+    def _on_streamed(self, request_id: int, piece: str) -> None:
+        self._relay(request_id, "stream", piece)
+
+    @Slot(int, str)
+    def _on_thought(self, request_id: int, piece: str) -> None:
+        self._relay(request_id, "thought", piece)
 
     def _relay(self, request_id: int, kind: str, piece: str) -> None:
         callback = self._callbacks.get(request_id, {}).get(kind)
