@@ -204,7 +204,15 @@ class CoreBridge(QObject):
             request.cancel.set()
         self._shutdown.emit()
         self.core_thread.quit()
-        self.core_thread.wait(timeout_ms)
+        finished = self.core_thread.wait(timeout_ms)
+        # quit() can end the worker's loop before it reaches the queued shutdown (when a
+        # request is still running at stop time), and an open core keeps the catalog's
+        # exclusive lock. Once the thread has finished, nothing else owns the core, so it
+        # is closed from here.
+        if finished:
+            self.worker.shutdown()
+        else:
+            log.error("the core thread did not stop within %d ms", timeout_ms)
         # Deliver replies the worker queued while stopping, so no queued event holding
         # Python objects outlives the bridge (PySide would free them during teardown).
         QCoreApplication.sendPostedEvents()
