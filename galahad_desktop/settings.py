@@ -181,6 +181,44 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=100.0,
     ),
     Setting(
+        "embedding_model",
+        str,
+        "",
+        "GGUF embedding model (e.g. EmbeddingGemma: galahad models get embeddinggemma) that "
+        "adds meaning to the router's word matching; empty routes by words alone.",
+        runtime=False,
+    ),
+    Setting(
+        "route_min_similarity",
+        float,
+        0.35,
+        "Router with an embedding model: the least cosine similarity between the question "
+        "and the best passage to answer without asking.",
+        runtime=False,
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Setting(
+        "route_min_coverage",
+        float,
+        0.15,
+        "Router with an embedding model: the least share of the question's words (weighted "
+        "by rarity) the best passage must hold.",
+        runtime=False,
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Setting(
+        "route_hybrid_margin",
+        float,
+        1.25,
+        "Router with an embedding model: how far the best part's fused score must lead the "
+        "best part of any other document.",
+        runtime=False,
+        minimum=1.0,
+        maximum=100.0,
+    ),
+    Setting(
         "system_prompt",
         str,
         "none",

@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--block-tokens", type=int, default=2000)
     ev.add_argument("--controls", type=int, default=None, help="16 (needles), 20 (memory)")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--embedding-model",
+        type=Path,
+        default=None,
+        help="routing: GGUF embedding model (default: the suite's all-MiniLM-L6-v2)",
+    )
     return parser
 
 
@@ -120,7 +126,9 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
     elif args.kind == "routing":
         from galahad_dev.routing_eval import eval_routing
 
-        result = eval_routing(args.model, overrides, log)
+        result = eval_routing(
+            args.model, overrides, log, embedding_model=args.embedding_model
+        )
     elif args.kind == "flywheel":
         from galahad_dev.flywheel import eval_flywheel
 

@@ -9,9 +9,12 @@ questions in `benchmarks/routing/questions.json` were written as a reader would 
 paraphrased rather than copied; each names a phrase of the text that holds its answer, which
 says which part is right, and some ask about things no document holds.
 
-Questions are split into two halves by a hash of their text. The gate's two thresholds are
-chosen on the calibration half (most questions routed right, with at most 3% routed wrong
-and at least 95% of absent things refused) and reported on the held-out half.
+Two retrieval methods are measured side by side on the same parts and questions: words alone
+(FTS5/BM25, the router without an embedding model) and the hybrid (BM25 and an embedding
+model's similarity over ~120-word passages, fused by rank). Questions are split into two
+halves by a hash of their text. Each method's gate thresholds are chosen on the calibration
+half (most questions routed right, with at most 3% routed wrong and at least 95% of absent
+things refused) and reported on the held-out half.
 """
 
 from __future__ import annotations
@@ -25,14 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.bench import Bench, Log, machine
+from galahad_desktop.engine.embedder import Embedder
 from galahad_desktop.memory.extraction import extract_text
-from galahad_desktop.memory.router import PartIndex, decide
+from galahad_desktop.memory.hybrid import HybridIndex, decide_hybrid
+from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"
 MAX_WRONG = 0.03
 MIN_ABSENT_REFUSED = 0.95
+# The gates' grids: lexical (strength, margin); hybrid (similarity, coverage, margin).
 STRENGTHS = [round(0.05 * i, 2) for i in range(1, 19)]
 MARGINS = [1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0]
+SIMILARITIES = [round(0.05 * i, 2) for i in range(3, 13)]
+COVERAGES = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+HYBRID_MARGINS = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.75]
 _SPACE = re.compile(r"\s+")
 
 
@@ -73,12 +82,22 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _decide_all(
-    routed: list[dict[str, Any]], min_strength: float, min_margin: float
-) -> list[dict[str, Any]]:
+Gate = tuple[float, ...]
+
+
+def _decide(method: str, item: dict[str, Any], gate: Gate) -> RouteDecision:
+    terms, candidates = item["terms"], item["candidates"]
+    if method == "hybrid":
+        similarity, coverage, margin = gate
+        return decide_hybrid(terms, candidates, similarity, coverage, margin, "library")
+    strength, margin = gate
+    return decide(terms, candidates, strength, margin, "library")
+
+
+def _decide_all(method: str, routed: list[dict[str, Any]], gate: Gate) -> list[dict[str, Any]]:
     rows = []
     for item in routed:
-        decision = decide(item["terms"], item["candidates"], min_strength, min_margin, "library")
+        decision = _decide(method, item, gate)
         best = decision.best
         rows.append(
             {
@@ -89,6 +108,10 @@ def _decide_all(
                 "chosen": best.part_id if best else None,
                 "cited": [c.part_id for c in decision.cited],
                 "strength": round(decision.strength, 4),
+                "similarity": None
+                if best is None or best.similarity is None
+                else round(best.similarity, 4),
+                "coverage": None if best is None else round(best.coverage, 4),
                 "margin": None if decision.margin == float("inf") else round(decision.margin, 3),
                 "answered": decision.confident,
                 "right": best is not None and best.part_id in item["expected"],
@@ -98,23 +121,83 @@ def _decide_all(
     return rows
 
 
-def calibrate(routed: list[dict[str, Any]]) -> tuple[tuple[float, float], bool]:
+def _grid(method: str) -> list[Gate]:
+    if method == "hybrid":
+        return list(itertools.product(SIMILARITIES, COVERAGES, HYBRID_MARGINS))
+    return list(itertools.product(STRENGTHS, MARGINS))
+
+
+def calibrate(method: str, routed: list[dict[str, Any]]) -> tuple[Gate, bool]:
     """The thresholds that route the most calibration questions right within the limits on
     wrong routes and refused absent questions (ties go to the stricter gate), and whether any
     setting met the limits at all."""
-    best: tuple[tuple[float, float, float], tuple[float, float]] | None = None
-    for strength, margin in itertools.product(STRENGTHS, MARGINS):
-        totals = score(_decide_all(routed, strength, margin))
+    best: tuple[tuple[float, ...], Gate] | None = None
+    grid = _grid(method)
+    for gate in grid:
+        totals = score(_decide_all(method, routed, gate))
         if totals["wrong_rate"] > MAX_WRONG:
             continue
         if totals["absent_refused_rate"] < MIN_ABSENT_REFUSED:
             continue
-        key = (totals["right_rate"], strength, margin)
+        key = (totals["right_rate"], *gate)
         if best is None or key > best[0]:
-            best = (key, (strength, margin))
+            best = (key, gate)
     if best is None:  # nothing meets the limits: the strictest gate
-        return (STRENGTHS[-1], MARGINS[-1]), False
+        return grid[-1], False
     return best[1], True
+
+
+def _expected(item: dict[str, Any], parts: dict[str, str]) -> list[str]:
+    evidence = _flat(item["evidence"])
+    expected = [
+        pid
+        for pid, text in parts.items()
+        if pid.startswith(item["document"] + "#") and evidence in text
+    ]
+    if not expected:
+        raise ValueError(
+            f"routing eval: the evidence for {item['question']!r} is in no part of "
+            f"{item['document']}"
+        )
+    return expected
+
+
+def test_embedding_model() -> Path | None:
+    """The suite's embedding model (all-MiniLM-L6-v2 from PyPI, written as a GGUF), or None
+    when its package is not installed."""
+    from galahad_dev import minilm_model
+
+    try:
+        return minilm_model.build()
+    except RuntimeError:
+        return None
+
+
+def _method_report(
+    method: str,
+    routed: list[dict[str, Any]],
+    default_gate: Gate,
+    index_s: float,
+    tokens: int,
+    query_ms: list[float],
+) -> dict[str, Any]:
+    calibration = [r for r in routed if r["half"] == "calibration"]
+    chosen_gate, feasible = calibrate(method, calibration)
+    report: dict[str, Any] = {
+        "index_ms_per_10k_tokens": index_s * 1000 * 10_000 / max(1, tokens),
+        "median_query_ms": sorted(query_ms)[len(query_ms) // 2],
+        "calibration_feasible": feasible,
+    }
+    for name, gate in (("default_gate", default_gate), ("calibrated_gate", chosen_gate)):
+        rows = _decide_all(method, routed, gate)
+        report[name] = {
+            "gate": list(gate),
+            "calibration": score([r for r in rows if r["half"] == "calibration"]),
+            "held_out": score([r for r in rows if r["half"] == "held_out"]),
+            "all": score(rows),
+        }
+    report["results"] = _decide_all(method, routed, chosen_gate)
+    return report
 
 
 def eval_routing(
@@ -122,15 +205,23 @@ def eval_routing(
     overrides: dict[str, Any],
     log: Log,
     root: Path = ROOT,
+    embedding_model: Path | None = None,
 ) -> dict[str, Any]:
+    """Both methods on the real documents (the hybrid when an embedding model is given or
+    the suite's test embedding model is installed)."""
     questions = load_questions(root)
+    embedding_model = embedding_model or test_embedding_model()
     bench = Bench(model_path, overrides, log)
+    embedder = Embedder(embedding_model) if embedding_model is not None else None
     try:
         documents = bench.core.documents
-        index = PartIndex()
+        indexes: dict[str, PartIndex | HybridIndex] = {"lexical": PartIndex()}
+        if embedder is not None:
+            indexes["hybrid"] = HybridIndex(embedder.passages, embedder.query)
+        index_s = dict.fromkeys(indexes, 0.0)
         parts: dict[str, str] = {}  # part id -> its text, flattened
         doc_rows = []
-        plan_s = index_s = 0.0
+        plan_s = 0.0
         tokens = 0
         for path in sorted((root / "documents").iterdir()):
             text = extract_text(path)
@@ -141,81 +232,78 @@ def eval_routing(
                 (f"{path.name}#{i + 1}", path.name, i + 1, len(plan), part.text)
                 for i, part in enumerate(plan)
             ]
-            start = time.perf_counter()
-            index.add(part_rows, title=path.name)
-            index_s += time.perf_counter() - start
+            for method, index in indexes.items():
+                start = time.perf_counter()
+                index.add(part_rows, title=path.name)
+                index_s[method] += time.perf_counter() - start
             tokens += sum(p.tokens for p in plan)
             parts.update({r[0]: _flat(r[4]) for r in part_rows})
             doc_rows.append(
                 {"document": path.name, "parts": len(plan), "tokens": sum(p.tokens for p in plan)}
             )
             log(f"routing: {path.name}: {len(plan)} parts")
-        routed = []
-        query_ms = []
+        routed: dict[str, list[dict[str, Any]]] = {m: [] for m in indexes}
+        query_ms: dict[str, list[float]] = {m: [] for m in indexes}
         for item in questions:
             absent = bool(item.get("absent"))
-            expected: list[str] = []
-            if not absent:
-                evidence = _flat(item["evidence"])
-                expected = [
-                    pid
-                    for pid, text in parts.items()
-                    if pid.startswith(item["document"] + "#") and evidence in text
-                ]
-                if not expected:
-                    raise ValueError(
-                        f"routing eval: the evidence for {item['question']!r} is in no part "
-                        f"of {item['document']}"
-                    )
-            start = time.perf_counter()
-            terms, candidates = index.search(item["question"])
-            query_ms.append((time.perf_counter() - start) * 1000)
-            routed.append(
-                {
-                    "question": item["question"],
-                    "half": half_of(item["question"]),
-                    "absent": absent,
-                    "expected": expected,
-                    "terms": terms,
-                    "candidates": candidates,
-                }
-            )
+            expected = [] if absent else _expected(item, parts)
+            for method, index in indexes.items():
+                start = time.perf_counter()
+                terms, candidates = index.search(item["question"])
+                query_ms[method].append((time.perf_counter() - start) * 1000)
+                routed[method].append(
+                    {
+                        "question": item["question"],
+                        "half": half_of(item["question"]),
+                        "absent": absent,
+                        "expected": expected,
+                        "terms": terms,
+                        "candidates": candidates,
+                    }
+                )
         settings = bench.core.settings
-        default_gate = (settings.get("route_min_strength"), settings.get("route_min_margin"))
-        calibration = [r for r in routed if r["half"] == "calibration"]
-        chosen_gate, feasible = calibrate(calibration)
-        results: dict[str, Any] = {}
-        for name, gate in (("default_gate", default_gate), ("calibrated_gate", chosen_gate)):
-            rows = _decide_all(routed, *gate)
-            results[name] = {
-                "min_strength": gate[0],
-                "min_margin": gate[1],
-                "calibration": score([r for r in rows if r["half"] == "calibration"]),
-                "held_out": score([r for r in rows if r["half"] == "held_out"]),
-                "all": score(rows),
-            }
-        final = _decide_all(routed, *chosen_gate)
-        index.close()
+        defaults: dict[str, Gate] = {
+            "lexical": (settings.get("route_min_strength"), settings.get("route_min_margin")),
+            "hybrid": (
+                settings.get("route_min_similarity"),
+                settings.get("route_min_coverage"),
+                settings.get("route_hybrid_margin"),
+            ),
+        }
+        methods = {
+            m: _method_report(m, routed[m], defaults[m], index_s[m], tokens, query_ms[m])
+            for m in indexes
+        }
+        main = "hybrid" if "hybrid" in methods else "lexical"
+        chosen = methods[main]
+        passages = next(
+            (i.passage_count for i in indexes.values() if isinstance(i, HybridIndex)), None
+        )
+        for index in indexes.values():
+            index.close()
         return {
             "command": "eval routing",
-            "retrieval": "bm25 (FTS5 word and word-pair matches, stemmed)",
+            "retrieval": main,
+            "embedding_model": embedder.label if embedder is not None else None,
             "documents": doc_rows,
             "tokens": tokens,
             "parts": len(parts),
+            "passages": passages,
             "questions": len(questions),
-            "index_ms_per_10k_tokens": index_s * 1000 * 10_000 / max(1, tokens),
             "plan_s": plan_s,
-            "median_query_ms": sorted(query_ms)[len(query_ms) // 2],
-            **results,
-            "held_out_right_rate": results["calibrated_gate"]["held_out"]["right_rate"],
-            "held_out_wrong_rate": results["calibrated_gate"]["held_out"]["wrong_rate"],
-            "held_out_absent_refused_rate": results["calibrated_gate"]["held_out"][
+            "methods": {
+                m: {k: v for k, v in r.items() if k != "results"} for m, r in methods.items()
+            },
+            "held_out_right_rate": chosen["calibrated_gate"]["held_out"]["right_rate"],
+            "held_out_wrong_rate": chosen["calibrated_gate"]["held_out"]["wrong_rate"],
+            "held_out_absent_refused_rate": chosen["calibrated_gate"]["held_out"][
                 "absent_refused_rate"
             ],
-            "calibration_feasible": feasible,
-            "results": final,
+            "results": chosen["results"],
             "fingerprint": bench.core.engine.fingerprint,
             "machine": machine(),
         }
     finally:
+        if embedder is not None:
+            embedder.close()
         bench.close()

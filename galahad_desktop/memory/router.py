@@ -35,8 +35,9 @@ class Candidate:
     document_id: str
     part_no: int
     n_parts: int
-    score: float  # BM25
-    coverage: float  # share of the question's IDF weight found in this part
+    score: float  # BM25; with an embedding model, the fused rank score
+    coverage: float  # share of the question's IDF weight found in this part (or passage)
+    similarity: float | None = None  # cosine similarity of its closest passage (hybrid)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class RouteDecision:
     strength: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     cited: list[Candidate] = field(default_factory=list)  # the parts an answer comes from
+    method: str = "lexical"  # lexical | hybrid (with an embedding model's similarity)
 
     @property
     def best(self) -> Candidate | None:
@@ -61,6 +63,21 @@ class RouteDecision:
         if not self.candidates:
             return "Not answered: no stored document holds any of the question's words."
         best = self.candidates[0]
+        if self.confident and self.method == "hybrid":
+            lead = (
+                "no other document comes close"
+                if self.margin == float("inf")
+                else f"{self.margin:.2f}× ahead of any other document"
+            )
+            also = "".join(
+                f"; part {c.part_no} of the same document ranks close and is cited too"
+                for c in self.cited[1:]
+            )
+            return (
+                f"Answered from part {best.part_no} of {best.n_parts}: its closest passage "
+                f"means {best.similarity or 0.0:.0%} the same as the question and holds "
+                f"{best.coverage:.0%} of its words, {lead}{also}."
+            )
         if self.confident:
             lead = (
                 "no other document matches"
@@ -89,6 +106,7 @@ class RouteDecision:
             "cited": [c.part_id for c in self.cited],
             "reason": self.reason,
             "scope": self.scope,
+            "method": self.method,
         }
 
 

@@ -7,12 +7,15 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from galahad_desktop.engine.embedder import Embedder
 from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.memory.documents import Documents
+from galahad_desktop.memory.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.live import LiveContext
 from galahad_desktop.memory.results import AskResult
 from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
@@ -38,14 +41,41 @@ class Routing:
         self.live = live
         self.vault = live.vault
         self.documents = documents
-        self._index: PartIndex | None = None
+        self._index: PartIndex | HybridIndex | None = None
+        self._index_model = ""  # the embedding model the index's vectors came from
+        self._embedder: Embedder | None = None
         documents.on_parts_added = self._parts_added
 
     # -- the index -----------------------------------------------------------------------
-    def index(self) -> PartIndex:
-        """The router's index, built in memory from the decrypted parts (never on disk)."""
+    def embedder(self) -> Embedder | None:
+        """The embedding model in settings, loaded on first use (None: words alone)."""
+        setting = str(self.live.settings.get("embedding_model") or "").strip()
+        wanted = Path(setting).expanduser() if setting else None
+        if self._embedder is not None and self._embedder.path != wanted:
+            self._embedder.close()
+            self._embedder = None
+        if wanted is not None and self._embedder is None:
+            self._embedder = Embedder(wanted, self.live.settings.get("n_threads"))
+        return self._embedder
+
+    @property
+    def method(self) -> str:
+        return "hybrid" if isinstance(self._index, HybridIndex) else "lexical"
+
+    def index(self) -> PartIndex | HybridIndex:
+        """The router's index, built in memory from the decrypted parts (never on disk):
+        words alone, or words and an embedding model's vectors when one is set."""
+        model = str(self.live.settings.get("embedding_model") or "").strip()
+        if self._index is not None and self._index_model != model:
+            self.drop_index()  # the embedding model changed: vectors from another model
         if self._index is None:
-            index = PartIndex()
+            embedder = self.embedder()
+            index: PartIndex | HybridIndex = (
+                HybridIndex(embedder.passages, embedder.query)
+                if embedder is not None
+                else PartIndex()
+            )
+            self._index_model = model
             docs = self.documents
             by_document: dict[str, list[dict[str, Any]]] = {}
             for row in docs.part_rows():
@@ -69,6 +99,9 @@ class Routing:
         if self._index is not None:
             self._index.close()
             self._index = None
+        if self._embedder is not None:  # native memory, freed now rather than at exit
+            self._embedder.close()
+            self._embedder = None
 
     def forget_document(self, document_id: str) -> None:
         if self._index is not None:
@@ -80,15 +113,26 @@ class Routing:
         The decision (scores and margin, not the question) goes to the routing log."""
         if document_id is not None:
             self.documents.row(document_id)
-        terms, candidates = self.index().search(question, document_id)
+        index = self.index()
+        terms, candidates = index.search(question, document_id)
         settings = self.live.settings
-        decision = decide(
-            terms,
-            candidates,
-            settings.get("route_min_strength"),
-            settings.get("route_min_margin"),
-            document_id or "library",
-        )
+        if isinstance(index, HybridIndex):
+            decision = decide_hybrid(
+                terms,
+                candidates,
+                settings.get("route_min_similarity"),
+                settings.get("route_min_coverage"),
+                settings.get("route_hybrid_margin"),
+                document_id or "library",
+            )
+        else:
+            decision = decide(
+                terms,
+                candidates,
+                settings.get("route_min_strength"),
+                settings.get("route_min_margin"),
+                document_id or "library",
+            )
         self.log(decision, "answered" if decision.confident else "gated", None)
         return decision
 

@@ -1,0 +1,100 @@
+"""Sentence embeddings from a GGUF embedding model through llama.cpp: the router's semantic half.
+
+A separate, small llama.cpp context (the chat model's KV cache is never touched), owned by the
+same thread as the chat engine. Vectors are unit length, so a dot product is the cosine
+similarity. Models that want an instruction before the text (EmbeddingGemma, E5) get it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from galahad_desktop.engine.modelinfo import check_model_file
+from galahad_desktop.errors import ModelError
+
+CONTEXT = 512  # tokens per passage: the router's passages are ~120 words
+
+
+@dataclass(frozen=True)
+class Prompts:
+    query: str
+    passage: str
+
+
+# What each family expects before a query and a passage (their model cards).
+_PROMPTS: tuple[tuple[str, Prompts], ...] = (
+    ("gemma-embedding", Prompts("task: search result | query: ", "title: none | text: ")),
+    ("embeddinggemma", Prompts("task: search result | query: ", "title: none | text: ")),
+    ("e5", Prompts("query: ", "passage: ")),
+)
+
+
+def prompts_for(architecture: str, name: str) -> Prompts:
+    key = f"{architecture} {name}".lower()
+    for needle, prompts in _PROMPTS:
+        if needle in key:
+            return prompts
+    return Prompts("", "")
+
+
+class Embedder:
+    def __init__(self, path: Path, n_threads: int | None = None) -> None:
+        check_model_file(path)
+        threads = n_threads or max(1, min(8, os.cpu_count() or 1))
+        try:
+            self._llama: Any = llama_cpp.Llama(
+                model_path=str(path),
+                embedding=True,
+                n_ctx=CONTEXT,
+                n_batch=CONTEXT,
+                n_ubatch=CONTEXT,  # a passage is encoded in one pass (non-causal models)
+                n_threads=threads,
+                n_threads_batch=threads,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"The embedding model {path} could not be loaded: {exc}") from None
+        meta = self._llama.metadata
+        self.path = path
+        self.architecture = str(meta.get("general.architecture", ""))
+        self.name = str(meta.get("general.name", path.stem))
+        pooling = llama_cpp.llama_pooling_type(self._llama.ctx)
+        if pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            self.close()
+            raise ModelError(
+                f"{path.name} is not an embedding model (it gives no sentence vector); "
+                "choose one such as EmbeddingGemma (galahad models get embeddinggemma)."
+            )
+        self.dimensions = int(self._llama.n_embd())
+        self.prompts = prompts_for(self.architecture, self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.dimensions} dimensions)"
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        vectors = np.asarray(self._llama.embed(texts, truncate=True), dtype=np.float32)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        unit: np.ndarray = vectors / np.maximum(norms, 1e-12)
+        return unit
+
+    def passages(self, texts: list[str]) -> np.ndarray:
+        return self._embed([self.prompts.passage + t for t in texts])
+
+    def query(self, text: str) -> np.ndarray:
+        vector: np.ndarray = self._embed([self.prompts.query + text])[0]
+        return vector
+
+    def close(self) -> None:
+        llama = getattr(self, "_llama", None)
+        if llama is not None:
+            llama.close()
+            self._llama = None

@@ -1,0 +1,235 @@
+"""Hybrid routing: words (BM25) and meaning (an embedding model), fused by rank.
+
+Parts are long (thousands of tokens), so both halves look at passages of about 120 words cut
+from each part, overlapping by 20. The lexical half is the router's FTS5/BM25 index over
+those passages; the semantic half is the cosine similarity between the question's vector and
+each passage's. The two rankings are fused by reciprocal rank (each passage scores
+1/(K + rank) in each list; K = 60 as in Cormack et al.), and a part is as good as its best
+passage.
+
+The gate asks three things of the best part's best passage: that it is close in meaning to
+the question (similarity), that it holds some of the question's words (coverage, which
+keeps a question about something absent but on a similar topic from being answered), and
+that it is clearly ahead of the best passage of any *other* document (margin): parts of the
+same document are neighbours, cited together when they rank close.
+
+Vectors, like the FTS index, exist only in memory after unlock: built from the decrypted
+parts, dropped on lock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from galahad_desktop.memory.router import Candidate, PartIndex, RouteDecision
+
+PASSAGE_WORDS = 120
+PASSAGE_STRIDE = 100
+RRF_K = 60
+LEXICAL_DEPTH = 50  # passages taken from the lexical ranking
+CJK_PIECE = 3  # characters of a space-less script counted as one word
+_PIECE = re.compile(r"\S+")
+_CJK_CHAR = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+
+
+def passages(text: str) -> list[str]:
+    """Overlapping windows of about PASSAGE_WORDS words. A run of Chinese or Japanese
+    (no spaces) is counted CJK_PIECE characters to a word, so its passages are as long in
+    tokens as English ones."""
+    pieces: list[str] = []
+    for piece in _PIECE.findall(text):
+        if len(piece) > CJK_PIECE and _CJK_CHAR.search(piece):
+            pieces.extend(piece[i : i + CJK_PIECE] for i in range(0, len(piece), CJK_PIECE))
+        else:
+            pieces.append(piece)
+    if len(pieces) <= PASSAGE_WORDS:
+        return [" ".join(pieces)] if pieces else []
+    out = []
+    for start in range(0, len(pieces), PASSAGE_STRIDE):
+        out.append(" ".join(pieces[start : start + PASSAGE_WORDS]))
+        if start + PASSAGE_WORDS >= len(pieces):
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class _Part:
+    document_id: str
+    part_no: int
+    n_parts: int
+    passage_ids: tuple[str, ...]
+    vectors: np.ndarray  # (passages, dimensions), unit length
+
+
+class HybridIndex:
+    """Same interface as PartIndex, over passages, with vectors beside the words."""
+
+    def __init__(
+        self,
+        embed_passages: Callable[[list[str]], np.ndarray],
+        embed_query: Callable[[str], np.ndarray],
+    ) -> None:
+        self.lexical = PartIndex()
+        self._embed_passages = embed_passages
+        self._embed_query = embed_query
+        self._parts: dict[str, _Part] = {}
+        self._passage_part: dict[str, str] = {}
+        self._matrix: dict[str | None, tuple[list[str], np.ndarray]] = {}
+
+    def add(self, rows: Iterable[tuple[str, str, int, int, str]], title: str = "") -> None:
+        for part_id, document_id, part_no, n_parts, text in rows:
+            texts = passages(text) or [title or part_id]
+            ids = tuple(f"{part_id}@{i}" for i in range(len(texts)))
+            vectors = self._embed_passages([f"{title}: {t}" if title else t for t in texts])
+            rows_of_passages = [
+                (pid, document_id, i, len(texts), t)
+                for i, (pid, t) in enumerate(zip(ids, texts, strict=True))
+            ]
+            self.lexical.add(rows_of_passages, title=title)
+            self._parts[part_id] = _Part(document_id, part_no, n_parts, ids, vectors)
+            self._passage_part.update({pid: part_id for pid in ids})
+        self._matrix.clear()
+
+    def remove_document(self, document_id: str) -> None:
+        self.lexical.remove_document(document_id)
+        for part_id in [p for p, part in self._parts.items() if part.document_id == document_id]:
+            for pid in self._parts.pop(part_id).passage_ids:
+                self._passage_part.pop(pid, None)
+        self._matrix.clear()
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def count(self, document_id: str | None = None) -> int:
+        if document_id is None:
+            return len(self._parts)
+        return sum(1 for p in self._parts.values() if p.document_id == document_id)
+
+    @property
+    def passage_count(self) -> int:
+        return len(self._passage_part)
+
+    def close(self) -> None:
+        self.lexical.close()
+        self._parts.clear()
+        self._passage_part.clear()
+        self._matrix.clear()
+
+    def _vectors(self, document_id: str | None) -> tuple[list[str], np.ndarray]:
+        if document_id not in self._matrix:
+            parts = [
+                p
+                for p in self._parts.values()
+                if document_id is None or p.document_id == document_id
+            ]
+            ids = [pid for p in parts for pid in p.passage_ids]
+            matrix = (
+                np.concatenate([p.vectors for p in parts])
+                if parts
+                else np.zeros((0, 1), dtype=np.float32)
+            )
+            self._matrix[document_id] = (ids, matrix)
+        return self._matrix[document_id]
+
+    def search(
+        self, question: str, document_id: str | None = None, limit: int = 8
+    ) -> tuple[list[str], list[Candidate]]:
+        """(terms, parts best first), each part scored by its best passage."""
+        terms, lexical = self.lexical.search(question, document_id, limit=LEXICAL_DEPTH)
+        ids, matrix = self._vectors(document_id)
+        if not ids:
+            return terms, []
+        similarity = matrix @ self._embed_query(question)
+        fused = {pid: 0.0 for pid in ids}
+        for rank, index in enumerate(np.argsort(-similarity, kind="stable")):
+            fused[ids[index]] += 1.0 / (RRF_K + rank + 1)
+        coverage: dict[str, float] = {}
+        for rank, candidate in enumerate(lexical):
+            fused[candidate.part_id] += 1.0 / (RRF_K + rank + 1)
+            coverage[candidate.part_id] = candidate.coverage
+        position = {pid: i for i, pid in enumerate(ids)}
+        best: dict[str, str] = {}  # part id -> its best passage
+        for pid in sorted(fused, key=lambda p: -fused[p]):
+            best.setdefault(self._passage_part[pid], pid)
+        candidates = []
+        for part_id, pid in list(best.items())[:limit]:
+            part = self._parts[part_id]
+            candidates.append(
+                Candidate(
+                    part_id,
+                    part.document_id,
+                    part.part_no,
+                    part.n_parts,
+                    fused[pid],
+                    coverage.get(pid, 0.0),
+                    float(similarity[position[pid]]),
+                )
+            )
+        return terms, candidates
+
+
+def decide_hybrid(
+    terms: list[str],
+    candidates: list[Candidate],
+    min_similarity: float,
+    min_coverage: float,
+    min_margin: float,
+    scope: str,
+) -> RouteDecision:
+    """The gate on fused candidates (see the module's description)."""
+
+    def refuse(reason: str, margin: float = 0.0) -> RouteDecision:
+        best = candidates[0].score if candidates else 0.0
+        strength = (candidates[0].similarity or 0.0) if candidates else 0.0
+        return RouteDecision(
+            terms, candidates, best, margin, False, reason, scope, strength, method="hybrid"
+        )
+
+    if not candidates:
+        return refuse("no document is stored here")
+    first = candidates[0]
+    similarity = first.similarity or 0.0
+    rival = next((c for c in candidates[1:] if c.document_id != first.document_id), None)
+    margin = first.score / rival.score if rival is not None and rival.score > 0 else float("inf")
+    where = f"part {first.part_no} of {first.n_parts}"
+    if similarity < min_similarity:
+        return refuse(
+            f"nothing stored is close in meaning: the closest passage ({where}) is "
+            f"{similarity:.0%} similar to the question, and at least {min_similarity:.0%} is "
+            "needed",
+            margin,
+        )
+    if first.coverage < min_coverage:
+        return refuse(
+            f"the closest passage ({where}) is on a similar subject but holds only "
+            f"{first.coverage:.0%} of the question's words (at least {min_coverage:.0%} is "
+            "needed), so it may well not hold the answer",
+            margin,
+        )
+    if margin < min_margin:
+        return refuse(
+            f"two documents match about as well (the best is {margin:.2f}× the other; "
+            f"{min_margin:.2f}× is needed)",
+            margin,
+        )
+    cited = [first] + [
+        c
+        for c in candidates[1:3]
+        if c.document_id == first.document_id and c.score * min_margin >= first.score
+    ]
+    return RouteDecision(
+        terms,
+        candidates,
+        first.score,
+        margin,
+        True,
+        "",
+        scope,
+        similarity,
+        cited=cited,
+        method="hybrid",
+    )

@@ -1,0 +1,177 @@
+"""Hybrid routing (words and meaning fused by rank): the logic with a stand-in embedder (fast),
+then the real llama.cpp embedding path with all-MiniLM-L6-v2 written as a GGUF."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from galahad_desktop.errors import ModelError
+from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.hybrid import PASSAGE_WORDS, HybridIndex, decide_hybrid, passages
+from galahad_desktop.memory.router import Candidate, PartIndex
+
+# A stand-in embedding: each concept is one axis, and words map to the concept they mean,
+# so "automobile" and "car" are the same direction without sharing a letter.
+CONCEPTS = {
+    **dict.fromkeys(("car", "automobile", "vehicle"), 0),
+    **dict.fromkeys(("fix", "repair", "mend"), 1),
+    **dict.fromkeys(("bread", "loaf", "bake", "baked", "baking"), 2),
+    **dict.fromkeys(("tax", "taxes", "levy"), 3),
+}
+
+
+def stand_in(text: str) -> np.ndarray:
+    vector = np.zeros(8, dtype=np.float32)
+    vector[7] = 0.1  # an axis every text shares a little of
+    for word in re.findall(r"\w+", text.lower()):
+        if word in CONCEPTS:
+            vector[CONCEPTS[word]] += 1.0
+    result: np.ndarray = vector / np.linalg.norm(vector)
+    return result
+
+
+def index_of(documents: dict[str, list[str]]) -> HybridIndex:
+    index = HybridIndex(lambda texts: np.stack([stand_in(t) for t in texts]), stand_in)
+    for name, parts in documents.items():
+        index.add(
+            [(f"{name}#{i + 1}", name, i + 1, len(parts), t) for i, t in enumerate(parts)],
+            title=name,
+        )
+    return index
+
+
+GARAGE = [
+    "Opening hours of the workshop are nine to five on weekdays. " * 5,
+    "To repair an automobile, first read the manual and check the engine oil. " * 5,
+]
+KITCHEN = ["Knead the dough, let it rise, then bake the loaf for forty minutes. " * 5]
+
+
+def test_passages_overlap_and_cut_text_without_spaces() -> None:
+    words = [f"w{i}" for i in range(300)]
+    cut = passages(" ".join(words))
+    assert len(cut) == 3 and all(len(p.split()) <= PASSAGE_WORDS for p in cut)
+    assert cut[1].split()[0] == "w100" and cut[0].split()[-1] == "w119"  # 20 words shared
+    assert set(" ".join(cut).split()) == set(words)  # nothing lost
+    japanese = "日本語の文章には単語の間に空白がありません。" * 40
+    assert len(passages(japanese)) > 1  # not one 880-character "word"
+    assert passages("") == [] and passages("one two") == ["one two"]
+
+
+def test_meaning_finds_the_part_that_words_alone_miss() -> None:
+    index = index_of({"garage.txt": GARAGE, "kitchen.txt": KITCHEN})
+    question = "How do I fix a car?"
+    terms, candidates = index.search(question)
+    assert candidates[0].part_id == "garage.txt#2"  # "fix a car" means "repair an automobile"
+    assert candidates[0].similarity is not None and candidates[0].similarity > 0.6
+    lexical = PartIndex()
+    for name, parts in {"garage.txt": GARAGE, "kitchen.txt": KITCHEN}.items():
+        lexical.add([(f"{name}#{i + 1}", name, i + 1, len(parts), t) for i, t in enumerate(parts)])
+    assert lexical.search(question)[1] == []  # no part holds "fix" or "car"
+    # With a word of the text as well, both rankings agree and fusion keeps the right part.
+    _t, both = index.search("How do I fix a car's engine?")
+    assert both[0].part_id == "garage.txt#2" and both[0].coverage > 0
+    # Found by meaning alone, a part leads only by one rank of one list (1/61 against
+    # 1/62): the calibrated gates never answer that; here the margin is switched off.
+    decision = decide_hybrid(terms, candidates, 0.35, 0.0, 1.0, "library")
+    assert decide_hybrid(terms, candidates, 0.35, 0.0, 1.1, "library").confident is False
+    assert decision.confident and decision.method == "hybrid"
+    assert decision.best is not None and decision.best.part_id == "garage.txt#2"
+    assert decision.explain().startswith("Answered from part 2 of 2")
+    assert decision.as_dict()["method"] == "hybrid"
+
+
+def test_gate_refuses_what_is_far_in_meaning_or_holds_none_of_the_words() -> None:
+    index = index_of({"garage.txt": GARAGE, "kitchen.txt": KITCHEN})
+    terms, candidates = index.search("What is the levy on imported goods?")
+    far = decide_hybrid(terms, candidates, 0.35, 0.0, 1.1, "library")
+    assert not far.confident and "close in meaning" in far.reason
+    assert far.explain().startswith("Not answered")
+    terms, candidates = index.search("When should dough be baked?")  # "dough" is in the text
+    assert candidates[0].document_id == "kitchen.txt"
+    assert decide_hybrid(terms, candidates, 0.35, 0.1, 1.1, "library").confident
+    terms, candidates = index.search("Can bread be mended?")  # near, but none of its words
+    assert candidates[0].coverage == 0.0
+    unsure = decide_hybrid(terms, candidates, 0.35, 0.1, 1.0, "library")
+    assert not unsure.confident and "words" in unsure.reason
+
+
+def test_two_documents_as_close_are_refused_but_neighbours_are_cited() -> None:
+    def part(pid: str, document: str, score: float) -> Candidate:
+        return Candidate(pid, document, int(pid[-1]), 3, score, 0.5, 0.6)
+
+    tie = [part("a#1", "a", 0.032), part("b#1", "b", 0.031)]
+    refused = decide_hybrid(["x"], tie, 0.35, 0.1, 1.2, "library")
+    assert not refused.confident and "two documents" in refused.reason
+    neighbours = [part("a#1", "a", 0.032), part("a#2", "a", 0.031), part("b#1", "b", 0.016)]
+    answered = decide_hybrid(["x"], neighbours, 0.35, 0.1, 1.2, "library")
+    assert answered.confident and [c.part_id for c in answered.cited] == ["a#1", "a#2"]
+    assert "cited too" in answered.explain()
+
+
+def test_forgetting_a_document_drops_its_vectors() -> None:
+    index = index_of({"garage.txt": GARAGE, "kitchen.txt": KITCHEN})
+    assert len(index) == 3 and index.passage_count >= 3
+    index.remove_document("garage.txt")
+    assert len(index) == 1 and index.count("garage.txt") == 0
+    _terms, candidates = index.search("How do I repair my automobile?")
+    assert {c.document_id for c in candidates} == {"kitchen.txt"}
+
+
+# -- the real embedding path -----------------------------------------------------------------
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    from galahad_dev import minilm_model
+
+    return minilm_model.build()
+
+
+@pytest.mark.model
+def test_minilm_gguf_embeds_meaning_through_llama_cpp(minilm_path: Path) -> None:
+    from galahad_desktop.engine.embedder import Embedder
+
+    embedder = Embedder(minilm_path)
+    try:
+        assert embedder.dimensions == 384 and embedder.architecture == "bert"
+        meal, food, weather = embedder.passages(
+            ["Someone is having a meal.", "A man is eating food.", "It will rain tomorrow."]
+        )
+        assert abs(float(np.linalg.norm(meal)) - 1.0) < 1e-4
+        assert float(meal @ food) > 0.5 > float(meal @ weather) + 0.2
+    finally:
+        embedder.close()
+
+
+@pytest.mark.model
+def test_a_chat_model_is_refused_as_an_embedding_model(gemma3_path: Path) -> None:
+    from galahad_desktop.engine.embedder import Embedder
+
+    with pytest.raises(ModelError, match="not an embedding model"):
+        Embedder(gemma3_path)
+
+
+@pytest.mark.model
+def test_library_answers_a_paraphrase_with_the_embedding_model(
+    make_core: Callable[..., Galahad], minilm_path: Path
+) -> None:
+    core = make_core(n_ctx=2048, max_tokens=4, embedding_model=str(minilm_path))
+    core.deposit_text("garden.txt", "Tomatoes need full sun and regular watering. " * 20)
+    core.deposit_text(
+        "bicycle.txt",
+        "To mend a punctured inner tube, find the hole, roughen the rubber, apply a patch "
+        "and let the glue dry before inflating. " * 8,
+    )
+    answer = core.ask("How do I repair a punctured tube on my bike?")
+    assert answer.answered, answer.why
+    assert answer.decision.method == "hybrid" and answer.document_id is not None
+    assert core.documents.name(core.documents.row(answer.document_id)) == "bicycle.txt"
+    assert "means" in answer.why and answer.text
+    refused = core.ask("Who won the chess world championship in 1972?")
+    assert not refused.answered and refused.why.startswith("Not answered")
+    core.lock()  # vectors, like the word index, leave memory on lock
+    assert core.routing.method == "lexical" and core.routing._index is None
