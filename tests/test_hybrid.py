@@ -175,3 +175,55 @@ def test_library_answers_a_paraphrase_with_the_embedding_model(
     assert not refused.answered and refused.why.startswith("Not answered")
     core.lock()  # vectors, like the word index, leave memory on lock
     assert core.routing.method == "lexical" and core.routing._index is None
+
+
+@pytest.mark.model
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
+def test_get_the_embedding_model_from_the_catalog_and_ask_with_it(
+    tmp_path: Path, minilm_path: Path
+) -> None:
+    from galahad_desktop.models import catalog
+    from tests.conftest import cli_json, run_cli
+    from tests.fakehub import FakeHub
+
+    data = tmp_path / "data"
+    words_only = cli_json("info", data_dir=data)
+    assert words_only["routing"].startswith("words alone")
+    listed = cli_json("models", "list", data_dir=data)
+    assert listed["embedding"]["file"] == catalog.EMBEDDING_GEMMA.file
+    embedding = catalog.EMBEDDING_GEMMA
+    # The stand-in hub serves the suite's MiniLM GGUF under EmbeddingGemma's name.
+    with FakeHub(embedding.repo, embedding.file, minilm_path.read_bytes()) as hub:
+        got = cli_json(
+            "models",
+            "get",
+            "embeddinggemma",
+            "--use",
+            data_dir=data,
+            env={"HF_ENDPOINT": hub.endpoint},
+        )
+    assert got["in_use"] and Path(got["path"]).name == embedding.file
+    info = cli_json("info", data_dir=data)
+    assert info["routing"].startswith("words and meaning") and embedding.file in info["routing"]
+    notes = tmp_path / "bicycle.txt"
+    notes.write_text(
+        "To mend a punctured inner tube, find the hole, roughen the rubber, apply a patch "
+        "and let the glue dry before inflating. " * 8
+    )
+    garden = tmp_path / "garden.txt"
+    garden.write_text("Tomatoes need full sun and regular watering. " * 20)
+    for path in (notes, garden):
+        cli_json("deposit", str(path), data_dir=data)
+    answer = cli_json(
+        "ask", "How do I repair a punctured tube on my bike?", "--max-tokens", "4", data_dir=data
+    )
+    assert answer["answered"] and answer["routing"]["method"] == "hybrid"
+    assert answer["citation"].startswith("bicycle.txt") and "means" in answer["why"]
+    refused = run_cli(
+        "ask", "Who won the chess world championship in 1972?", data_dir=data, check=False
+    )
+    assert refused.returncode == 9 and "meaning" in refused.stdout + refused.stderr
+    bad = run_cli("settings", "embedding_model=/nonexistent.gguf", data_dir=data, check=False)
+    assert bad.returncode != 0 and "does not exist" in bad.stderr
+    assert "Traceback" not in bad.stderr

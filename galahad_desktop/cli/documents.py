@@ -59,7 +59,12 @@ def cmd_ask(core: Any, out: Output, args: argparse.Namespace) -> int:
         d = answer.decision
         lines = [f"{answer.why} Candidates (answer with --part ID):"]
         for c, cited in zip(d.candidates, answer.candidates_cited, strict=True):
-            lines.append(f"  {c.part_id}  {cited}  share {c.coverage:.2f}  BM25 {c.score:.2f}")
+            scores = (
+                f"share {c.coverage:.2f}  BM25 {c.score:.2f}"
+                if c.similarity is None
+                else f"meaning {c.similarity:.0%}  words {c.coverage:.0%}"
+            )
+            lines.append(f"  {c.part_id}  {cited}  {scores}")
         if not d.candidates:
             lines.append("  (none)")
         out.result(answer, "\n".join(lines))

@@ -32,6 +32,7 @@ def cmd_info(core: Any, out: Output, args: argparse.Namespace) -> int:
         "(the model's recommendation)",
         f"fingerprint {info.fingerprint[:16]} · {info.backend} backend, {info.gpu_layers} layers "
         f"offloaded · context {info.n_ctx:,}",
+        f"library routing: {info.routing}",
         *[f"settings: {p}" for p in info.settings_problems],
     ]
     out.result(info, "\n".join(lines))
@@ -62,15 +63,25 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
         return 0
     if args.action == "list":
         models = [m.__dict__ | {"kv_bytes_per_token": m.kv_bytes_per_token} for m in catalog.GEMMA4]
+        embedding = catalog.EMBEDDING_GEMMA
         out.result(
-            {"models": models}, "\n".join(f"{m.size}: {m.repo}/{m.file}" for m in catalog.GEMMA4)
+            {"models": models, "embedding": embedding.__dict__},
+            "\n".join(
+                [f"{m.size}: {m.repo}/{m.file}" for m in catalog.GEMMA4]
+                + [f"embedding: {embedding.repo}/{embedding.file} ({embedding.languages})"]
+            ),
         )
         return 0
     data_dir = data_dir_of(args)
     if args.action == "get":
-        if args.family.lower() not in ("gemma-4", "gemma4"):
+        family = args.family.lower()
+        if family in ("embeddinggemma", "embedding-gemma", "embedding"):
+            embedding = catalog.EMBEDDING_GEMMA
+            return _download(data_dir, embedding.repo, embedding.file, args, out, "embedding_model")
+        if family not in ("gemma-4", "gemma4"):
             raise InputError(
-                "Only the Gemma 4 family is in the catalog: galahad models get gemma-4."
+                "The catalog holds Gemma 4 (galahad models get gemma-4) and the router's "
+                "embedding model (galahad models get embeddinggemma)."
             )
         size = args.size
         if size is None:
@@ -87,7 +98,12 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
 
 
 def _download(
-    data_dir: Path, repo: str, filename: str, args: argparse.Namespace, out: Output
+    data_dir: Path,
+    repo: str,
+    filename: str,
+    args: argparse.Namespace,
+    out: Output,
+    setting: str = "model_path",
 ) -> int:
     from galahad_desktop.models.hub import download_gguf
     from galahad_desktop.paths import ensure_private_dir
@@ -104,7 +120,7 @@ def _download(
             cancel=cancel,
         )
     if args.use:
-        Settings(data_dir).update({"model_path": str(done.path)})
+        Settings(data_dir).update({setting: str(done.path)})
     out.result(
         {
             "repo": repo,
@@ -116,7 +132,15 @@ def _download(
             "in_use": bool(args.use),
         },
         f"Downloaded {done.path} ({done.size / 1e6:,.0f} MB, SHA-256 verified)"
-        + (" and made it the model in use." if args.use else "."),
+        + (
+            (
+                " and made it the router's embedding model."
+                if setting == "embedding_model"
+                else " and made it the model in use."
+            )
+            if args.use
+            else "."
+        ),
     )
     return 0
 
@@ -128,10 +152,11 @@ def cmd_settings(args: argparse.Namespace, out: Output) -> int:
     data_dir = data_dir_of(args)
     if args.changes:
         changes = parse_pairs(args.changes)
-        if changes.get("model_path", "").strip():
-            from galahad_desktop.engine.modelinfo import check_model_file
+        for key in ("model_path", "embedding_model"):
+            if changes.get(key, "").strip():
+                from galahad_desktop.engine.modelinfo import check_model_file
 
-            check_model_file(Path(changes["model_path"]).expanduser())
+                check_model_file(Path(changes[key]).expanduser())
         ensure_private_dir(data_dir)
         settings = Settings(data_dir)
         before = settings.as_dict()
@@ -175,8 +200,12 @@ def register(add: Any) -> None:
 
     q = action("recommend", "the largest Gemma 4 that fits this machine, with the others")
     q.add_argument("--n-ctx", type=int, default=8192, help="context to plan for")
-    q = action("get", "download a Gemma 4 from the catalog (SHA-256 checked against the Hub)")
-    q.add_argument("family", nargs="?", default="gemma-4")
+    q = action(
+        "get",
+        "download a Gemma 4, or the router's embedding model (embeddinggemma), from the "
+        "catalog (SHA-256 checked against the Hub)",
+    )
+    q.add_argument("family", nargs="?", default="gemma-4", help="gemma-4 or embeddinggemma")
     q.add_argument("--size", help="E2B, E4B, 26B-A4B or 31B (default: the recommended one)")
     q.add_argument("--use", action="store_true", help="make it the model in settings")
     action("list", "the Gemma 4 catalog")

@@ -170,6 +170,7 @@ class Galahad:
             self.vault.keystore.backend_name,
             engine.turns.supports_thinking,
             list(self.settings.problems),
+            self.routing.describe(),
         )
 
     def settings_values(self) -> dict[str, Any]:
@@ -181,9 +182,10 @@ class Galahad:
 
     def update_settings(self, changes: dict[str, Any]) -> bool:
         """Save settings; a change to the runtime reloads the engine (blocks re-read once)."""
-        model = changes.get("model_path")
-        if isinstance(model, str) and model.strip():
-            check_model_file(Path(model))  # a missing or non-GGUF file is refused here
+        for key in ("model_path", "embedding_model"):
+            model = changes.get(key)
+            if isinstance(model, str) and model.strip():
+                check_model_file(Path(model))  # a missing or non-GGUF file is refused here
         changed = self.settings.update(changes)
         if changed:
             self.reload_engine()

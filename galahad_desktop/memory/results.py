@@ -364,6 +364,7 @@ class EngineInfo:
     keyring: str
     supports_thinking: bool
     settings_problems: list[str]
+    routing: str = ""  # how the library's router matches questions to parts, in words
 
 
 NO_GRAFT_PROOF = NO_PROOF

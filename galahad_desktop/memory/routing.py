@@ -58,6 +58,15 @@ class Routing:
             self._embedder = Embedder(wanted, self.live.settings.get("n_threads"))
         return self._embedder
 
+    def describe(self) -> str:
+        setting = str(self.live.settings.get("embedding_model") or "").strip()
+        if not setting:
+            return (
+                "words alone (BM25); set an embedding model for meaning too: "
+                "galahad models get embeddinggemma --use"
+            )
+        return f"words and meaning: BM25 fused with {Path(setting).name} (hybrid)"
+
     @property
     def method(self) -> str:
         return "hybrid" if isinstance(self._index, HybridIndex) else "lexical"

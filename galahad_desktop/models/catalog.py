@@ -102,6 +102,29 @@ GEMMA4: tuple[Gemma4Model, ...] = (
 BY_SIZE = {m.size.lower(): m for m in GEMMA4}
 
 
+@dataclass(frozen=True)
+class EmbeddingModel:
+    """The router's semantic half: a small multilingual embedding model (runs beside the chat
+    model on the CPU; vectors exist only in memory after unlock)."""
+
+    name: str
+    repo: str
+    file: str
+    bytes: int  # estimated file size
+    dimensions: int
+    languages: str
+
+
+EMBEDDING_GEMMA = EmbeddingModel(
+    name="EmbeddingGemma 300M",
+    repo="ggml-org/embeddinggemma-300M-GGUF",
+    file="embeddinggemma-300M-Q8_0.gguf",
+    bytes=330_000_000,
+    dimensions=768,
+    languages="100+ languages",
+)
+
+
 def model_for(size: str) -> Gemma4Model:
     found = BY_SIZE.get(size.strip().lower())
     if found is None:
