@@ -191,7 +191,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "route_min_similarity",
         float,
-        0.35,
+        0.4,
         "Router with an embedding model: the least cosine similarity between the question "
         "and the best passage to answer without asking.",
         runtime=False,
@@ -201,7 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "route_min_coverage",
         float,
-        0.15,
+        0.2,
         "Router with an embedding model: the least share of the question's words (weighted "
         "by rarity) the best passage must hold.",
         runtime=False,
@@ -211,12 +211,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "route_hybrid_margin",
         float,
-        1.25,
-        "Router with an embedding model: how far the best part's fused score must lead the "
-        "best part of any other document.",
+        1.2,
+        "Router with an embedding model: how many times the best part's fused score must be "
+        "that of the best part of any other document.",
         runtime=False,
         minimum=1.0,
         maximum=100.0,
+    ),
+    Setting(
+        "route_strong_coverage",
+        float,
+        0.9,
+        "Router with an embedding model: a passage holding this share of the question's "
+        "words (a name, a code) answers on words alone, however far the meaning.",
+        runtime=False,
+        minimum=0.0,
+        maximum=1.01,
     ),
     Setting(
         "system_prompt",

@@ -11,10 +11,11 @@ says which part is right, and some ask about things no document holds.
 
 Two retrieval methods are measured side by side on the same parts and questions: words alone
 (FTS5/BM25, the router without an embedding model) and the hybrid (BM25 and an embedding
-model's similarity over ~120-word passages, fused by rank). Questions are split into two
+model's similarity over ~120-word passages, fused by score). Questions are split into two
 halves by a hash of their text. Each method's gate thresholds are chosen on the calibration
 half (most questions routed right, with at most 3% routed wrong and at least 95% of absent
-things refused) and reported on the held-out half.
+things refused), keeping generated ledgers like `eval memory`'s perfect, and reported on
+the held-out half.
 """
 
 from __future__ import annotations
@@ -36,12 +37,21 @@ from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"
 MAX_WRONG = 0.03
 MIN_ABSENT_REFUSED = 0.95
-# The gates' grids: lexical (strength, margin); hybrid (similarity, coverage, margin).
+# The gates' grids: lexical (strength, margin); hybrid (similarity, coverage, margin, strong
+# coverage).
 STRENGTHS = [round(0.05 * i, 2) for i in range(1, 19)]
 MARGINS = [1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0]
-SIMILARITIES = [round(0.05 * i, 2) for i in range(3, 13)]
-COVERAGES = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
-HYBRID_MARGINS = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.75]
+SIMILARITIES = [0.25, 0.3, 0.35, 0.4, 0.45, 0.5]
+COVERAGES = [0.0, 0.1, 0.15, 0.2, 0.25, 0.3]
+HYBRID_MARGINS = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5]
+STRONG_COVERAGES = [0.6, 0.7, 0.8, 0.9, 1.01]
+# The generated ledgers of `eval memory` (names and access codes), routed alongside as a
+# second calibration set: exact lookups where meaning says little, which a gate tuned on
+# paraphrases alone could stop answering. A gate is only eligible if it routes every
+# ledger probe right and refuses every control.
+LEDGER_DOCUMENTS = 4
+LEDGER_SECTIONS = 8
+LEDGER_CONTROLS = 20
 _SPACE = re.compile(r"\s+")
 
 
@@ -79,6 +89,15 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "wrong_rate": wrong / n,
         "absent_refused_rate": refused / max(1, len(absent)),
         "top1_right": sum(1 for r in answerable if r["right"]),
+        # Answered with a same-document neighbour cited beside the best part: was the right
+        # part the best one, or only the neighbour? (Answer from the better one, or offer the
+        # choice: whichever is right more often.)
+        "answered_with_neighbour": sum(1 for r in answerable if r["answered"] and r["cited"][1:]),
+        "right_only_in_neighbour": sum(
+            1
+            for r in answerable
+            if r["answered"] and not r["right"] and set(r["cited"][1:]) & set(r["expected"])
+        ),
     }
 
 
@@ -88,13 +107,15 @@ Gate = tuple[float, ...]
 def _decide(method: str, item: dict[str, Any], gate: Gate) -> RouteDecision:
     terms, candidates = item["terms"], item["candidates"]
     if method == "hybrid":
-        similarity, coverage, margin = gate
-        return decide_hybrid(terms, candidates, similarity, coverage, margin, "library")
+        similarity, coverage, margin, strong = gate
+        return decide_hybrid(terms, candidates, similarity, coverage, margin, strong, "library")
     strength, margin = gate
     return decide(terms, candidates, strength, margin, "library")
 
 
-def _decide_all(method: str, routed: list[dict[str, Any]], gate: Gate) -> list[dict[str, Any]]:
+def _decide_all(
+    method: str, routed: list[dict[str, Any]], gate: Gate, explain: bool = True
+) -> list[dict[str, Any]]:
     rows = []
     for item in routed:
         decision = _decide(method, item, gate)
@@ -115,7 +136,7 @@ def _decide_all(method: str, routed: list[dict[str, Any]], gate: Gate) -> list[d
                 "margin": None if decision.margin == float("inf") else round(decision.margin, 3),
                 "answered": decision.confident,
                 "right": best is not None and best.part_id in item["expected"],
-                "why": decision.explain(),
+                "why": decision.explain() if explain else "",
             }
         )
     return rows
@@ -123,21 +144,32 @@ def _decide_all(method: str, routed: list[dict[str, Any]], gate: Gate) -> list[d
 
 def _grid(method: str) -> list[Gate]:
     if method == "hybrid":
-        return list(itertools.product(SIMILARITIES, COVERAGES, HYBRID_MARGINS))
+        return list(itertools.product(SIMILARITIES, COVERAGES, HYBRID_MARGINS, STRONG_COVERAGES))
     return list(itertools.product(STRENGTHS, MARGINS))
 
 
-def calibrate(method: str, routed: list[dict[str, Any]]) -> tuple[Gate, bool]:
+def _ledger_perfect(totals: dict[str, Any]) -> bool:
+    return bool(
+        totals["routed_right"] == totals["answerable"]
+        and totals["absent_refused"] == totals["absent"]
+    )
+
+
+def calibrate(
+    method: str, routed: list[dict[str, Any]], ledger: list[dict[str, Any]] | None = None
+) -> tuple[Gate, bool]:
     """The thresholds that route the most calibration questions right within the limits on
-    wrong routes and refused absent questions (ties go to the stricter gate), and whether any
-    setting met the limits at all."""
+    wrong routes and refused absent questions, and that keep the generated ledgers perfect
+    (ties go to the stricter gate); and whether any setting met the limits at all."""
     best: tuple[tuple[float, ...], Gate] | None = None
     grid = _grid(method)
     for gate in grid:
-        totals = score(_decide_all(method, routed, gate))
+        totals = score(_decide_all(method, routed, gate, explain=False))
         if totals["wrong_rate"] > MAX_WRONG:
             continue
         if totals["absent_refused_rate"] < MIN_ABSENT_REFUSED:
+            continue
+        if ledger and not _ledger_perfect(score(_decide_all(method, ledger, gate, False))):
             continue
         key = (totals["right_rate"], *gate)
         if best is None or key > best[0]:
@@ -145,6 +177,37 @@ def calibrate(method: str, routed: list[dict[str, Any]]) -> tuple[Gate, bool]:
     if best is None:  # nothing meets the limits: the strictest gate
         return grid[-1], False
     return best[1], True
+
+
+def ledger_library(bench: Bench) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """Generated ledger documents (as `eval memory` writes them) and their questions: one
+    probe per record, and controls that name people recorded nowhere."""
+    from galahad_dev.corpus import Corpus
+    from galahad_dev.needles import question
+
+    corpus = Corpus(0)
+    documents: list[tuple[str, str]] = []
+    planted: dict[str, list[Any]] = {}
+    for index in range(LEDGER_DOCUMENTS):
+        sections = []
+        name = f"ledger-{index:03d}.txt"
+        for section in range(LEDGER_SECTIONS):
+            text, needles = corpus.document(800, index, needles=1, decoys=1)
+            sections.append(f"Section {section + 1}\n\n{text}")
+            planted.setdefault(name, []).extend(needles)
+        documents.append((name, "\n\n".join(sections)))
+    items: list[dict[str, Any]] = []
+    for name, text in documents:
+        plan = bench.core.documents.plan_parts(name, text)
+        for needle in planted[name]:
+            record = f"{needle.name}'s access code is {needle.code}"
+            expected = [f"{name}#{i + 1}" for i, p in enumerate(plan) if record in p.text]
+            items.append(
+                {"question": question(needle.name), "absent": False, "expected": expected[:1]}
+            )
+    for _ in range(LEDGER_CONTROLS):
+        items.append({"question": question(corpus.absent_name()), "absent": True, "expected": []})
+    return documents, items
 
 
 def _expected(item: dict[str, Any], parts: dict[str, str]) -> list[str]:
@@ -176,13 +239,14 @@ def test_embedding_model() -> Path | None:
 def _method_report(
     method: str,
     routed: list[dict[str, Any]],
+    ledger: list[dict[str, Any]],
     default_gate: Gate,
     index_s: float,
     tokens: int,
     query_ms: list[float],
 ) -> dict[str, Any]:
     calibration = [r for r in routed if r["half"] == "calibration"]
-    chosen_gate, feasible = calibrate(method, calibration)
+    chosen_gate, feasible = calibrate(method, calibration, ledger)
     report: dict[str, Any] = {
         "index_ms_per_10k_tokens": index_s * 1000 * 10_000 / max(1, tokens),
         "median_query_ms": sorted(query_ms)[len(query_ms) // 2],
@@ -195,9 +259,35 @@ def _method_report(
             "calibration": score([r for r in rows if r["half"] == "calibration"]),
             "held_out": score([r for r in rows if r["half"] == "held_out"]),
             "all": score(rows),
+            "ledgers": score(_decide_all(method, ledger, gate, explain=False)),
         }
     report["results"] = _decide_all(method, routed, chosen_gate)
     return report
+
+
+def _index_all(
+    indexes: dict[str, PartIndex | HybridIndex],
+    rows: list[tuple[str, str, int, int, str]],
+    title: str,
+) -> dict[str, float]:
+    spent = {}
+    for method, index in indexes.items():
+        start = time.perf_counter()
+        index.add(rows, title=title)
+        spent[method] = time.perf_counter() - start
+    return spent
+
+
+def _search_all(
+    indexes: dict[str, PartIndex | HybridIndex], item: dict[str, Any], half: str
+) -> dict[str, tuple[dict[str, Any], float]]:
+    out = {}
+    for method, index in indexes.items():
+        start = time.perf_counter()
+        terms, candidates = index.search(item["question"])
+        elapsed = (time.perf_counter() - start) * 1000
+        out[method] = ({**item, "half": half, "terms": terms, "candidates": candidates}, elapsed)
+    return out
 
 
 def eval_routing(
@@ -208,16 +298,23 @@ def eval_routing(
     embedding_model: Path | None = None,
 ) -> dict[str, Any]:
     """Both methods on the real documents (the hybrid when an embedding model is given or
-    the suite's test embedding model is installed)."""
+    the suite's test embedding model is installed), and on generated ledgers."""
     questions = load_questions(root)
     embedding_model = embedding_model or test_embedding_model()
     bench = Bench(model_path, overrides, log)
     embedder = Embedder(embedding_model) if embedding_model is not None else None
-    try:
-        documents = bench.core.documents
+
+    def new_indexes() -> dict[str, PartIndex | HybridIndex]:
         indexes: dict[str, PartIndex | HybridIndex] = {"lexical": PartIndex()}
         if embedder is not None:
             indexes["hybrid"] = HybridIndex(embedder.passages, embedder.query)
+        return indexes
+
+    opened: list[PartIndex | HybridIndex] = []
+    try:
+        documents = bench.core.documents
+        indexes = new_indexes()
+        opened += indexes.values()
         index_s = dict.fromkeys(indexes, 0.0)
         parts: dict[str, str] = {}  # part id -> its text, flattened
         doc_rows = []
@@ -232,10 +329,8 @@ def eval_routing(
                 (f"{path.name}#{i + 1}", path.name, i + 1, len(plan), part.text)
                 for i, part in enumerate(plan)
             ]
-            for method, index in indexes.items():
-                start = time.perf_counter()
-                index.add(part_rows, title=path.name)
-                index_s[method] += time.perf_counter() - start
+            for method, spent in _index_all(indexes, part_rows, path.name).items():
+                index_s[method] += spent
             tokens += sum(p.tokens for p in plan)
             parts.update({r[0]: _flat(r[4]) for r in part_rows})
             doc_rows.append(
@@ -247,20 +342,31 @@ def eval_routing(
         for item in questions:
             absent = bool(item.get("absent"))
             expected = [] if absent else _expected(item, parts)
-            for method, index in indexes.items():
-                start = time.perf_counter()
-                terms, candidates = index.search(item["question"])
-                query_ms[method].append((time.perf_counter() - start) * 1000)
-                routed[method].append(
-                    {
-                        "question": item["question"],
-                        "half": half_of(item["question"]),
-                        "absent": absent,
-                        "expected": expected,
-                        "terms": terms,
-                        "candidates": candidates,
-                    }
-                )
+            question = {"question": item["question"], "absent": absent, "expected": expected}
+            for method, (row, ms) in _search_all(
+                indexes, question, half_of(item["question"])
+            ).items():
+                routed[method].append(row)
+                query_ms[method].append(ms)
+        passages = next(
+            (i.passage_count for i in indexes.values() if isinstance(i, HybridIndex)), None
+        )
+        # The generated ledgers: a library of their own.
+        ledger_indexes = new_indexes()
+        opened += ledger_indexes.values()
+        ledger_documents, ledger_items = ledger_library(bench)
+        for name, text in ledger_documents:
+            plan = documents.plan_parts(name, text)
+            _index_all(
+                ledger_indexes,
+                [(f"{name}#{i + 1}", name, i + 1, len(plan), p.text) for i, p in enumerate(plan)],
+                name,
+            )
+        log(f"routing: {len(ledger_documents)} generated ledgers")
+        ledger: dict[str, list[dict[str, Any]]] = {m: [] for m in ledger_indexes}
+        for item in ledger_items:
+            for method, (row, _ms) in _search_all(ledger_indexes, item, "ledger").items():
+                ledger[method].append(row)
         settings = bench.core.settings
         defaults: dict[str, Gate] = {
             "lexical": (settings.get("route_min_strength"), settings.get("route_min_margin")),
@@ -268,19 +374,15 @@ def eval_routing(
                 settings.get("route_min_similarity"),
                 settings.get("route_min_coverage"),
                 settings.get("route_hybrid_margin"),
+                settings.get("route_strong_coverage"),
             ),
         }
         methods = {
-            m: _method_report(m, routed[m], defaults[m], index_s[m], tokens, query_ms[m])
+            m: _method_report(m, routed[m], ledger[m], defaults[m], index_s[m], tokens, query_ms[m])
             for m in indexes
         }
         main = "hybrid" if "hybrid" in methods else "lexical"
         chosen = methods[main]
-        passages = next(
-            (i.passage_count for i in indexes.values() if isinstance(i, HybridIndex)), None
-        )
-        for index in indexes.values():
-            index.close()
         return {
             "command": "eval routing",
             "retrieval": main,
@@ -290,6 +392,7 @@ def eval_routing(
             "parts": len(parts),
             "passages": passages,
             "questions": len(questions),
+            "ledger_questions": len(ledger_items),
             "plan_s": plan_s,
             "methods": {
                 m: {k: v for k, v in r.items() if k != "results"} for m, r in methods.items()
@@ -304,6 +407,8 @@ def eval_routing(
             "machine": machine(),
         }
     finally:
+        for index in opened:
+            index.close()
         if embedder is not None:
             embedder.close()
         bench.close()

@@ -73,31 +73,50 @@ def test_meaning_finds_the_part_that_words_alone_miss() -> None:
     for name, parts in {"garage.txt": GARAGE, "kitchen.txt": KITCHEN}.items():
         lexical.add([(f"{name}#{i + 1}", name, i + 1, len(parts), t) for i, t in enumerate(parts)])
     assert lexical.search(question)[1] == []  # no part holds "fix" or "car"
-    # With a word of the text as well, both rankings agree and fusion keeps the right part.
+    # With a word of the text as well, both halves agree and fusion keeps the right part.
     _t, both = index.search("How do I fix a car's engine?")
     assert both[0].part_id == "garage.txt#2" and both[0].coverage > 0
-    # Found by meaning alone, a part leads only by one rank of one list (1/61 against
-    # 1/62): the calibrated gates never answer that; here the margin is switched off.
-    decision = decide_hybrid(terms, candidates, 0.35, 0.0, 1.0, "library")
-    assert decide_hybrid(terms, candidates, 0.35, 0.0, 1.1, "library").confident is False
+    decision = decide_hybrid(terms, candidates, 0.35, 0.0, 1.1, 0.9, "library")
     assert decision.confident and decision.method == "hybrid"
     assert decision.best is not None and decision.best.part_id == "garage.txt#2"
     assert decision.explain().startswith("Answered from part 2 of 2")
-    assert decision.as_dict()["method"] == "hybrid"
+    assert "means" in decision.explain() and decision.as_dict()["method"] == "hybrid"
+
+
+def test_a_name_found_word_for_word_wins_over_meaning() -> None:
+    # Ledgers: every passage means the same ("X's access code is N"), one holds the name.
+    # Rank fusion let the meaning ranking's noise outvote it; score fusion keeps the gap.
+    ledger = [
+        " ".join(f"{n}'s access code is {1000 + i}." for i, n in enumerate(names))
+        for names in (["Ana Ruiz", "Bo Lind"] * 30, ["Cy Moss", "Di Hart"] * 30)
+    ]
+    same = np.array([1.0, 0.0], dtype=np.float32)  # every passage means the same
+    query = np.array([1.0, 3.0], dtype=np.float32) / np.sqrt(10.0)  # and little to a question
+    index = HybridIndex(lambda texts: np.stack([same] * len(texts)), lambda _q: query)
+    for name, text in (("ledger-a.txt", ledger[0]), ("ledger-b.txt", ledger[1])):
+        index.add([(f"{name}#1", name, 1, 1, text)], title=name)
+    terms, candidates = index.search("What is Di Hart's access code?")
+    assert candidates[0].document_id == "ledger-b.txt" and candidates[0].coverage > 0.9
+    assert (candidates[0].similarity or 0.0) < 0.35  # meaning says nothing here
+    found = decide_hybrid(terms, candidates, 0.35, 0.1, 1.1, 0.9, "library")
+    assert found.confident and "word for word" in found.explain()
+    assert not decide_hybrid(terms, candidates, 0.35, 0.1, 1.1, 1.01, "library").confident
+    terms, candidates = index.search("What is Ed Ward's access code?")  # recorded nowhere
+    assert not decide_hybrid(terms, candidates, 0.35, 0.1, 1.1, 0.9, "library").confident
 
 
 def test_gate_refuses_what_is_far_in_meaning_or_holds_none_of_the_words() -> None:
     index = index_of({"garage.txt": GARAGE, "kitchen.txt": KITCHEN})
     terms, candidates = index.search("What is the levy on imported goods?")
-    far = decide_hybrid(terms, candidates, 0.35, 0.0, 1.1, "library")
+    far = decide_hybrid(terms, candidates, 0.35, 0.0, 1.1, 0.9, "library")
     assert not far.confident and "close in meaning" in far.reason
     assert far.explain().startswith("Not answered")
     terms, candidates = index.search("When should dough be baked?")  # "dough" is in the text
     assert candidates[0].document_id == "kitchen.txt"
-    assert decide_hybrid(terms, candidates, 0.35, 0.1, 1.1, "library").confident
+    assert decide_hybrid(terms, candidates, 0.35, 0.1, 1.1, 0.9, "library").confident
     terms, candidates = index.search("Can bread be mended?")  # near, but none of its words
     assert candidates[0].coverage == 0.0
-    unsure = decide_hybrid(terms, candidates, 0.35, 0.1, 1.0, "library")
+    unsure = decide_hybrid(terms, candidates, 0.35, 0.1, 1.0, 0.9, "library")
     assert not unsure.confident and "words" in unsure.reason
 
 
@@ -105,11 +124,11 @@ def test_two_documents_as_close_are_refused_but_neighbours_are_cited() -> None:
     def part(pid: str, document: str, score: float) -> Candidate:
         return Candidate(pid, document, int(pid[-1]), 3, score, 0.5, 0.6)
 
-    tie = [part("a#1", "a", 0.032), part("b#1", "b", 0.031)]
-    refused = decide_hybrid(["x"], tie, 0.35, 0.1, 1.2, "library")
+    tie = [part("a#1", "a", 0.62), part("b#1", "b", 0.60)]
+    refused = decide_hybrid(["x"], tie, 0.35, 0.1, 1.2, 0.9, "library")
     assert not refused.confident and "two documents" in refused.reason
-    neighbours = [part("a#1", "a", 0.032), part("a#2", "a", 0.031), part("b#1", "b", 0.016)]
-    answered = decide_hybrid(["x"], neighbours, 0.35, 0.1, 1.2, "library")
+    neighbours = [part("a#1", "a", 0.62), part("a#2", "a", 0.60), part("b#1", "b", 0.30)]
+    answered = decide_hybrid(["x"], neighbours, 0.35, 0.1, 1.2, 0.9, "library")
     assert answered.confident and [c.part_id for c in answered.cited] == ["a#1", "a#2"]
     assert "cited too" in answered.explain()
 
@@ -166,7 +185,7 @@ def test_library_answers_a_paraphrase_with_the_embedding_model(
         "To mend a punctured inner tube, find the hole, roughen the rubber, apply a patch "
         "and let the glue dry before inflating. " * 8,
     )
-    answer = core.ask("How do I repair a punctured tube on my bike?")
+    answer = core.ask("How do I patch a punctured inner tube on my bike?")
     assert answer.answered, answer.why
     assert answer.decision.method == "hybrid" and answer.document_id is not None
     assert core.documents.name(core.documents.row(answer.document_id)) == "bicycle.txt"
@@ -215,9 +234,8 @@ def test_get_the_embedding_model_from_the_catalog_and_ask_with_it(
     garden.write_text("Tomatoes need full sun and regular watering. " * 20)
     for path in (notes, garden):
         cli_json("deposit", str(path), data_dir=data)
-    answer = cli_json(
-        "ask", "How do I repair a punctured tube on my bike?", "--max-tokens", "4", data_dir=data
-    )
+    question = "How do I patch a punctured inner tube on my bike?"
+    answer = cli_json("ask", question, "--max-tokens", "4", data_dir=data)
     assert answer["answered"] and answer["routing"]["method"] == "hybrid"
     assert answer["citation"].startswith("bicycle.txt") and "means" in answer["why"]
     refused = run_cli(

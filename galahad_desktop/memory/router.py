@@ -73,6 +73,12 @@ class RouteDecision:
                 f"; part {c.part_no} of the same document ranks close and is cited too"
                 for c in self.cited[1:]
             )
+            if self.extra.get("by_words"):
+                return (
+                    f"Answered from part {best.part_no} of {best.n_parts}: its best passage "
+                    f"holds {best.coverage:.0%} of the question's words as written (a name or "
+                    f"a code found word for word), {lead}{also}."
+                )
             return (
                 f"Answered from part {best.part_no} of {best.n_parts}: its closest passage "
                 f"means {best.similarity or 0.0:.0%} the same as the question and holds "
@@ -282,9 +288,14 @@ class PartIndex:
         return {r[0] for r in self.db.execute(sql, args)}
 
     def search(
-        self, question: str, document_id: str | None = None, limit: int = 8
+        self,
+        question: str,
+        document_id: str | None = None,
+        limit: int = 8,
+        by_score: bool = False,
     ) -> tuple[list[str], list[Candidate]]:
-        """(terms, best candidates first)."""
+        """(terms, best candidates first): those holding most of the question first, then
+        by BM25; or by BM25 alone (`by_score`, for fusion with another ranking)."""
         terms = query_terms(question)
         if not terms:
             raise InputError("The question has no words to look for in the documents.")
@@ -312,7 +323,10 @@ class PartIndex:
                 norm = self.K1 * (1 - self.B + self.B * lengths[part_id] / avg)
                 scores[part_id] = scores.get(part_id, 0.0) + idf * tf * (self.K1 + 1) / (tf + norm)
         # Most of the question first (coordination level), then BM25.
-        best = sorted(scores.items(), key=lambda item: (-covered[item[0]], -item[1]))[:limit]
+        if by_score:
+            best = sorted(scores.items(), key=lambda item: -item[1])[:limit]
+        else:
+            best = sorted(scores.items(), key=lambda item: (-covered[item[0]], -item[1]))[:limit]
         info = {
             r[0]: r[1:]
             for r in self.db.execute(

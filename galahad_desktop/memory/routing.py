@@ -132,6 +132,7 @@ class Routing:
                 settings.get("route_min_similarity"),
                 settings.get("route_min_coverage"),
                 settings.get("route_hybrid_margin"),
+                settings.get("route_strong_coverage"),
                 document_id or "library",
             )
         else:

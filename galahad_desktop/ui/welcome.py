@@ -106,6 +106,7 @@ class Welcome(QWidget):
             f"Running <b>{html.escape(model.name)}</b> ({model.n_params / 1e6:,.0f}M "
             f"parameters, {html.escape(model.quantization)}) on {html.escape(info.backend)} · "
             f"context {info.n_ctx:,} tokens · turn format: {html.escape(info.turn_format_note)}"
+            f"<br>Questions to the library are matched by {html.escape(info.routing)}."
             f"{note}"
         )
 
