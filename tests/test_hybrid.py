@@ -245,3 +245,59 @@ def test_get_the_embedding_model_from_the_catalog_and_ask_with_it(
     bad = run_cli("settings", "embedding_model=/nonexistent.gguf", data_dir=data, check=False)
     assert bad.returncode != 0 and "does not exist" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.model
+def test_vectors_are_kept_encrypted_reused_and_recomputed_when_damaged(
+    make_core: Callable[..., Galahad], minilm_path: Path
+) -> None:
+    import sqlite3
+
+    settings = {"n_ctx": 2048, "max_tokens": 4, "embedding_model": str(minilm_path)}
+    core = make_core(**settings)
+    bike = core.deposit_text(
+        "bicycle.txt", "To mend a punctured inner tube, find the hole and apply a patch. " * 60
+    )
+    core.deposit_text("garden.txt", "Tomatoes need full sun and regular watering. " * 60)
+    question = "How do I patch a punctured inner tube?"
+    assert core.ask(question).answered
+    index = core.routing._index
+    assert isinstance(index, HybridIndex) and index.embedded_passages == index.passage_count
+    rows = core.vault.catalog.select("part_vectors")
+    assert len(rows) == len(index) and all(r["n_passages"] >= 1 for r in rows)
+    first = next(iter(index._parts.values())).vectors[0].astype("<f2").tobytes()
+    data = core.data_dir
+    core.close()
+    on_disk = b"".join(f.read_bytes() for f in data.glob("catalog.sqlite*"))
+    assert first[:32] not in on_disk  # the vectors are not on disk in the clear
+
+    again = make_core(data=data, **settings)  # a new session: nothing read through the model
+    assert again.ask(question).answered
+    reused = again.routing._index
+    assert isinstance(reused, HybridIndex) and reused.embedded_passages == 0
+    again.close()
+
+    victim = rows[0]
+    conn = sqlite3.connect(data / "catalog.sqlite")
+    with conn:
+        blob = bytearray(victim["vectors_enc"])
+        blob[-1] ^= 0x01
+        conn.execute(
+            "UPDATE part_vectors SET vectors_enc = ? WHERE id = ?", (bytes(blob), victim["id"])
+        )
+    conn.close()
+    damaged = make_core(data=data, **settings)
+    problems = damaged.audit().problems
+    assert any("passage vectors" in p and victim["id"] in p for p in problems)
+    assert damaged.ask(question).answered  # routed on vectors computed again, never the bad ones
+    redone = damaged.routing._index
+    assert isinstance(redone, HybridIndex)
+    assert redone.embedded_passages == victim["n_passages"]
+    assert damaged.audit().problems == []  # the damaged row was replaced
+    catalog = damaged.vault.catalog
+    bike_parts = {r["id"] for r in catalog.select("parts", document_id=bike.document_id)}
+    assert bike_parts & {r["part_id"] for r in catalog.select("part_vectors")}
+    damaged.forget(bike.document_id)
+    left = {r["part_id"] for r in catalog.select("part_vectors")}
+    assert left and not left & bike_parts  # forgotten with its document
+    assert damaged.audit().problems == []

@@ -187,6 +187,22 @@ def test_a_schema_1_catalog_is_bound_and_sealed_on_upgrade(make_fake_core: CoreF
     assert upgraded.resume(conversation).proof.verdict == "exact"
 
 
+def test_a_schema_2_catalog_gains_the_passage_vectors_table(make_fake_core: CoreFactory) -> None:
+    core = make_fake_core()
+    conversation = _chat(core, "Hello there.")
+    core.close()
+    _edit(
+        core.data_dir,
+        ("DROP TABLE part_vectors", ()),
+        ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (b"2",)),
+    )
+    upgraded = make_fake_core()
+    assert upgraded.vault.catalog.meta_get("schema_version") == b"3"
+    assert upgraded.vault.catalog.count("part_vectors") == 0
+    assert upgraded.audit().problems == []
+    assert [m.text for m in upgraded.messages(conversation)][0] == "Hello there."
+
+
 def test_a_dropped_table_is_refused_and_not_recreated(make_fake_core: CoreFactory) -> None:
     core = make_fake_core()
     core.verified_add("What is 37 * 12 + 5?", "37 * 12 + 5 = 449.")

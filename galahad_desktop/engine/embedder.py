@@ -7,6 +7,7 @@ similarity. Models that want an instruction before the text (EmbeddingGemma, E5)
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,14 @@ class Embedder:
             )
         self.dimensions = int(self._llama.n_embd())
         self.prompts = prompts_for(self.architecture, self.name)
+
+    @property
+    def identity(self) -> str:
+        """Which vectors this model makes: stored vectors from another model (or another
+        file of it) are never mixed in."""
+        size = self.path.stat().st_size
+        text = f"{self.architecture}|{self.name}|{self.dimensions}|{size}|{self.prompts}"
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     @property
     def label(self) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -63,6 +64,14 @@ def passages(text: str) -> list[str]:
     return out
 
 
+class VectorStore(Protocol):
+    """Where a part's passage vectors are kept between sessions (encrypted by the caller)."""
+
+    def load(self, part_id: str, title: str, n_passages: int) -> np.ndarray | None: ...
+
+    def store(self, part_id: str, title: str, vectors: np.ndarray) -> None: ...
+
+
 @dataclass(frozen=True)
 class _Part:
     document_id: str
@@ -79,8 +88,11 @@ class HybridIndex:
         self,
         embed_passages: Callable[[list[str]], np.ndarray],
         embed_query: Callable[[str], np.ndarray],
+        store: VectorStore | None = None,
     ) -> None:
         self.lexical = PartIndex()
+        self._store = store
+        self.embedded_passages = 0  # passages read through the model (not found stored)
         self._embed_passages = embed_passages
         self._embed_query = embed_query
         self._parts: dict[str, _Part] = {}
@@ -91,7 +103,12 @@ class HybridIndex:
         for part_id, document_id, part_no, n_parts, text in rows:
             texts = passages(text) or [title or part_id]
             ids = tuple(f"{part_id}@{i}" for i in range(len(texts)))
-            vectors = self._embed_passages([f"{title}: {t}" if title else t for t in texts])
+            vectors = self._store.load(part_id, title, len(texts)) if self._store else None
+            if vectors is None:
+                vectors = self._embed_passages([f"{title}: {t}" if title else t for t in texts])
+                self.embedded_passages += len(texts)
+                if self._store is not None:
+                    self._store.store(part_id, title, vectors)
             rows_of_passages = [
                 (pid, document_id, i, len(texts), t)
                 for i, (pid, t) in enumerate(zip(ids, texts, strict=True))

@@ -212,6 +212,11 @@ class Maintenance:
             catalog.delete_in("conversations", "id", conversations)
             if kind == "document":
                 catalog.delete("documents", id=item_id)
+                catalog.delete_in(
+                    "part_vectors",
+                    "part_id",
+                    [r["id"] for r in catalog.select("parts", document_id=item_id)],
+                )
                 catalog.delete("parts", document_id=item_id)
             catalog.delete_in("routing_log", "id", log_lines)
             catalog.delete_in("usage", "owner_id", owners)

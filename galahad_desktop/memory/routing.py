@@ -3,26 +3,92 @@ gate), and the answer from that part's graft. The index exists only in memory af
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import sqlite3
+import struct
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from galahad_desktop.engine.embedder import Embedder
 from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.errors import InputError, NotFoundError, StorageError
 from galahad_desktop.memory.documents import Documents
 from galahad_desktop.memory.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.live import LiveContext
 from galahad_desktop.memory.results import AskResult
 from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
 from galahad_desktop.vault import crypto
-from galahad_desktop.vault.vault import new_id
+from galahad_desktop.vault.vault import Vault, new_id
 
 ROUTING_LOG_KEEP = 1000
+log = logging.getLogger(__name__)
+
+
+class StoredVectors:
+    """Passage vectors kept encrypted in the catalog (table part_vectors), so an unlock does
+    not read every document through the embedding model again. The row id is derived from
+    the part, the document's name (embedded with each passage) and the model, and the
+    ciphertext is bound to it; the passage count and dimensions travel inside it. Anything
+    that does not open or does not fit is computed again, never used."""
+
+    def __init__(self, vault: Vault, model: str) -> None:
+        self.vault = vault
+        self.model = model
+
+    def _row_id(self, part_id: str, title: str) -> str:
+        key = f"{part_id}\0{title}\0{self.model}".encode()
+        return "v" + hashlib.sha256(key).hexdigest()[:31]
+
+    def load(self, part_id: str, title: str, n_passages: int) -> np.ndarray | None:
+        row_id = self._row_id(part_id, title)
+        row = self.vault.catalog.get("part_vectors", row_id)
+        if row is None:
+            return None
+        try:
+            raw = self.vault.fields.decrypt_bytes(
+                row["vectors_enc"], "part_vectors", "vectors", row_id
+            )
+        except crypto.DecryptionFailed:
+            log.warning("stored vectors %s do not open; computed again", row_id)
+            return None
+        n, dims = struct.unpack_from("<II", raw)
+        if n != n_passages or len(raw) != 8 + n * dims * 2:
+            log.warning("stored vectors %s do not fit the part; computed again", row_id)
+            return None
+        vectors: np.ndarray = np.frombuffer(raw, dtype="<f2", offset=8).reshape(n, dims)
+        return vectors.astype(np.float32)
+
+    def store(self, part_id: str, title: str, vectors: np.ndarray) -> None:
+        row_id = self._row_id(part_id, title)
+        n, dims = vectors.shape
+        payload = struct.pack("<II", n, dims) + vectors.astype("<f2").tobytes()
+        try:
+            with self.vault.transaction():
+                self.vault.catalog.delete("part_vectors", id=row_id)
+                self.vault.catalog.insert(
+                    "part_vectors",
+                    {
+                        "id": row_id,
+                        "part_id": part_id,
+                        "model": self.model,
+                        "n_passages": n,
+                        "dims": dims,
+                        "vectors_enc": self.vault.fields.encrypt_bytes(
+                            payload, "part_vectors", "vectors", row_id
+                        ),
+                        "created_at": time.time(),
+                    },
+                )
+        except (StorageError, sqlite3.Error) as exc:  # a full disk: routing goes on
+            log.warning("vectors of a part not kept (%s); computed again next time", exc)
 
 
 @dataclass(frozen=True)
@@ -80,7 +146,11 @@ class Routing:
         if self._index is None:
             embedder = self.embedder()
             index: PartIndex | HybridIndex = (
-                HybridIndex(embedder.passages, embedder.query)
+                HybridIndex(
+                    embedder.passages,
+                    embedder.query,
+                    StoredVectors(self.vault, embedder.identity),
+                )
                 if embedder is not None
                 else PartIndex()
             )

@@ -21,7 +21,7 @@ import sqlite_utils
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 2  # 2: messages bound to their place, every record sealed
+SCHEMA_VERSION = 3  # 2: messages bound to their place, every record sealed; 3: part vectors
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -129,6 +129,22 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "id",
     ),
+    # The embedding model's vectors of a part's passages (the router's meaning half), kept so
+    # an unlock does not re-read every document through the model: encrypted (vectors can be
+    # inverted back towards text), bound to their row id, which is derived from the part and
+    # the model. A cache: a missing or damaged row is computed again from the part's text.
+    "part_vectors": (
+        {
+            "id": str,
+            "part_id": str,
+            "model": str,
+            "n_passages": int,
+            "dims": int,
+            "vectors_enc": bytes,
+            "created_at": float,
+        },
+        "id",
+    ),
     # Routing decisions, to measure the router: scores and margin, never the question's text.
     # Encrypted like everything else that says what the user did; deleted with what it names.
     "routing_log": ({"id": str, "at": float, "entry_enc": bytes}, "id"),
@@ -196,6 +212,7 @@ class Catalog:
         self.db["blocks"].create_index(["owner_id"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["blocks"].create_index(["parent_id"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["parts"].create_index(["document_id"], if_not_exists=True)  # type: ignore[union-attr]
+        self.db["part_vectors"].create_index(["part_id"], if_not_exists=True)  # type: ignore[union-attr]
 
     def _schema_version(self) -> int | None:
         try:

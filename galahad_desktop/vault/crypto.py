@@ -103,6 +103,7 @@ def damaged(table: str, column: str, row_id: object) -> str:
         "blocks": "block",
         "routing_log": "routing-log line",
         "usage": "usage line",
+        "part_vectors": "passage vectors",
     }.get(table, table)
     field = column.removesuffix("_enc")
     row_id = str(row_id).split("|")[0]  # a message's context starts with its id

@@ -183,7 +183,9 @@ class Records:
                     if column == "seal" or (column in OPTIONAL and row.get(column) is None):
                         continue
                     try:
-                        if table in ("routing_log", "usage"):
+                        if table == "part_vectors":
+                            fields.decrypt_bytes(row.get(column), table, "vectors", str(row["id"]))
+                        elif table in ("routing_log", "usage"):
                             fields.decrypt_text(
                                 row.get(column),
                                 table,
@@ -217,6 +219,12 @@ class Records:
             f"Document part {p['id']} belongs to no document ({p['document_id']})"
             for p in self.catalog.select("parts")
             if p["document_id"] not in ids["documents"]
+        ]
+        parts = {p["id"] for p in self.catalog.select("parts")}
+        problems += [
+            f"Passage vectors {v['id']} belong to no document part ({v['part_id']})"
+            for v in self.catalog.select("part_vectors")
+            if v["part_id"] not in parts
         ]
         problems += [
             f"Conversation {c['id']} is on a document that is not in the catalog"

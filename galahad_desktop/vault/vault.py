@@ -159,9 +159,11 @@ class Vault:
         if version < 1:
             raise IntegrityError(f"The catalog's schema version ({version}) is not valid.")
 
-        if version == 1:
+        if version < SCHEMA_VERSION:
+            # 2 -> 3 only adds the part_vectors table (created empty when the catalog opened).
             with self.catalog.transaction():
-                self.records.upgrade_from_v1()
+                if version == 1:
+                    self.records.upgrade_from_v1()
                 self.catalog.meta_set("schema_version", str(SCHEMA_VERSION).encode())
 
     # -- locking -------------------------------------------------------------------------
