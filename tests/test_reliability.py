@@ -200,7 +200,7 @@ def test_a_schema_2_catalog_gains_the_passage_vectors_table(make_fake_core: Core
     assert upgraded.vault.catalog.meta_get("schema_version") == b"3"
     assert upgraded.vault.catalog.count("part_vectors") == 0
     assert upgraded.audit().problems == []
-    assert [m.text for m in upgraded.messages(conversation)][0] == "Hello there."
+    assert upgraded.messages(conversation)[0].text == "Hello there."
 
 
 def test_a_dropped_table_is_refused_and_not_recreated(make_fake_core: CoreFactory) -> None:

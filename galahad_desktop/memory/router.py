@@ -63,41 +63,31 @@ class RouteDecision:
         if not self.candidates:
             return "Not answered: no stored document holds any of the question's words."
         best = self.candidates[0]
-        if self.confident and self.method == "hybrid":
-            lead = (
-                "no other document comes close"
-                if self.margin == float("inf")
-                else f"{self.margin:.2f}× ahead of any other document"
-            )
-            also = "".join(
-                f"; part {c.part_no} of the same document ranks close and is cited too"
-                for c in self.cited[1:]
-            )
-            if self.extra.get("by_words"):
-                return (
-                    f"Answered from part {best.part_no} of {best.n_parts}: its best passage "
-                    f"holds {best.coverage:.0%} of the question's words as written (a name or "
-                    f"a code found word for word), {lead}{also}."
-                )
-            return (
-                f"Answered from part {best.part_no} of {best.n_parts}: its closest passage "
-                f"means {best.similarity or 0.0:.0%} the same as the question and holds "
-                f"{best.coverage:.0%} of its words, {lead}{also}."
-            )
         if self.confident:
-            lead = (
-                "no other document matches"
-                if self.margin == float("inf")
-                else f"{self.margin:.1f}× more than any other document"
-            )
+            hybrid = self.method == "hybrid"
+            if self.margin == float("inf"):
+                lead = "no other document comes close"
+            elif hybrid:
+                lead = f"{self.margin:.2f}× ahead of any other document"
+            else:
+                lead = f"{self.margin:.1f}× more than any other document"
             also = "".join(
-                f"; part {c.part_no} next to it matches almost as well and is cited too"
+                f"; part {c.part_no} of the same document matches almost as well and is cited too"
                 for c in self.cited[1:]
             )
-            return (
-                f"Answered from part {best.part_no} of {best.n_parts}: it holds "
-                f"{self.strength:.0%} of what the question asks about, {lead}{also}."
-            )
+            if not hybrid:
+                holds = f"it holds {self.strength:.0%} of what the question asks about"
+            elif self.extra.get("by_words"):
+                holds = (
+                    f"its best passage holds {best.coverage:.0%} of the question's words as "
+                    "written (a name or a code found word for word)"
+                )
+            else:
+                holds = (
+                    f"its closest passage means {best.similarity or 0.0:.0%} the same as the "
+                    f"question and holds {best.coverage:.0%} of its words"
+                )
+            return f"Answered from part {best.part_no} of {best.n_parts}: {holds}, {lead}{also}."
         return f"Not answered: {self.reason}."
 
     def as_dict(self) -> dict[str, Any]:
