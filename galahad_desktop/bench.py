@@ -163,6 +163,7 @@ class Bench:
             "results": rows,
             "fingerprint": engine.fingerprint,
             "fingerprint_details": engine.fingerprint_details,
+            "placement": engine.placement.as_dict(),  # the device, offloaded layers, KV's home
             "machine": machine(),
         }
 

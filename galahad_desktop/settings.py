@@ -57,10 +57,19 @@ SETTINGS: tuple[Setting, ...] = (
         "n_gpu_layers",
         int,
         -1,
-        "Layers offloaded to the GPU; -1 means all when the build has a GPU backend.",
+        "Layers offloaded to the GPU; -1 means as many as fit in its free memory, 0 the CPU "
+        "alone.",
         runtime=True,
         minimum=-1,
         maximum=1024,
+    ),
+    Setting(
+        "rpc_servers",
+        str,
+        "",
+        "llama.cpp device servers on this computer (HOST:PORT, comma-separated, e.g. "
+        "127.0.0.1:50052 from `galahad serve-device`): used like a GPU; empty: none.",
+        runtime=True,
     ),
     Setting(
         "n_threads",

@@ -29,6 +29,7 @@ from galahad_desktop.engine.engine import (
     GEMMA_SAMPLING,
     EngineConfig,
     Generation,
+    Placement,
     Progress,
     ProgressFn,
     TextFn,
@@ -79,6 +80,7 @@ class FakeEngine:
         self.n_vocab = BYTES + len(self.specials)
         self.n_ctx = config.n_ctx
         self.gpu_layers = 0
+        self.placement = Placement("CPU", "CPU", 0, 1, {}, {}, "fake", {}, "a fake engine")
         self.guard = MarkupGuard(user_defined)
         self.turn_format = fmt
         self.turns = Turns(self, fmt)

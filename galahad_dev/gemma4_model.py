@@ -132,7 +132,10 @@ def gemma3_vocabulary(model_path: Path) -> Vocabulary:
     """Pieces, types and scores of the embedded Gemma 3 model (vocabulary only)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+    from galahad_desktop.engine import devices
+
+    with devices.only([]):
+        llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
     try:
         vocab = llm._model.vocab
         n = int(llama_cpp.llama_vocab_n_tokens(vocab))

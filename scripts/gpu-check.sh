@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
-# The GPU check: build llama-cpp-python==0.3.36 with CUDA into its own environment (.venv-gpu,
-# the CPU .venv stays as it is), then run the self-test and `bench resume` on the GPU and keep
-# the JSON (with its runtime fingerprint) in benchmarks/results/.
+# The GPU check, wherever a real GPU is (CI never has one: there the GPU tier runs on
+# llama.cpp's RPC device instead). Builds llama.cpp with the machine's GPU backend into its
+# own environment (.venv-gpu; the CPU .venv stays as it is) through the same build script as
+# setup.sh, then runs the GPU tier of the tests on the real device (GALAHAD_TEST_DEVICE=gpu),
+# the self-test, and `bench resume` / `bench deposit`, keeping the JSON (runtime fingerprint
+# and placement included) in benchmarks/results/gpu/.
 #
-# Needs an NVIDIA GPU with its driver and the CUDA toolkit (nvcc) on PATH, and network access
-# to PyPI (or PIP_FIND_LINKS pointing at downloaded wheels). Run it wherever such a GPU is:
 #   scripts/gpu-check.sh [--sizes 1000,4000,16000] [--model path/to/gemma-4.gguf]
+#
+# GALAHAD_GPU picks the backend (default: cuda with nvcc, else vulkan). Needs PyPI (or
+# PIP_FIND_LINKS pointing at downloaded wheels) for the first build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v nvidia-smi >/dev/null || { echo "gpu-check: no NVIDIA driver (nvidia-smi)" >&2; exit 2; }
-command -v nvcc >/dev/null || { echo "gpu-check: no CUDA toolkit (nvcc) on PATH" >&2; exit 2; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [ -z "${GALAHAD_GPU:-}" ]; then
+  if command -v nvcc >/dev/null; then export GALAHAD_GPU=cuda; else export GALAHAD_GPU=vulkan; fi
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 PYTHON="${PYTHON:-python3}"
 [ -x .venv-gpu/bin/python ] || "$PYTHON" -m venv .venv-gpu
-export CMAKE_ARGS="-DGGML_CUDA=on" FORCE_CMAKE=1 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
-.venv-gpu/bin/python -m pip install -q --upgrade pip wheel
-.venv-gpu/bin/python -m pip install -q --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
-.venv-gpu/bin/python -m pip install -q -e .
+bash scripts/build-llama.sh .venv-gpu/bin/python
+.venv-gpu/bin/python -m pip install -q -e ".[test]"
 .venv-gpu/bin/python - <<'PY'
-import llama_cpp, sys
-if not llama_cpp.llama_supports_gpu_offload():
-    sys.exit("gpu-check: llama-cpp-python was built without GPU offload")
-print(llama_cpp.llama_print_system_info().decode())
+import sys
+from galahad_desktop.engine import devices
+gpus = devices.gpu_devices()
+if not gpus:
+    sys.exit("gpu-check: llama.cpp sees no GPU device with this build")
+print("gpu-check: devices:", "; ".join(d.label() for d in gpus))
 PY
 out=benchmarks/results/gpu
 mkdir -p "$out"
 stamp="$(date +%Y%m%d-%H%M%S)"
-export QT_QPA_PLATFORM=offscreen
+export QT_QPA_PLATFORM=offscreen GALAHAD_TEST_DEVICE=gpu
+.venv-gpu/bin/python -m pytest -m gpu -p no:cacheprovider tests/test_hardware.py
 .venv-gpu/bin/galahad --self-test --json "$@" | tee "$out/self-test-$stamp.json"
-.venv-gpu/bin/galahad bench resume --json --out "$out" "$@" > "$out/bench-resume-$stamp.json"
-.venv-gpu/bin/galahad bench deposit --json --out "$out" "$@" > "$out/bench-deposit-$stamp.json"
+.venv-gpu/bin/galahad bench resume --json "$@" > "$out/bench-resume-$stamp.json"
+.venv-gpu/bin/galahad bench deposit --json "$@" > "$out/bench-deposit-$stamp.json"
 echo "gpu-check: results in $out"

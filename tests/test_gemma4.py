@@ -168,7 +168,7 @@ def test_recommend_get_and_switch_from_the_command(
     tmp_path: Path, gemma4_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = tmp_path / "data"
-    env = {"GALAHAD_FAKE_MEMORY_GIB": "5"}
+    env = {"GALAHAD_FAKE_MEMORY_GIB": "5", "GALAHAD_FAKE_SPEED": "700,45"}
     rec = cli_json("models", "recommend", data_dir=data, env=env)
     assert rec["recommended"] == "E2B" and rec["reason"]
     sizes = [c["size"] for c in rec["candidates"]]

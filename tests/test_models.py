@@ -99,28 +99,64 @@ def test_kv_bytes_per_token_follow_the_architecture() -> None:
         catalog.model_for("7B")
 
 
+GPU_SPEED = catalog.Speed(8000.0, 250.0, "given")  # a mid-range GPU with the embedded model
+
+
 @pytest.mark.parametrize(
-    ("gib", "expected"), [(2.0, None), (5.0, "E2B"), (8.0, "E4B"), (20.0, "26B-A4B"),
-                          (48.0, "31B")]
+    ("gib", "expected"), [(2.0, None), (5.0, "E2B"), (8.0, "E4B"), (20.0, "26B-A4B"), (48.0, "31B")]
 )
 def test_the_largest_model_that_fits_is_recommended(gib: float, expected: str | None) -> None:
     machine = catalog.Machine("GPU", "test GPU", int(gib * catalog.GIB))
-    rec = catalog.recommend(8192, machine)
+    rec = catalog.recommend(8192, machine, GPU_SPEED)
     assert rec.recommended == expected
     assert [c.size for c in rec.candidates] == ["E2B", "E4B", "26B-A4B", "31B"]
     assert all(c.fits == (c.memory_needed <= machine.memory_bytes) for c in rec.candidates)
     assert ("GPU" in rec.reason) or expected is None
 
 
-def test_without_a_gpu_the_dense_31b_is_not_recommended() -> None:
-    machine = catalog.Machine("CPU", "test CPU", 64 * catalog.GIB)
-    rec = catalog.recommend(8192, machine)
-    assert rec.recommended == "26B-A4B"  # 4B active: quick enough on a CPU
-    assert "31B would answer too slowly" in rec.reason
+def test_the_catalog_sizes_are_the_hubs_and_the_window_is_what_llama_cpp_allocates() -> None:
+    e4b, dense = catalog.model_for("E4B"), catalog.model_for("31B")
+    assert e4b.bytes == 5_335_289_824
+    assert e4b.window_cells(512) == 1024 and dense.window_cells(512) == 1536
+    assert dense.memory_needed(8192) > int(dense.bytes * catalog.HEADROOM)
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "gib", "expected"),
+    [
+        (700.0, 45.0, 64, "E2B"),  # a 2-core laptop: only the smallest is quick
+        (1600.0, 80.0, 64, "26B-A4B"),  # a fast desktop: the MoE (3.8B active) is quick
+        (1600.0, 80.0, 12, "E4B"),  # ... and with less memory the largest that fits
+        (200.0, 10.0, 64, None),  # too slow for any Gemma 4
+    ],
+)
+def test_the_recommendation_on_a_cpu_is_by_speed_not_only_by_fit(
+    prefill: float, decode: float, gib: int, expected: str | None
+) -> None:
+    machine = catalog.Machine("CPU", "test CPU", gib * catalog.GIB)
+    rec = catalog.recommend(8192, machine, catalog.Speed(prefill, decode, "given"))
+    assert rec.recommended == expected, rec.reason
+    for c in rec.candidates:
+        assert c.quick == (
+            c.decode_tps >= catalog.MIN_DECODE_TPS and c.prefill_tps >= catalog.MIN_PREFILL_TPS
+        )
+    if expected is None:
+        assert "too slow" in rec.reason
+    else:
+        assert "tokens/s" in rec.reason
+
+
+def test_26b_a4b_is_not_recommended_on_two_cores_for_fitting() -> None:
+    """The old rule picked the MoE because it fit and had few active parameters."""
+    machine = catalog.Machine("CPU", "test CPU", int(23.5 * catalog.GIB))
+    rec = catalog.recommend(8192, machine, catalog.Speed(700.0, 45.0, "given"))
+    assert rec.recommended == "E2B" and "26B-A4B" in rec.reason  # fits, too slow
 
 
 def test_this_machine_is_measured_through_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    found = catalog.devices()
-    assert found and found[0].total_bytes > 0  # at least the CPU with system memory
+    from galahad_desktop.engine import devices
+
+    found = devices.devices()
+    assert found and found[-1].kind == "CPU" and found[-1].total_bytes > 0
     monkeypatch.setenv("GALAHAD_FAKE_MEMORY_GIB", "5")
     assert catalog.Machine.detect().memory_bytes == 5 * catalog.GIB

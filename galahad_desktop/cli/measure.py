@@ -53,6 +53,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
             deposited = first.deposit(doc)
             backend = first.engine.backend
             system_info = first.engine.fingerprint_details["system_info"]
+            placement = first.engine.placement.as_dict()
         finally:
             first.close()
         second = Galahad(data, model_path=args.model, keystore=keystore, overrides=overrides)
@@ -93,11 +94,13 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
             "routed": routed.answered,
             "backend": backend,
             "system_info": system_info,
+            "device": placement["device"],
+            "cpu_variant": placement["cpu_variant"],
             "model": info.model.name,
             "turn_format": info.turn_format_note,
         },
         f"self-test {'passed' if ok else 'FAILED'}: {deposited.tokens} tokens, "
-        f"{report.describe()} ({backend})",
+        f"{report.describe()} ({info.device_note()})",
     )
     return 0 if ok else 1
 

@@ -4,6 +4,8 @@ and the window."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,38 @@ def cmd_info(core: Any, out: Output, args: argparse.Namespace) -> int:
         + (" · thinking available" if info.supports_thinking else ""),
         f"sampling: {', '.join(f'{k} {v}' for k, v in info.sampling_defaults.items())} "
         "(the model's recommendation)",
-        f"fingerprint {info.fingerprint[:16]} · {info.backend} backend, {info.gpu_layers} layers "
-        f"offloaded · context {info.n_ctx:,}",
+        f"fingerprint {info.fingerprint[:16]} · context {info.n_ctx:,}",
+        *_placement_lines(info.placement),
         f"library routing: {info.routing}",
         *[f"settings: {p}" for p in info.settings_problems],
     ]
     out.result(info, "\n".join(lines))
+    return 0
+
+
+def _placement_lines(placement: dict[str, Any]) -> list[str]:
+    if not placement:
+        return []
+    kv = ", ".join(
+        f"{name} {mib:,.0f} MiB" for name, mib in sorted(placement["kv_buffers"].items())
+    )
+    features = [k for k, v in placement["cpu_features"].items() if v == "1"]
+    return [
+        f"device: {placement['device']} · {placement['gpu_layers']}/{placement['total_layers']} "
+        f"layers offloaded ({placement['reason']}) · KV cache on {kv or 'CPU'}",
+        f"CPU kernels: {placement['cpu_variant']} ({' '.join(features) or 'baseline x86-64'})",
+    ]
+
+
+def cmd_serve_device(args: argparse.Namespace, out: Output) -> int:
+    """Serve this computer's CPU as a llama.cpp RPC device on a loopback port (blocks)."""
+    from galahad_desktop.engine import devices
+
+    endpoint = f"{args.host}:{args.port}"
+    devices.check_endpoint(endpoint)
+    print(f"galahad: serving the CPU device on {endpoint} (Ctrl+C stops)", file=sys.stderr)
+    sys.stderr.flush()
+    devices.serve_rpc(endpoint, args.threads)
     return 0
 
 
@@ -51,13 +79,8 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
                 f"{c.bytes / 1e9:5.1f} GB file · needs {c.memory_needed / GIB:5.1f} GiB · "
                 f"KV {c.kv_bytes_per_token / 1024:4.0f} KiB/token + "
                 f"{c.window_bytes / 2**20:4.0f} MiB window · "
-                + (
-                    "fits"
-                    if c.fits and c.quick
-                    else "fits, slow without a GPU"
-                    if c.fits
-                    else "too big"
-                )
+                f"~{c.decode_tps:5.1f} tok/s replies, ~{c.prefill_tps:6,.0f} tok/s reading · "
+                + ("fits" if c.fits and c.quick else "fits, slow here" if c.fits else "too big")
             )
         out.result(rec, "\n".join(lines))
         return 0
@@ -217,3 +240,13 @@ def register(add: Any) -> None:
     p = add("settings", "show settings, or change them with KEY=VALUE", cmd_settings, core=False)
     p.add_argument("changes", nargs="*", metavar="KEY=VALUE")
     add("gui", "open the desktop window", cmd_gui, core=False)
+    p = add(
+        "serve-device",
+        "serve this computer's CPU as a llama.cpp RPC device on 127.0.0.1 (for --set "
+        "rpc_servers=127.0.0.1:PORT; the protocol has no encryption, so loopback only)",
+        cmd_serve_device,
+        core=False,
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)

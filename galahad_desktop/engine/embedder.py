@@ -16,6 +16,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from galahad_desktop.engine import devices
 from galahad_desktop.engine.modelinfo import check_model_file
 from galahad_desktop.errors import ModelError
 
@@ -49,16 +50,17 @@ class Embedder:
         check_model_file(path)
         threads = n_threads or max(1, min(8, os.cpu_count() or 1))
         try:
-            self._llama: Any = llama_cpp.Llama(
-                model_path=str(path),
-                embedding=True,
-                n_ctx=CONTEXT,
-                n_batch=CONTEXT,
-                n_ubatch=CONTEXT,  # a passage is encoded in one pass (non-causal models)
-                n_threads=threads,
-                n_threads_batch=threads,
-                verbose=False,
-            )
+            with devices.only([]):  # beside the chat model, on the CPU
+                self._llama: Any = llama_cpp.Llama(
+                    model_path=str(path),
+                    embedding=True,
+                    n_ctx=CONTEXT,
+                    n_batch=CONTEXT,
+                    n_ubatch=CONTEXT,  # a passage is encoded in one pass (non-causal models)
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    verbose=False,
+                )
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"The embedding model {path} could not be loaded: {exc}") from None
         meta = self._llama.metadata

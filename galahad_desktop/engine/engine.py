@@ -13,7 +13,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
-import sys
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,8 +24,8 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from galahad_desktop.engine import devices, kvstate
 from galahad_desktop.engine import fingerprint as fp
-from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.chat_format import (
     GEMMA3_TURNS,
     TemplateNotUnderstood,
@@ -33,23 +33,45 @@ from galahad_desktop.engine.chat_format import (
     derive_turn_format,
 )
 from galahad_desktop.engine.markup import MarkupGuard
-from galahad_desktop.engine.modelinfo import ModelInfo, backend_name, check_model_file, describe
+from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, describe
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import CancelledError, InputError, ModelError
 
-_LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the model runs, as llama.cpp reported it while loading."""
+
+    device: str  # "Vulkan0: NVIDIA ...", "RPC0: 127.0.0.1:50052", or "CPU"
+    backend: str  # the backend running the offloaded layers (Vulkan, CUDA, RPC), or CPU
+    gpu_layers: int
+    total_layers: int
+    model_buffers: dict[str, float]  # buffer name -> MiB (CPU_Mapped, CUDA0, RPC0[...], ...)
+    kv_buffers: dict[str, float]  # device -> MiB of KV cache
+    cpu_variant: str  # the CPU kernels chosen for this processor (haswell, zen4, ...)
+    cpu_features: dict[str, str]
+    reason: str  # why this many layers are offloaded, in words
+
+    @property
+    def kv_devices(self) -> list[str]:
+        return sorted(self.kv_buffers)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kv_devices": self.kv_devices}
 
 
-@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-def _llama_log(level: int, text: bytes, user_data: Any) -> None:
-    # llama.cpp writes to stderr even with verbose=False; keep the CLI's stderr for our
-    # own messages unless asked (GALAHAD_LLAMA_LOG=1).
-    if _LOG_TO_STDERR:
-        sys.stderr.write(text.decode("utf-8", "replace"))
+_BUFFER_LINE = re.compile(r"^\S*?:?\s*(\S+)\s+(model|KV) buffer size =\s+([\d.]+) MiB")
 
 
-llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+def _buffers(lines: list[str], kind: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in "".join(lines).splitlines():
+        found = _BUFFER_LINE.match(line.strip())
+        if found and found.group(2) == kind:
+            out[found.group(1)] = out.get(found.group(1), 0.0) + float(found.group(3))
+    return out
+
 
 KV_TYPES = {
     "f16": llama_cpp.GGML_TYPE_F16,
@@ -70,7 +92,8 @@ GENERIC_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
 class EngineConfig:
     model_path: Path
     n_ctx: int = 8192
-    n_gpu_layers: int = -1
+    n_gpu_layers: int = -1  # -1: as many as fit in the GPUs' free memory
+    rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC devices on this computer (host:port)
     n_threads: int = 2
     n_batch: int = 512
     n_ubatch: int = 512
@@ -135,13 +158,30 @@ class Engine:
         if config.kv_type not in KV_TYPES:
             raise InputError(f"Unknown KV cache type '{config.kv_type}'.")
         self.config = config
-        gpu = bool(llama_cpp.llama_supports_gpu_offload())
-        self.gpu_layers = (config.n_gpu_layers if config.n_gpu_layers >= 0 else 999) if gpu else 0
+        devices.load_backends()
+        for endpoint in config.rpc_servers:
+            devices.add_rpc_server(endpoint)
+        offload = self._plan_offload(config)
+        self.gpu_layers = offload.gpu_layers
+        used = list(offload.devices) if self.gpu_layers else []
         try:
-            with _scratch_sequence():
+            with _scratch_sequence(), devices.only(used), devices.captured_log() as log:
                 self.llm = self._load(config)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
+        total_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model)) + 1
+        self.gpu_layers = min(self.gpu_layers, total_layers)
+        self.placement = Placement(
+            offload.device.label() if offload.device and self.gpu_layers else "CPU",
+            offload.device.backend if offload.device and self.gpu_layers else "CPU",
+            self.gpu_layers,
+            total_layers,
+            _buffers(log, "model"),
+            _buffers(log, "KV"),
+            devices.cpu_variant(),
+            devices.cpu_features(),
+            offload.reason,
+        )
         self._ctx = self.llm._ctx.ctx
         self._vocab = self.llm._model.vocab
         self.n_vocab = int(self.llm.n_vocab())
@@ -157,6 +197,21 @@ class Engine:
         self.decoded_tokens = 0
         self._held: int | None = None
         self._count_decodes()
+
+    @staticmethod
+    def _plan_offload(config: EngineConfig) -> devices.OffloadPlan:
+        gpus = devices.gpu_devices(config.rpc_servers)
+        if not gpus or config.n_gpu_layers >= 0:
+            return devices.plan_offload(config.n_gpu_layers, 0, 0, 0, gpus)
+        meta = _model_metadata(config.model_path)
+        arch = str(meta.get("general.architecture", ""))
+        n_layers = int(meta.get(f"{arch}.block_count", 0) or 0)
+        kv_heads = _first_int(meta.get(f"{arch}.attention.head_count_kv"), 1)
+        head = _first_int(meta.get(f"{arch}.attention.key_length"), 128)
+        # Every layer as if it kept every position: an upper bound for sliding-window models.
+        kv_bytes = config.n_ctx * n_layers * 2 * kv_heads * head * 2
+        size = config.model_path.stat().st_size
+        return devices.plan_offload(config.n_gpu_layers, max(n_layers, 1), size, kv_bytes, gpus)
 
     def _load(self, config: EngineConfig) -> llama_cpp.Llama:
         return llama_cpp.Llama(
@@ -182,8 +237,11 @@ class Engine:
             "model_sha256": self.model_sha256,
             "llama_cpp_python": llama_cpp.__version__,
             "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
-            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            "gpu_offload": self.gpu_layers > 0,
             "n_gpu_layers": self.gpu_layers,
+            # The device's kernels compute the KV bytes: a block made on a GPU is another
+            # runtime on the CPU (and the reverse) and is re-read, never grafted silently.
+            "device": self.placement.device if self.gpu_layers else "CPU",
             "n_ctx": self.n_ctx,
             "n_batch": c.n_batch,
             "n_ubatch": c.n_ubatch,
@@ -230,8 +288,7 @@ class Engine:
 
     @property
     def backend(self) -> str:
-        d = self.fingerprint_details
-        return backend_name(d["system_info"], d["gpu_offload"])
+        return self.placement.backend
 
     def model_info(self) -> ModelInfo:
         return describe(self.llm, self.config.model_path, self.config.embedded)
@@ -532,6 +589,26 @@ def _scratch_sequence() -> Iterator[None]:
         yield
     finally:
         llama_cpp.llama_cpp.llama_context_default_params = original
+
+
+def _model_metadata(path: Path) -> dict[str, Any]:
+    """A GGUF's metadata without its weights (to size the offload before loading)."""
+    try:
+        devices.load_backends()
+        with devices.only([]):
+            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(f"llama.cpp could not read {path}: {exc}") from None
+    try:
+        return dict(llm.metadata)
+    finally:
+        llm.close()
+
+
+def _first_int(value: Any, default: int) -> int:
+    """A GGUF number, or the first of a per-layer array (stored as text in the metadata)."""
+    found = re.search(r"\d+", str(value)) if value is not None else None
+    return int(found.group()) if found else default
 
 
 def default_threads() -> int:

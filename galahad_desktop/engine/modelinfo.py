@@ -10,6 +10,7 @@ from typing import Any
 
 import llama_cpp
 
+from galahad_desktop.engine import devices
 from galahad_desktop.errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
@@ -36,17 +37,6 @@ _FILE_TYPES = {
     18: "Q6_K",
     32: "BF16",
 }
-
-_BACKENDS = (
-    ("CUDA", "CUDA"),
-    ("ROCm", "ROCm"),
-    ("HIP", "ROCm"),
-    ("Metal", "Metal"),
-    ("MTL", "Metal"),
-    ("Vulkan", "Vulkan"),
-    ("SYCL", "SYCL"),
-    ("OpenCL", "OpenCL"),
-)
 
 
 @dataclass(frozen=True)
@@ -85,16 +75,6 @@ def quantization_name(meta: dict[str, Any]) -> str:
         return str(raw)
 
 
-def backend_name(system_info: str, gpu_offload: bool) -> str:
-    """The accelerator backend llama.cpp was built with, from its system info line."""
-    if gpu_offload:
-        for marker, name in _BACKENDS:
-            if marker in system_info:
-                return name
-        return "GPU"
-    return "CPU"
-
-
 def model_kind(has_template: bool, embedded: bool) -> tuple[str, str]:
     if embedded:
         return "demo", DEMO_LABEL
@@ -130,7 +110,8 @@ def inspect_gguf(path: Path, embedded: bool = False) -> ModelInfo:
     """A GGUF's metadata, read with the vocabulary only (no weights are loaded)."""
     check_model_file(path)
     try:
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        with devices.only([]):
+            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     except (ValueError, RuntimeError) as exc:
         raise ModelError(f"llama.cpp could not read {path}: {exc}") from None
     try:

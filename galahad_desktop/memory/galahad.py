@@ -171,6 +171,7 @@ class Galahad:
             engine.turns.supports_thinking,
             list(self.settings.problems),
             self.routing.describe(),
+            engine.placement.as_dict(),
         )
 
     def settings_values(self) -> dict[str, Any]:

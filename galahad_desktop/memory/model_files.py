@@ -32,6 +32,7 @@ def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
         model_path=path,
         n_ctx=settings.get("n_ctx"),
         n_gpu_layers=settings.get("n_gpu_layers"),
+        rpc_servers=tuple(e.strip() for e in settings.get("rpc_servers").split(",") if e.strip()),
         n_threads=settings.get("n_threads"),
         n_batch=settings.get("n_batch"),
         n_ubatch=settings.get("n_ubatch"),

@@ -365,6 +365,17 @@ class EngineInfo:
     supports_thinking: bool
     settings_problems: list[str]
     routing: str = ""  # how the library's router matches questions to parts, in words
+    # Where the model runs: device, offloaded layers, KV cache's device, CPU kernels.
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def device_note(self) -> str:
+        """'RPC0: 127.0.0.1:50052 (19/19 layers, KV cache there)' or 'CPU (zen4 kernels)'."""
+        p = self.placement
+        if not p or not p.get("gpu_layers"):
+            variant = p.get("cpu_variant", "") if p else ""
+            return f"CPU ({variant} kernels)" if variant else self.backend
+        kv = "KV cache there" if set(p["kv_devices"]) - {"CPU"} else "KV cache in memory"
+        return f"{p['device']} ({p['gpu_layers']}/{p['total_layers']} layers, {kv})"
 
 
 NO_GRAFT_PROOF = NO_PROOF

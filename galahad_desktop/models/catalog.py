@@ -10,9 +10,8 @@ position, sliding-window layers keep only the last window — so a block on disk
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,10 @@ GIB = 1024**3
 HEAD_SLIDING, HEAD_GLOBAL = 256, 512
 OVERHEAD_BYTES = 768 * 1024**2  # compute buffers, the runtime itself
 HEADROOM = 1.15  # never plan to fill the last 15% of memory
-CPU_ACTIVE_LIMIT = 4.0  # without a GPU, more active parameters than this answer too slowly
+# Quick enough to live with: a reply at about reading speed, and a page (~500 tokens) of a
+# document or a long question read in about ten seconds.
+MIN_DECODE_TPS = 4.0
+MIN_PREFILL_TPS = 50.0
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,20 @@ class Gemma4Model:
 
     @property
     def window_bytes(self) -> int:
+        """The sliding layers' cells as a stored block holds them (the last window)."""
         sliding, _global = self._owning()
         return sliding * self.window * 2 * self.kv_heads_sliding * HEAD_SLIDING * F16
 
+    def window_cells(self, n_ubatch: int = 512) -> int:
+        """What llama.cpp allocates for a sliding layer: the window plus one micro-batch,
+        rounded up to 256 cells (1,024 for E4B at 512, 1,536 for 31B)."""
+        return -(-(self.window + n_ubatch) // 256) * 256
+
     def memory_needed(self, n_ctx: int) -> int:
         """Weights, the KV cache for `n_ctx` tokens, and the runtime's own buffers."""
-        kv = n_ctx * self.kv_bytes_per_token + self.window_bytes
+        sliding, _global = self._owning()
+        window = sliding * self.window_cells() * 2 * self.kv_heads_sliding * HEAD_SLIDING * F16
+        kv = n_ctx * self.kv_bytes_per_token + window
         return int((self.bytes + kv + OVERHEAD_BYTES) * HEADROOM)
 
     def block_bytes(self, tokens: int) -> int:
@@ -76,27 +86,27 @@ class Gemma4Model:
 GEMMA4: tuple[Gemma4Model, ...] = (
     Gemma4Model(
         size="E2B", repo="unsloth/gemma-4-E2B-it-GGUF", file="gemma-4-E2B-it-Q4_K_M.gguf",
-        bytes=3_110_000_000, layers=35, global_every=5, window=512, kv_heads_sliding=1,
+        bytes=3_400_000_000, layers=35, global_every=5, window=512, kv_heads_sliding=1,
         kv_heads_global=1, shared_kv_layers=20, context=131_072,
-        active_params="2B effective", active_billions=2.0,
+        active_params="2.3B effective", active_billions=2.3,
     ),
     Gemma4Model(
         size="E4B", repo="ggml-org/gemma-4-E4B-it-GGUF", file="gemma-4-E4B-it-Q4_K_M.gguf",
-        bytes=4_230_000_000, layers=42, global_every=6, window=512, kv_heads_sliding=2,
+        bytes=5_335_289_824, layers=42, global_every=6, window=512, kv_heads_sliding=2,
         kv_heads_global=2, shared_kv_layers=18, context=131_072,
-        active_params="4B effective", active_billions=4.0,
+        active_params="4.5B effective", active_billions=4.5,
     ),
     Gemma4Model(
         size="26B-A4B", repo="lmstudio-community/gemma-4-26B-A4B-it-GGUF",
-        file="gemma-4-26B-A4B-it-Q4_K_M.gguf", bytes=14_500_000_000, layers=30, global_every=6,
+        file="gemma-4-26B-A4B-it-Q4_K_M.gguf", bytes=16_800_000_000, layers=30, global_every=6,
         window=1024, kv_heads_sliding=8, kv_heads_global=2, shared_kv_layers=0, context=262_144,
-        active_params="4B active of 26B (MoE)", active_billions=4.0,
+        active_params="3.8B active of 25B (MoE)", active_billions=3.8,
     ),
     Gemma4Model(
         size="31B", repo="ggml-org/gemma-4-31B-it-GGUF", file="gemma-4-31B-it-Q4_K_M.gguf",
-        bytes=17_400_000_000, layers=60, global_every=6, window=1024, kv_heads_sliding=16,
+        bytes=18_700_000_000, layers=60, global_every=6, window=1024, kv_heads_sliding=16,
         kv_heads_global=4, shared_kv_layers=0, context=262_144,
-        active_params="31B dense", active_billions=31.0,
+        active_params="30.7B dense", active_billions=30.7,
     ),
 )  # fmt: skip
 BY_SIZE = {m.size.lower(): m for m in GEMMA4}
@@ -135,60 +145,6 @@ def model_for(size: str) -> Gemma4Model:
     return found
 
 
-@dataclass(frozen=True)
-class Device:
-    kind: str  # GPU | CPU
-    name: str
-    free_bytes: int
-    total_bytes: int
-
-
-def _ggml_library() -> ctypes.CDLL | None:
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    lib_dir = Path(llama_cpp.__file__).resolve().parent / "lib"
-    names = {"win32": "ggml.dll", "darwin": "libggml.dylib"}.get(sys.platform, "libggml.so")
-    for candidate in (lib_dir / names, Path(names)):
-        try:
-            return ctypes.CDLL(str(candidate))
-        except OSError:
-            continue
-    return None
-
-
-def devices() -> list[Device]:
-    """llama.cpp's device list (GPUs with their free memory, and the CPU with system RAM)."""
-    lib = _ggml_library()
-    if lib is None:
-        return []
-    try:
-        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        lib.ggml_backend_dev_description.restype = ctypes.c_char_p
-        lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_type.restype = ctypes.c_int
-        lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_memory.argtypes = [
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_size_t),
-            ctypes.POINTER(ctypes.c_size_t),
-        ]
-        out = []
-        for i in range(int(lib.ggml_backend_dev_count())):
-            dev = lib.ggml_backend_dev_get(i)
-            free, total = ctypes.c_size_t(), ctypes.c_size_t()
-            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            kind = {1: "GPU", 2: "GPU"}.get(int(lib.ggml_backend_dev_type(dev)), "CPU")
-            name = (lib.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace")
-            out.append(Device(kind, name, int(free.value), int(total.value)))
-        return out
-    except (AttributeError, OSError):
-        return []
-
-
 def system_memory() -> int:
     try:
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
@@ -196,11 +152,86 @@ def system_memory() -> int:
         return 8 * GIB
 
 
+# The embedded Gemma 3 270M, measured as the probe: parameters computed per token (its tied
+# 262k-word output matrix included: every token multiplies through it).
+PROBE_ACTIVE_BILLIONS = 0.268
+
+
+@dataclass(frozen=True)
+class Speed:
+    """This machine's measured speed with the embedded model; larger models are estimated
+    from it by active parameters (prompt reading is compute-bound, replies memory-bound:
+    both scale with the weights each token touches, at the same 4-bit quantization)."""
+
+    prefill_tps: float
+    decode_tps: float
+    source: str  # measured | cached | given
+
+    def estimate(self, active_billions: float) -> tuple[float, float]:
+        factor = PROBE_ACTIVE_BILLIONS / active_billions
+        return self.prefill_tps * factor, self.decode_tps * factor
+
+
+def _speed_key() -> str:
+    from galahad_desktop.engine import devices
+
+    gpus = ",".join(d.label() for d in devices.gpu_devices())
+    return "|".join([llama_version(), devices.cpu_variant(), str(os.cpu_count()), gpus or "no GPU"])
+
+
+def llama_version() -> str:
+    try:
+        import llama_cpp
+
+        return str(llama_cpp.__version__)
+    except ImportError:
+        return "none"
+
+
+def measure_speed(refresh: bool = False) -> Speed:
+    """The embedded model's speed on this machine, measured once (a few seconds) and kept
+    in the cache directory per build, CPU kernels and GPU. GALAHAD_FAKE_SPEED='PREFILL,DECODE'
+    (tests, what-if) replaces it."""
+    fake = os.environ.get("GALAHAD_FAKE_SPEED")
+    if fake:
+        try:
+            prefill, decode = (float(x) for x in fake.split(","))
+            return Speed(prefill, decode, "given")
+        except ValueError:
+            raise InputError("GALAHAD_FAKE_SPEED must be 'PREFILL,DECODE' tokens/s.") from None
+    import json
+
+    import platformdirs
+
+    from galahad_desktop.engine import devices
+    from galahad_desktop.paths import APP_NAME, default_model_path
+    from galahad_desktop.system.files import atomic_write_bytes
+
+    cache = Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)) / "speed.json"
+    key = _speed_key()
+    known: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads(cache.read_text("utf-8"))
+        known = loaded if isinstance(loaded, dict) else {}
+    entry = known.get(key)
+    if not refresh and isinstance(entry, list) and len(entry) == 2:
+        with contextlib.suppress(TypeError, ValueError):
+            return Speed(float(entry[0]), float(entry[1]), "cached")
+    threads = max(1, min(8, os.cpu_count() or 1))
+    prefill, decode = devices.measure_speed(default_model_path(), threads)
+    known[key] = [prefill, decode]
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache, json.dumps(known, indent=1).encode("utf-8"))
+    return Speed(prefill, decode, "measured")
+
+
 @dataclass(frozen=True)
 class Machine:
     backend: str  # GPU | CPU
     device: str
     memory_bytes: int  # what a model may use: free GPU memory, else system RAM
+    speed: Speed | None = None  # measured when the recommendation needs it
 
     @classmethod
     def detect(cls, override_gib: float | None = None) -> Machine:
@@ -212,14 +243,16 @@ class Machine:
                 override_gib = float(fake)
             except ValueError:
                 override_gib = None
-        found = devices()
-        gpus = sorted((d for d in found if d.kind == "GPU"), key=lambda d: -d.free_bytes)
+        from galahad_desktop.engine import devices
+
+        found = devices.devices()
+        gpus = sorted((d for d in found if d.is_gpu), key=lambda d: -d.free_bytes)
         if gpus:
-            machine = cls("GPU", gpus[0].name, gpus[0].free_bytes)
+            machine = cls("GPU", gpus[0].label(), gpus[0].free_bytes)
         else:
             cpu = next((d for d in found if d.kind == "CPU"), None)
             total = cpu.total_bytes if cpu and cpu.total_bytes else system_memory()
-            machine = cls("CPU", cpu.name if cpu else "CPU", total)
+            machine = cls("CPU", cpu.description if cpu else "CPU", total)
         if override_gib is not None:
             machine = cls(machine.backend, machine.device, int(override_gib * GIB))
         return machine
@@ -237,7 +270,10 @@ class Candidate:
     context: int
     active_params: str
     fits: bool
-    quick: bool  # fast enough on this machine's backend (a GPU, or few active parameters)
+    quick: bool  # held by a GPU, or estimated to reply at reading speed and read a page in
+    # seconds on this CPU
+    prefill_tps: float  # estimated prompt reading, tokens/s
+    decode_tps: float  # estimated reply speed, tokens/s
 
 
 @dataclass(frozen=True)
@@ -247,61 +283,74 @@ class Recommendation:
     machine: Machine
     n_ctx: int
     candidates: list[Candidate]
+    speed: Speed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def recommend(n_ctx: int = 8192, machine: Machine | None = None) -> Recommendation:
-    """The largest Gemma 4 that fits this machine with room for `n_ctx` tokens of context."""
+def recommend(
+    n_ctx: int = 8192, machine: Machine | None = None, speed: Speed | None = None
+) -> Recommendation:
+    """The largest Gemma 4 that fits this machine with room for `n_ctx` tokens of context
+    and is quick here: replies at about reading speed, a page read in about ten seconds,
+    estimated from the embedded model measured on this machine."""
     machine = machine or Machine.detect()
-    candidates = [
-        Candidate(
-            m.size,
-            m.repo,
-            m.file,
-            m.bytes,
-            m.memory_needed(n_ctx),
-            m.kv_bytes_per_token,
-            m.window_bytes,
-            m.context,
-            m.active_params,
-            m.memory_needed(n_ctx) <= machine.memory_bytes,
-            machine.backend == "GPU" or m.active_billions <= CPU_ACTIVE_LIMIT,
+    speed = speed or machine.speed or measure_speed()
+    candidates = []
+    for m in GEMMA4:
+        prefill, decode = speed.estimate(m.active_billions)
+        candidates.append(
+            Candidate(
+                m.size,
+                m.repo,
+                m.file,
+                m.bytes,
+                m.memory_needed(n_ctx),
+                m.kv_bytes_per_token,
+                m.window_bytes,
+                m.context,
+                m.active_params,
+                m.memory_needed(n_ctx) <= machine.memory_bytes,
+                # A GPU holding the whole model reads and replies at its memory's speed (the
+                # small probe is latency-bound there, so scaling it undersells large models).
+                machine.backend == "GPU"
+                or (decode >= MIN_DECODE_TPS and prefill >= MIN_PREFILL_TPS),
+                prefill,
+                decode,
+            )
         )
-        for m in GEMMA4
-    ]
-    fitting = [c for c in candidates if c.fits and c.quick]
     where = (
-        f"{machine.memory_bytes / GIB:.1f} GiB free on the {machine.device} GPU"
+        f"{machine.memory_bytes / GIB:.1f} GiB free on {machine.device}"
         if machine.backend == "GPU"
-        else f"{machine.memory_bytes / GIB:.1f} GiB of system memory (no GPU backend)"
+        else f"{machine.memory_bytes / GIB:.1f} GiB of system memory and no GPU"
     )
-    if not fitting:
+    fitting = [c for c in candidates if c.fits]
+    quick = [c for c in fitting if c.quick]
+    if not quick:
         smallest = candidates[0]
-        return Recommendation(
-            None,
+        why = (
             f"Even Gemma 4 {smallest.size} needs {smallest.memory_needed / GIB:.1f} GiB with a "
-            f"{n_ctx:,}-token context; this machine has {where}. The embedded demo model "
-            "still runs.",
-            machine,
-            n_ctx,
-            candidates,
+            f"{n_ctx:,}-token context; this machine has {where}."
+            if not fitting
+            else f"Gemma 4 {fitting[0].size} fits ({where}) but would reply at about "
+            f"{fitting[0].decode_tps:.1f} tokens/s and read about {fitting[0].prefill_tps:.0f} "
+            "tokens/s here (estimated), too slow to live with."
         )
-    best = fitting[-1]
-    slow = [c.size for c in candidates if c.fits and not c.quick]
-    note = (
-        f" Without a GPU, {', '.join(slow)} would answer too slowly (over "
-        f"{CPU_ACTIVE_LIMIT:.0f}B parameters active per token)."
-        if slow
-        else ""
-    )
+        return Recommendation(
+            None, f"{why} The embedded demo model still runs.", machine, n_ctx, candidates, speed
+        )
+    best = max(quick, key=lambda c: c.memory_needed)  # the largest quick one
+    slow = [c.size for c in fitting if not c.quick]
+    note = f" {', '.join(slow)} would fit but answer too slowly here." if slow else ""
     return Recommendation(
         best.size,
-        f"Gemma 4 {best.size} is the largest that fits: it needs "
-        f"{best.memory_needed / GIB:.1f} GiB with a {n_ctx:,}-token context, and this machine "
-        f"has {where}.{note}",
+        f"Gemma 4 {best.size}: about {best.decode_tps:.0f} tokens/s replies and "
+        f"{best.prefill_tps:,.0f} tokens/s reading here (estimated from the embedded model, "
+        f"measured on this machine); it needs {best.memory_needed / GIB:.1f} GiB with a "
+        f"{n_ctx:,}-token context, and this machine has {where}.{note}",
         machine,
         n_ctx,
         candidates,
+        speed,
     )

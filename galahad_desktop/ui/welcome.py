@@ -104,7 +104,8 @@ class Welcome(QWidget):
             note = f"<br>{html.escape(model.label)}."
         self.model_label.setText(
             f"Running <b>{html.escape(model.name)}</b> ({model.n_params / 1e6:,.0f}M "
-            f"parameters, {html.escape(model.quantization)}) on {html.escape(info.backend)} · "
+            f"parameters, {html.escape(model.quantization)}) on "
+            f"{html.escape(info.device_note())} · "
             f"context {info.n_ctx:,} tokens · turn format: {html.escape(info.turn_format_note)}"
             f"<br>Questions to the library are matched by {html.escape(info.routing)}."
             f"{note}"

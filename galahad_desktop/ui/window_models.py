@@ -58,7 +58,7 @@ class ModelActions:
         kind = "" if info.model.kind == "chat" else f" ({info.model.label})"
         note = "" if info.turn_format.get("understood", True) else f" · {info.turn_format_note}"
         self.set_status(
-            f"{info.model.name}{kind} · {info.backend} ({info.gpu_layers} GPU layers) · keys in "
+            f"{info.model.name}{kind} · {info.device_note()} · keys in "
             f"{keyring_label(info.keyring)}{note}"
         )
         for problem in info.settings_problems:

@@ -1,0 +1,456 @@
+"""llama.cpp's backends and devices: which CPU kernels run, which GPU (or remote) device holds
+the model and its KV cache, and how many layers fit there.
+
+The build (scripts/setup.sh) makes every backend a loadable module: the CPU backend in one
+variant per x86-64 level (x86-64 up to AVX-512 VNNI/BF16; llama.cpp scores each against this
+CPU and loads the fastest that runs here), the RPC backend, and a GPU backend where the machine
+can build one. Modules must be loaded before a model is; `load_backends()` does it once per
+process. A build with backends linked in (an older .venv) needs nothing loaded and works too.
+
+llama.cpp's AMX kernels are never built or shipped: they crash on Intel Xeons with AMX
+(upstream issue #20824, "segfault in ggml_backend_amx_mul_mat"). Such a CPU runs the AVX-512
+variant with llama.cpp's repacked kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import ipaddress
+import os
+import re
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from galahad_desktop.errors import InputError, ModelError
+
+_LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
+_log_capture: list[str] | None = None  # llama.cpp's lines while a model loads
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _llama_log(level: int, text: bytes, user_data: Any) -> None:
+    # llama.cpp and ggml write to stderr even with verbose=False; keep the CLI's stderr for
+    # our own messages unless asked (GALAHAD_LLAMA_LOG=1). Set here, in the lowest module
+    # that touches llama.cpp, before any backend is loaded.
+    line = text.decode("utf-8", "replace")
+    if _log_capture is not None:
+        _log_capture.append(line)
+    if _LOG_TO_STDERR:
+        sys.stderr.write(line)
+
+
+llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+
+
+@contextlib.contextmanager
+def captured_log() -> Iterator[list[str]]:
+    """Keep what llama.cpp says meanwhile: while loading, it names the buffers it put on
+    each device (the only record of where the weights and the KV cache actually live)."""
+    global _log_capture
+    lines: list[str] = []
+    _log_capture = lines
+    try:
+        yield lines
+    finally:
+        _log_capture = None
+
+
+DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
+GPU_TYPES = (DEVICE_GPU, DEVICE_IGPU)
+GIB = 1024**3
+
+
+class _Feature(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+def library_dir() -> Path:
+    """Where llama-cpp-python keeps llama.cpp's libraries (and the backend modules)."""
+    return Path(llama_cpp.__file__).resolve().parent / "lib"
+
+
+def _shared_name(stem: str) -> str:
+    return {"win32": f"{stem}.dll", "darwin": f"lib{stem}.dylib"}.get(sys.platform, f"lib{stem}.so")
+
+
+def _loaded_ggml() -> Path:
+    """The libggml file libllama loaded. It must be that very file: a wheel stores the
+    library's versioned names as separate copies, and another copy has its own (empty)
+    backend registry."""
+    with contextlib.suppress(OSError):
+        maps = Path("/proc/self/maps").read_text("utf-8", "replace")
+        found = re.search(r"(/\S*/libggml\.so(?:\.\d+)*)\n", maps)
+        if found:
+            return Path(found.group(1))
+    for name in ("libggml.so.0", "libggml.0.dylib", _shared_name("ggml")):
+        if (library_dir() / name).exists():
+            return library_dir() / name
+    return library_dir() / _shared_name("ggml")
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """libggml: the backend registry, the same copy libllama uses."""
+    lib = ctypes.CDLL(str(_loaded_ggml()))
+    signatures: dict[str, tuple[Any, list[Any]]] = {
+        "ggml_backend_load_all_from_path": (None, [ctypes.c_char_p]),
+        "ggml_backend_reg_count": (ctypes.c_size_t, []),
+        "ggml_backend_register": (None, [ctypes.c_void_p]),
+        "ggml_backend_reg_get": (ctypes.c_void_p, [ctypes.c_size_t]),
+        "ggml_backend_reg_by_name": (ctypes.c_void_p, [ctypes.c_char_p]),
+        "ggml_backend_reg_name": (ctypes.c_char_p, [ctypes.c_void_p]),
+        "ggml_backend_reg_get_proc_address": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+        "ggml_backend_reg_dev_count": (ctypes.c_size_t, [ctypes.c_void_p]),
+        "ggml_backend_reg_dev_get": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
+        "ggml_backend_dev_count": (ctypes.c_size_t, []),
+        "ggml_backend_dev_get": (ctypes.c_void_p, [ctypes.c_size_t]),
+        "ggml_backend_dev_name": (ctypes.c_char_p, [ctypes.c_void_p]),
+        "ggml_backend_dev_description": (ctypes.c_char_p, [ctypes.c_void_p]),
+        "ggml_backend_dev_type": (ctypes.c_int, [ctypes.c_void_p]),
+        "ggml_backend_dev_backend_reg": (ctypes.c_void_p, [ctypes.c_void_p]),
+        "ggml_backend_dev_memory": (
+            None,
+            [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+        ),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return lib
+
+
+_load_lock = threading.Lock()
+_loaded = False
+
+
+def is_modular_build() -> bool:
+    """True when the CPU backend is a loadable module (the portable build)."""
+    return any(library_dir().glob(_shared_name("ggml-cpu-*")))
+
+
+def load_backends() -> None:
+    """Load the backend modules once (the fastest CPU variant for this CPU, RPC, a GPU
+    backend if built). A build with linked-in backends already has its devices."""
+    global _loaded
+    with _load_lock:
+        if _loaded:
+            return
+        lib = _ggml()
+        if int(lib.ggml_backend_dev_count()) == 0 or is_modular_build():
+            lib.ggml_backend_load_all_from_path(str(library_dir()).encode())
+        _loaded = True
+        if int(lib.ggml_backend_dev_count()) == 0:
+            raise ModelError(
+                "llama.cpp found no usable backend for this processor in "
+                f"{library_dir()}; the installation is incomplete (run scripts/setup.sh)."
+            )
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # llama.cpp's name: CPU, Vulkan0, CUDA0, RPC0, ...
+    description: str
+    kind: str  # CPU | GPU | iGPU | accelerator
+    backend: str  # the backend that provides it: CPU, Vulkan, CUDA, RPC, ...
+    free_bytes: int
+    total_bytes: int
+    handle: int = field(default=0, repr=False, compare=False)  # llama.cpp's device pointer
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("GPU", "iGPU")
+
+    def label(self) -> str:
+        return f"{self.name}: {self.description}" if self.description else self.name
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["handle"]
+        return out
+
+
+_KINDS = {DEVICE_CPU: "CPU", DEVICE_GPU: "GPU", DEVICE_IGPU: "iGPU", DEVICE_ACCEL: "accelerator"}
+
+
+def _device(dev: int) -> Device:
+    lib = _ggml()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    reg = lib.ggml_backend_dev_backend_reg(dev)
+    return Device(
+        name=(lib.ggml_backend_dev_name(dev) or b"").decode("utf-8", "replace"),
+        description=(lib.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace"),
+        kind=_KINDS.get(int(lib.ggml_backend_dev_type(dev)), "other"),
+        backend=(lib.ggml_backend_reg_name(reg) or b"").decode("utf-8", "replace") if reg else "",
+        free_bytes=int(free.value),
+        total_bytes=int(total.value),
+        handle=int(dev),
+    )
+
+
+def devices(rpc_servers: tuple[str, ...] = ()) -> list[Device]:
+    """The devices llama.cpp can use now, in its order. Device servers (RPC) stay registered
+    for the whole process once added; only those named in `rpc_servers` are listed (asking
+    a server that has gone away for its memory would abort the process)."""
+    load_backends()
+    lib = _ggml()
+    found = []
+    for i in range(int(lib.ggml_backend_dev_count())):
+        dev = lib.ggml_backend_dev_get(i)
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        if reg and (lib.ggml_backend_reg_name(reg) or b"").startswith(b"RPC"):
+            where = (lib.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace")
+            if where not in rpc_servers:
+                continue
+        found.append(_device(dev))
+    return found
+
+
+def gpu_devices(rpc_servers: tuple[str, ...] = ()) -> list[Device]:
+    """The GPUs llama.cpp offers, and the device servers named in `rpc_servers`."""
+    return [d for d in devices(rpc_servers) if d.is_gpu]
+
+
+def _proc(backend: str, symbol: str) -> int:
+    load_backends()
+    lib = _ggml()
+    reg = lib.ggml_backend_reg_by_name(backend.encode())
+    address = lib.ggml_backend_reg_get_proc_address(reg, symbol.encode()) if reg else None
+    if not address:
+        raise ModelError(
+            f"This llama.cpp build has no {backend} backend ({symbol}); rebuild it with "
+            "scripts/setup.sh."
+        )
+    return int(address)
+
+
+def cpu_features() -> dict[str, str]:
+    """The features the loaded CPU backend was compiled for (AVX2, AVX512, REPACK, ...)."""
+    try:
+        address = _proc("CPU", "ggml_backend_get_features")
+    except ModelError:
+        return {}
+    get = ctypes.CFUNCTYPE(ctypes.POINTER(_Feature), ctypes.c_void_p)(address)
+    reg = _ggml().ggml_backend_reg_by_name(b"CPU")
+    features: dict[str, str] = {}
+    table = get(reg)
+    index = 0
+    while table[index].name:
+        features[table[index].name.decode()] = (table[index].value or b"").decode()
+        index += 1
+    return features
+
+
+def cpu_variant() -> str:
+    """Which CPU module runs here (haswell, skylakex, zen4, ...): read from this process's
+    mapped files, where the loader put the one it chose. 'built-in' for a linked-in CPU
+    backend; 'unknown' where the platform does not say."""
+    if not is_modular_build():
+        return "built-in"
+    with contextlib.suppress(OSError):
+        maps = Path("/proc/self/maps").read_text("utf-8", "replace")
+        found = re.search(r"libggml-cpu-([A-Za-z0-9_.]+?)\.so", maps)
+        if found:
+            return found.group(1)
+    return "unknown"
+
+
+@contextlib.contextmanager
+def only(chosen: list[Device]) -> Iterator[None]:
+    """Load models onto exactly these devices (none: the CPU alone). Without a list,
+    llama.cpp takes every device it knows, device servers another engine added included,
+    and a context on a server that has gone away aborts the process. Every model this
+    program loads goes through here."""
+    load_backends()
+    original = llama_cpp.llama_cpp.llama_model_default_params
+    handles = (ctypes.c_void_p * (len(chosen) + 1))(*[d.handle for d in chosen], None)
+
+    def on_chosen() -> Any:
+        params = original()
+        params.devices = ctypes.cast(handles, ctypes.c_void_p)
+        return params
+
+    llama_cpp.llama_cpp.llama_model_default_params = on_chosen
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = original
+
+
+# -- llama.cpp's RPC backend: a device served by another process ---------------------------
+
+
+def check_endpoint(endpoint: str, allow_remote: bool = False) -> tuple[str, int]:
+    """'host:port' -> (host, port). The RPC protocol has no authentication or encryption:
+    only loopback addresses unless the caller allows others explicitly."""
+    host, sep, port_text = endpoint.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InputError(f"'{endpoint}' is not a device address; write it as HOST:PORT.")
+    if not allow_remote:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            raise InputError(
+                f"'{endpoint}' is not on this computer. llama.cpp's RPC protocol sends model "
+                "weights and KV cache unencrypted and unauthenticated, so Galahad only uses "
+                "devices served on 127.0.0.1."
+            )
+    return host, int(port_text)
+
+
+_rpc_servers: dict[str, list[Device]] = {}  # registered once per process
+
+
+def add_rpc_server(endpoint: str) -> list[Device]:
+    """Make the devices an RPC server offers usable by models loaded from now on."""
+    host, port = check_endpoint(endpoint)
+    with _load_lock:
+        if endpoint in _rpc_servers:
+            return _rpc_servers[endpoint]
+    # llama.cpp aborts the whole process when it cannot connect: ask first.
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError:
+        raise ModelError(
+            f"No device server answers at {endpoint} (start one with `galahad serve-device "
+            f"--port {port}`, or clear the rpc_servers setting)."
+        ) from None
+    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
+        _proc("RPC", "ggml_backend_rpc_add_server")
+    )
+    reg = add(endpoint.encode())
+    lib = _ggml()
+    found = [
+        _device(lib.ggml_backend_reg_dev_get(reg, i))
+        for i in range(int(lib.ggml_backend_reg_dev_count(reg)) if reg else 0)
+    ]
+    if not found:
+        raise ModelError(f"The device server at {endpoint} did not answer.")
+    with _load_lock:
+        if endpoint not in _rpc_servers:
+            lib.ggml_backend_register(reg)
+            _rpc_servers[endpoint] = found
+    return found
+
+
+def serve_rpc(endpoint: str, n_threads: int) -> None:
+    """Serve this machine's CPU device over llama.cpp's RPC protocol; blocks until killed."""
+    check_endpoint(endpoint)
+    lib = _ggml()
+    load_backends()
+    cpu = lib.ggml_backend_reg_dev_get(lib.ggml_backend_reg_by_name(b"CPU"), 0)
+    start = ctypes.CFUNCTYPE(
+        None,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),
+    )(_proc("RPC", "ggml_backend_rpc_start_server"))
+    served = (ctypes.c_void_p * 1)(cpu)
+    start(endpoint.encode(), None, n_threads, 1, served)
+
+
+# -- where the model goes ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    gpu_layers: int  # layers placed on GPU devices (0: CPU only)
+    total_layers: int  # the model's layers plus its output layer
+    device: Device | None  # the first GPU device (where llama.cpp puts the KV of its layers)
+    reason: str  # in words: why this many
+    devices: tuple[Device, ...] = ()  # every GPU device the layers are split over
+
+
+def plan_offload(
+    requested: int,
+    n_layers: int,
+    model_bytes: int,
+    kv_bytes: int,
+    gpus: list[Device],
+    overhead_bytes: int = 512 * 1024**2,
+) -> OffloadPlan:
+    """How many layers to offload. `requested` >= 0 is the user's number; -1 sizes the
+    offload to the GPUs' free memory: weights and KV cache split evenly per layer, plus the
+    compute buffers, never planning to fill the last 10%."""
+    total = n_layers + 1  # llama.cpp counts the output layer as one more
+    if not gpus:
+        return OffloadPlan(0, total, None, "no GPU device: the CPU runs every layer")
+    first = gpus[0]
+    if requested >= 0:
+        layers = min(requested, total) if n_layers > 0 else requested  # 0: not read yet
+        return OffloadPlan(
+            layers, total, first, f"{layers} layers, as set (n_gpu_layers)", tuple(gpus)
+        )
+    free = sum(d.free_bytes for d in gpus)
+    per_layer = (model_bytes + kv_bytes) / total
+    usable = free * 0.9 - overhead_bytes
+    fit = total if per_layer <= 0 else max(0, min(total, int(usable // per_layer)))
+    where = f"{free / GIB:.1f} GiB free on {', '.join(d.name for d in gpus)}"
+    if fit == total:
+        return OffloadPlan(total, total, first, f"all {total} layers fit ({where})", tuple(gpus))
+    return OffloadPlan(
+        fit,
+        total,
+        first,
+        f"{fit} of {total} layers fit ({where}); the CPU runs the rest, which is slower",
+        tuple(gpus),
+    )
+
+
+# -- how fast this machine reads and writes ----------------------------------------------
+
+
+def measure_speed(
+    model_path: Path, n_threads: int, prompt_tokens: int = 256
+) -> tuple[float, float]:
+    """(prompt tokens/s, generated tokens/s) of a model on this machine's devices: a
+    few-second micro-benchmark (one prompt batch, then single-token steps)."""
+    import time
+
+    gpus = gpu_devices()  # this machine's own GPUs, no device servers
+    try:
+        with only(gpus):
+            llm = llama_cpp.Llama(
+                model_path=str(model_path),
+                n_ctx=prompt_tokens + 64,
+                n_batch=prompt_tokens,
+                n_ubatch=prompt_tokens,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                n_gpu_layers=-1 if gpus else 0,
+                verbose=False,
+            )
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(f"llama.cpp could not load {model_path}: {exc}") from None
+    try:
+        text = b"The knights rode north along the river, counting the towers they passed. "
+        tokens = (llm.tokenize(text * 40))[:prompt_tokens]
+        llm.eval(tokens[:16])  # warm-up: first-use allocations are not reading speed
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm._ctx.ctx), True)
+        llm.n_tokens = 0
+        start = time.perf_counter()
+        llm.eval(tokens)
+        prefill = len(tokens) / (time.perf_counter() - start)
+        steps = 16
+        start = time.perf_counter()
+        for token in tokens[:steps]:
+            llm.eval([token])
+        decode = steps / (time.perf_counter() - start)
+        return prefill, decode
+    finally:
+        llm.close()
