@@ -20,7 +20,8 @@
 #     cpu     no GPU backend.
 #   macOS keeps llama-cpp-python's own build (Metal on Apple silicon).
 # The wheel is kept per build configuration under ~/.cache/galahad/llama-wheels, so a fresh
-# checkout on the same machine installs it in seconds.
+# checkout on the same machine installs it in seconds (GALAHAD_LLAMA_WHEEL=FILE supplies one
+# built elsewhere with the same configuration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-.venv/bin/python}"
@@ -46,8 +47,10 @@ vulkan_headers_ok() {  # include dir
 }
 
 vulkan_headers_version() {  # include dir
-  sed -n 's/^#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, \([0-9]*\), \([0-9]*\), VK_HEADER_VERSION).*/\1.\2/p' \
-    "$1/vulkan/vulkan_core.h" 2>/dev/null | head -n 1
+  local header="$1/vulkan/vulkan_core.h" minor patch
+  minor="$(sed -n 's/^#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, \([0-9]*\), \([0-9]*\),.*/\1.\2/p' "$header" 2>/dev/null | head -n 1)"
+  patch="$(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' "$header" 2>/dev/null | head -n 1)"
+  [ -n "$minor" ] && echo "$minor.$patch"
 }
 
 newer_vulkan_headers() {
@@ -107,7 +110,9 @@ choose_gpu() {  # sets GPU and WHY
     GPU=none; return
   fi
   GPU=vulkan
-  WHY="${choice/auto/a GPU was found}; Vulkan headers $(vulkan_headers_version "$include")"
+  WHY="a GPU was found"
+  [ "$choice" = vulkan ] && WHY="GALAHAD_GPU=vulkan"
+  WHY="$WHY; Vulkan headers $(vulkan_headers_version "$include")"
   [ -n "$VULKAN_ROOT" ] && WHY="$WHY (Debian 13's, unpacked privately)"
 }
 
@@ -140,6 +145,11 @@ echo "setup: llama.cpp for this machine: CPU kernels for every x86-64 level (cho
 key="$(echo "$config" | sha256sum | cut -c1-16)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/galahad/llama-wheels/$key"
 wheel="$(ls "$cache"/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)"
+if [ -z "$wheel" ] && [ -n "${GALAHAD_LLAMA_WHEEL:-}" ]; then
+  # A wheel built elsewhere with this same configuration (a build machine, an earlier try).
+  mkdir -p "$cache" && cp "$GALAHAD_LLAMA_WHEEL" "$cache/"
+  wheel="$(ls "$cache"/llama_cpp_python-*.whl | head -n 1)"
+fi
 if [ -z "$wheel" ]; then
   echo "setup: compiling llama.cpp (about 15 minutes on 2 cores the first time; kept for later)"
   tmp="$(mktemp -d)"

@@ -392,3 +392,51 @@ print(engine.placement.device, len(engine.tokens))
     assert proc.returncode == 0, proc.stderr[-2000:]
     device, n_tokens = proc.stdout.split()
     assert device == "CPU" and int(n_tokens) > 2
+
+
+def _has_vulkan_backend() -> bool:
+    return (devices.library_dir() / "libggml-vulkan.so").exists()
+
+
+@pytest.mark.model
+@pytest.mark.gpu
+def test_a_vulkan_device_reads_once_and_resumes_exactly_in_a_new_process(tmp_path: Path) -> None:
+    """The Vulkan backend on a real Vulkan device: Mesa's lavapipe (Vulkan 1.3 computing on
+    the CPU; llama.cpp uses CPU-type Vulkan devices only when they are named). A document
+    read in one process and asked about in another: every layer and the KV cache on
+    Vulkan0, 0 tokens recomputed, the proof exact. Slow on two cores (a few tokens/s), so
+    the document is small."""
+    if not _has_vulkan_backend():
+        message = "this build has no Vulkan backend (GALAHAD_GPU=vulkan builds it; CI does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {
+        "GGML_VK_VISIBLE_DEVICES": "0",
+        "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
+        "GALAHAD_PASSPHRASE": "correct horse battery",
+    }
+    data = tmp_path / "data"
+    doc = tmp_path / "note.txt"
+    doc.write_text("The access code of the vault is 4711. The vault is in the north tower.\n" * 4)
+    small = ("--set", "n_ctx=1024")
+    info = cli_json(*small, "info", "--passphrase", data_dir=data, env=env, timeout=900)
+    placement = info["placement"]
+    assert placement["backend"] == "Vulkan" and placement["device"].startswith("Vulkan0")
+    assert placement["gpu_layers"] == placement["total_layers"] == 19
+    assert placement["kv_devices"] == ["Vulkan0"]
+    assert info["fingerprint_details"]["device"].startswith("Vulkan0")
+    deposited = cli_json(*small, "deposit", str(doc), data_dir=data, env=env, timeout=900)
+    asked = cli_json(
+        *small,
+        "ask",
+        deposited["document_id"],
+        "Where is the vault?",
+        "--max-tokens",
+        "2",
+        data_dir=data,
+        env=env,
+        timeout=900,
+    )
+    assert asked["proof"] == "exact" and asked["recomputed_tokens"] == 0
+    assert asked["restored_tokens"] == deposited["tokens"]

@@ -132,13 +132,22 @@ def test_proof_verdicts() -> None:
     assert diverged.verdict == "diverged" and not diverged.argmax_agree
 
 
-def test_backend_is_named_from_the_system_info_line() -> None:
-    from galahad_desktop.engine.modelinfo import backend_name
+def test_the_device_is_named_from_where_llama_cpp_put_the_model() -> None:
+    import dataclasses
 
-    assert backend_name("CPU : SSE3 = 1 | AVX2 = 1 |", False) == "CPU"
-    assert backend_name("CUDA : ARCHS = 900 | CPU : AVX2 = 1", True) == "CUDA"
-    assert backend_name("Metal : EMBED_LIBRARY = 1 | CPU : NEON = 1", True) == "Metal"
-    assert backend_name("Vulkan : ... | CPU : AVX2 = 1", True) == "Vulkan"
+    from galahad_desktop.memory.results import EngineInfo
+
+    info = EngineInfo(*([None] * 13))  # type: ignore[arg-type]
+    on_cpu = {"gpu_layers": 0, "cpu_variant": "haswell", "kv_devices": ["CPU"]}
+    assert dataclasses.replace(info, placement=on_cpu).device_note() == "CPU (haswell kernels)"
+    on_gpu = {"gpu_layers": 43, "total_layers": 43, "device": "Vulkan0: Radeon 780M",
+              "kv_devices": ["Vulkan0"]}
+    assert (
+        dataclasses.replace(info, placement=on_gpu).device_note()
+        == "Vulkan0: Radeon 780M (43/43 layers, KV cache there)"
+    )
+    partial = {**on_gpu, "gpu_layers": 20, "kv_devices": ["CPU", "Vulkan0"]}
+    assert "20/43 layers" in dataclasses.replace(info, placement=partial).device_note()
 
 
 def test_corpus_names_never_run_out_and_absent_names_are_absent() -> None:
