@@ -135,6 +135,10 @@ else
   esac
 fi
 
+if [ -n "${GALAHAD_BUILD_DRY_RUN:-}" ]; then  # say what would be built, build nothing
+  printf 'GPU=%s\nWHY=%s\nCMAKE_FLAGS=%s\n' "$GPU" "$WHY" "$CMAKE_FLAGS"
+  exit 0
+fi
 config="llama-cpp-python==$VERSION $CMAKE_FLAGS"
 stamp="$(dirname "$PY")/../.galahad-llama-build"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$config" ]; then

@@ -20,7 +20,7 @@ import pytest
 from galahad_desktop.engine import devices
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.memory.galahad import Galahad
-from tests.conftest import cli_json, story
+from tests.conftest import ROOT, cli_json, story
 
 GIB = 1024**3
 
@@ -82,6 +82,53 @@ def test_a_device_server_that_is_not_running_is_named_not_a_crash() -> None:
     port = _free_port()
     with pytest.raises(ModelError, match=f"No device server answers at 127.0.0.1:{port}"):
         devices.add_rpc_server(f"127.0.0.1:{port}")
+
+
+def _build_choice(tmp_path: Path, gpu: str | None, tools: tuple[str, ...]) -> tuple[int, str]:
+    """What scripts/build-llama.sh would build, with stand-in GPU tools on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in tools:  # nvidia-smi -L lists a GPU; nvcc exists
+        (bin_dir / tool).write_text("#!/bin/sh\necho 'GPU 0: Stand-in GPU'\n")
+        (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "GALAHAD_GPU"}
+    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", GALAHAD_BUILD_DRY_RUN="1")
+    if gpu is not None:
+        env["GALAHAD_GPU"] = gpu
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-llama.sh"), sys.executable],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_setup_builds_cuda_for_an_nvidia_gpu_with_its_toolkit(tmp_path: Path) -> None:
+    code, said = _build_choice(tmp_path, None, ("nvidia-smi", "nvcc"))
+    assert code == 0 and "GPU=cuda" in said and "-DGGML_CUDA=ON" in said
+    assert "-DGGML_NATIVE=OFF" in said and "-DGGML_CPU_ALL_VARIANTS=ON" in said
+
+
+def test_setup_says_why_it_builds_no_gpu_backend(tmp_path: Path) -> None:
+    code, said = _build_choice(tmp_path, "cpu", ())
+    assert code == 0 and "GPU=none" in said and "WHY=GALAHAD_GPU=cpu" in said
+    assert "-DGGML_RPC=ON" in said and "VULKAN" not in said and "CUDA" not in said
+    if not list(Path("/dev").glob("dri/renderD*")):
+        code, said = _build_choice(tmp_path, None, ())
+        assert code == 0 and "GPU=none" in said and "no GPU found" in said
+
+
+@pytest.mark.parametrize(
+    ("gpu", "problem"),
+    [("cuda", "the CUDA toolkit (nvcc) is not on PATH"), ("metal", "must be auto, vulkan")],
+)
+def test_setup_refuses_a_gpu_backend_it_cannot_build(
+    tmp_path: Path, gpu: str, problem: str
+) -> None:
+    code, said = _build_choice(tmp_path, gpu, ())
+    assert code == 2 and problem in said
 
 
 # -- the build that is installed (no model) ----------------------------------------------
