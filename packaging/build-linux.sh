@@ -23,6 +23,27 @@ done
 cp assets/galahad.svg "$bundle/share/icons/galahad-desktop.svg"
 echo "build-linux: self-test of the frozen app"
 QT_QPA_PLATFORM=offscreen "$bundle/galahad-desktop" --self-test --json
+# The bundle's Vulkan backend, where it carries one, on a Vulkan device: Mesa's lavapipe
+# (named, since llama.cpp skips CPU-type Vulkan devices otherwise) must hold every layer and
+# the KV cache. Without lavapipe installed this check says so and is skipped.
+if [ -f "$bundle/_internal/llama_cpp/lib/libggml-vulkan.so" ]; then
+  if compgen -G "/usr/share/vulkan/icd.d/lvp_icd*.json" >/dev/null; then
+    tmp_data="$(mktemp -d)"
+    placement="$(GGML_VK_VISIBLE_DEVICES=0 PYTHON_KEYRING_BACKEND=keyring.backends.fail.Keyring \
+      GALAHAD_PASSPHRASE="build-linux check" QT_QPA_PLATFORM=offscreen \
+      "$bundle/galahad-desktop" --data-dir "$tmp_data/data" --set n_ctx=1024 --json info \
+      --passphrase | "$PY" -c 'import json,sys; p=json.load(sys.stdin)["placement"]
+print(p["device"], p["gpu_layers"], p["total_layers"], ",".join(p["kv_devices"]))')"
+    rm -rf "$tmp_data"
+    echo "build-linux: the frozen app on lavapipe: $placement"
+    case "$placement" in
+      Vulkan0*" 19 19 Vulkan0") ;;
+      *) echo "build-linux: the bundle's Vulkan backend did not take the model" >&2; exit 1 ;;
+    esac
+  else
+    echo "build-linux: no lavapipe (mesa-vulkan-drivers): the bundle's Vulkan backend not run"
+  fi
+fi
 # Users' CPUs are not the build machine's: the same self-test on an emulated AVX2 laptop CPU
 # (x86-64-v3, Intel Haswell) and an SSE4.2 one (x86-64-v2, Nehalem), with qemu-user. The
 # frozen app must choose the CPU kernels built for them, never the build machine's AVX-512.
