@@ -65,12 +65,15 @@ def captured_log() -> Iterator[list[str]]:
 
 
 DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
-GPU_TYPES = (DEVICE_GPU, DEVICE_IGPU)
 GIB = 1024**3
 
 
 class _Feature(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+def llama_cpp_version() -> str:
+    return str(llama_cpp.__version__)
 
 
 def library_dir() -> Path:

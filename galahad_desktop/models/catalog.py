@@ -176,16 +176,9 @@ def _speed_key() -> str:
     from galahad_desktop.engine import devices
 
     gpus = ",".join(d.label() for d in devices.gpu_devices())
-    return "|".join([llama_version(), devices.cpu_variant(), str(os.cpu_count()), gpus or "no GPU"])
-
-
-def llama_version() -> str:
-    try:
-        import llama_cpp
-
-        return str(llama_cpp.__version__)
-    except ImportError:
-        return "none"
+    return "|".join(
+        [devices.llama_cpp_version(), devices.cpu_variant(), str(os.cpu_count()), gpus or "no GPU"]
+    )
 
 
 def measure_speed(refresh: bool = False) -> Speed:
