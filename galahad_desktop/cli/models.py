@@ -71,7 +71,8 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
     from galahad_desktop.models import catalog
 
     if args.action == "recommend":
-        rec = catalog.recommend(n_ctx=args.n_ctx)
+        speed = catalog.measure_speed(refresh=True) if args.measure else None
+        rec = catalog.recommend(n_ctx=args.n_ctx, speed=speed)
         lines = [rec.reason]
         for c in rec.candidates:
             lines.append(
@@ -223,6 +224,11 @@ def register(add: Any) -> None:
 
     q = action("recommend", "the largest Gemma 4 that fits this machine, with the others")
     q.add_argument("--n-ctx", type=int, default=8192, help="context to plan for")
+    q.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure this machine's speed again (it is measured once and kept)",
+    )
     q = action(
         "get",
         "download a Gemma 4, or the router's embedding model (embeddinggemma), from the "
