@@ -391,6 +391,21 @@ def test_info_and_bench_name_the_device(tmp_path: Path, device_server: str) -> N
     print(f"device bench: {row}")  # the figures, for the log (not a timed assertion)
 
 
+def test_the_device_server_says_when_its_port_is_taken() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "galahad_desktop.cli", "serve-device", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == InputError.exit_code
+    assert f"Cannot serve on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_device_server_refuses_other_addresses() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "galahad_desktop.cli", "serve-device", "--host", "0.0.0.0"],

@@ -60,7 +60,7 @@ def cmd_serve_device(args: argparse.Namespace, out: Output) -> int:
     from galahad_desktop.engine import devices
 
     endpoint = f"{args.host}:{args.port}"
-    devices.check_endpoint(endpoint)
+    devices.check_port_free(endpoint)
     print(f"galahad: serving the CPU device on {endpoint} (Ctrl+C stops)", file=sys.stderr)
     sys.stderr.flush()
     devices.serve_rpc(endpoint, args.threads)

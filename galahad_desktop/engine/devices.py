@@ -299,7 +299,10 @@ def check_endpoint(endpoint: str, allow_remote: bool = False) -> tuple[str, int]
     host, sep, port_text = endpoint.strip().rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InputError(f"'{endpoint}' is not a device address; write it as HOST:PORT.")
+        raise InputError(
+            f"'{endpoint}' is not a device address; write it as HOST:PORT, with a port from "
+            "1 to 65535."
+        )
     if not allow_remote:
         try:
             loopback = ipaddress.ip_address(host).is_loopback
@@ -349,9 +352,21 @@ def add_rpc_server(endpoint: str) -> list[Device]:
     return found
 
 
+def check_port_free(endpoint: str) -> None:
+    """Refuse an address this process cannot listen on (llama.cpp only prints a line)."""
+    host, port = check_endpoint(endpoint)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise InputError(f"Cannot serve on {endpoint}: {exc.strerror}.") from None
+
+
 def serve_rpc(endpoint: str, n_threads: int) -> None:
     """Serve this machine's CPU device over llama.cpp's RPC protocol; blocks until killed."""
-    check_endpoint(endpoint)
+    check_port_free(endpoint)
     lib = _ggml()
     load_backends()
     cpu = lib.ggml_backend_reg_dev_get(lib.ggml_backend_reg_by_name(b"CPU"), 0)
@@ -365,6 +380,7 @@ def serve_rpc(endpoint: str, n_threads: int) -> None:
     )(_proc("RPC", "ggml_backend_rpc_start_server"))
     served = (ctypes.c_void_p * 1)(cpu)
     start(endpoint.encode(), None, n_threads, 1, served)
+    raise ModelError(f"llama.cpp stopped serving on {endpoint}.")  # it returns only on failure
 
 
 # -- where the model goes ---------------------------------------------------------------
