@@ -9,6 +9,7 @@ unexpected failure is reported by type (its message can quote private text) with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -72,7 +73,22 @@ def _fail(out: Output, message: str, kind: str, code: int) -> int:
     return code
 
 
+BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`galahad --json list | head -c 10`): stop quietly, as other
+        # command-line tools do, and keep Python from complaining when it flushes at exit.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # Everything this process creates (ours, SQLite's, Qt's, logging's) is private.
     os.umask(0o077)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -93,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "CancelledError",
             CancelledError.exit_code,
         )
+    except BrokenPipeError:
+        raise  # not a bug: main() ends quietly
     except Exception as exc:  # a bug: say so, by type only (a message can quote private text)
         error = as_user_error(exc)
         if error is not None:

@@ -174,7 +174,7 @@ def cmd_import(core: Any, out: Output, args: argparse.Namespace) -> int:
 
 
 def cmd_export(core: Any, out: Output, args: argparse.Namespace) -> int:
-    result = core.export(args.conversation_id, args.format, args.out)
+    result = core.export(args.conversation_id, args.format, args.out, args.force)
     if result.path is None:
         if out.as_json:
             out.result(result, "")
@@ -252,6 +252,7 @@ def register(add: Any) -> None:
     p.add_argument("conversation_id")
     p.add_argument("--format", default="md", choices=["md", "json", "html"])
     p.add_argument("--out", type=Path, help="file to write (default: print it)")
+    p.add_argument("--force", action="store_true", help="replace the file if it exists")
     p = add("compact", "merge a conversation's older chain links into one block", cmd_compact)
     p.add_argument("conversation_id")
     p.add_argument("--keep", type=int, help="newest turn links kept separate (default: setting)")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import InputError
+from galahad_desktop.system.files import read_regular_file
 
 MAX_IMPORT_BYTES = 512 * 1024 * 1024
 MAX_MESSAGES = 100_000
@@ -368,18 +369,11 @@ def parse_json(data: Any) -> list[ImportedConversation]:
 
 
 def _read(path: Path) -> str:
+    data = read_regular_file(path, MAX_IMPORT_BYTES, "an import")
     try:
-        size = path.stat().st_size
-        if size > MAX_IMPORT_BYTES:
-            raise InputError(
-                f"'{path.name}' is {size / 2**20:,.0f} MiB; imports may be at most "
-                f"{MAX_IMPORT_BYTES / 2**20:.0f} MiB."
-            )
-        return path.read_text("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise InputError(f"'{path.name}' is not UTF-8 text.") from None
-    except OSError as exc:
-        raise InputError(f"'{path}' cannot be read: {exc.strerror}.") from None
 
 
 def _jan_folder(folder: Path) -> list[ImportedConversation]:

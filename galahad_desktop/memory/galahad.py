@@ -358,8 +358,11 @@ class Galahad:
     ) -> ImportResult:
         return self.transfer.import_file(Path(path), progress, cancel)
 
-    def export(self, conversation_id: str, fmt: str, out: Path | None = None) -> ExportResult:
-        return self.transfer.export(conversation_id, fmt, out)
+    def export(
+        self, conversation_id: str, fmt: str, out: Path | None = None, force: bool = False
+    ) -> ExportResult:
+        """`force` replaces an existing file (the window's save dialog asked already)."""
+        return self.transfer.export(conversation_id, fmt, out, force)
 
     def context_check(self, conversation_id: str, text: str) -> ContextFull | None:
         """None when the next message fits; else what the user can choose."""

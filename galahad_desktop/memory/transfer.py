@@ -20,7 +20,7 @@ from galahad_desktop.errors import CancelledError, InputError
 from galahad_desktop.memory import formats
 from galahad_desktop.memory.conversations import TITLE_CHARS, Conversations
 from galahad_desktop.memory.live import LiveContext
-from galahad_desktop.system.files import atomic_write_bytes
+from galahad_desktop.system.files import atomic_write_bytes, check_export_destination
 from galahad_desktop.vault.vault import new_id
 
 
@@ -242,7 +242,9 @@ class Transfer:
             records.reseal("conversations", conversation_id)
 
     # -- export --------------------------------------------------------------------------
-    def export(self, conversation_id: str, fmt: str, out: Path | None = None) -> ExportResult:
+    def export(
+        self, conversation_id: str, fmt: str, out: Path | None = None, force: bool = False
+    ) -> ExportResult:
         writer = formats.EXPORTERS.get(fmt)
         if writer is None:
             raise InputError(f"Unknown export format '{fmt}'; use md, json or html.")
@@ -257,11 +259,7 @@ class Transfer:
         data = text.encode("utf-8")
         if out is None:
             return ExportResult(None, fmt, len(messages), len(data), text)
-        out = Path(out)
-        if out.is_dir():
-            raise InputError(f"'{out}' is a directory; give a file name to export to.")
-        if not out.parent.is_dir():
-            raise InputError(f"The folder {out.parent} does not exist.")
+        out = check_export_destination(Path(out), self.vault.data_dir, force)
         atomic_write_bytes(out, data)
         return ExportResult(str(out), fmt, len(messages), len(data))
 

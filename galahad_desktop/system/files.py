@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -61,3 +62,52 @@ def create_private_file(path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     os.close(fd)
     os.chmod(path, 0o600)
+
+
+def read_regular_file(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, counted as they are read (a
+    device or a FIFO says it is empty). Anything else is refused at once: a FIFO with no
+    writer would block forever, /dev/zero would fill memory."""
+    from galahad_desktop.errors import InputError
+
+    nonblocking = getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | nonblocking)
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist.") from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read: {exc.strerror}.") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path} is not a regular file; {what} must be a file.")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"{path} is larger than {limit / 2**20:,.0f} MiB, the limit for {what}.")
+    return data
+
+
+def check_export_destination(path: Path, protected: Path, force: bool) -> Path:
+    """Where an export may be written: a new file (or, with `force`, an existing regular
+    file), never through a symbolic link, never a device or a FIFO, never inside
+    `protected` (the data directory: an export there could replace the catalog)."""
+    from galahad_desktop.errors import InputError
+
+    path = Path(path).expanduser()
+    if path.is_symlink():
+        raise InputError(f"{path} is a symbolic link; give the file itself.")
+    if not path.parent.is_dir():
+        raise InputError(f"The folder {path.parent} does not exist.")
+    target = path.parent.resolve() / path.name
+    if target.is_relative_to(Path(protected).resolve()):
+        raise InputError(
+            f"{path} is inside Galahad's data directory; export somewhere else (writing there "
+            "could replace what is stored)."
+        )
+    if target.exists():
+        if target.is_dir():
+            raise InputError(f"'{path}' is a directory; give a file name to export to.")
+        if not target.is_file():
+            raise InputError(f"{path} is not a regular file; give a file name to export to.")
+        if not force:
+            raise InputError(f"{path} already exists; choose another name or add --force.")
+    return target

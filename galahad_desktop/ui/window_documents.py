@@ -265,6 +265,7 @@ class DocumentActions:
             conversation_id,
             fmt,
             Path(path),
+            True,  # the save dialog already asked before replacing a file
             on_done=lambda r: self.set_status(
                 f"Exported {r.messages} messages to {r.path} (plain text)"
             ),

@@ -39,7 +39,7 @@ from galahad_desktop.errors import (
     StorageError,
 )
 from galahad_desktop.paths import ensure_private_dir
-from galahad_desktop.system.files import atomic_write_bytes, fsync_dir
+from galahad_desktop.system.files import atomic_write_bytes, fsync_dir, read_regular_file
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.keys import (
     KeyStore,
@@ -346,10 +346,9 @@ def export_kit(vault: Vault, passphrase: str, out: Path) -> list[str]:
 
 def _read_kit(path: Path) -> dict[str, Any]:
     try:
-        kit = json.loads(Path(path).expanduser().read_bytes())
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist.") from None
-    except (OSError, ValueError, RecursionError):
+        # A kit is a few KiB: a larger file, a device or a FIFO is not one.
+        kit = json.loads(read_regular_file(Path(path).expanduser(), 1024 * 1024, "a recovery kit"))
+    except (ValueError, RecursionError):
         raise InputError(f"{path} is not a Galahad recovery kit (not readable JSON).") from None
     ok = (
         isinstance(kit, dict)
