@@ -3,7 +3,7 @@ device (llama.cpp's RPC device; a Vulkan device when the build has one and it is
 side by side in one process: the state bytes, the next-token logits, and each device's
 state restored into the other's context.
 
-Run: .venv/bin/python benchmarks/device_states.py [--tokens 1000] [--json]
+Run: .venv/bin/python -m benchmarks.device_states [--tokens 1000] [--json]
      (GGML_VK_VISIBLE_DEVICES=0 adds Mesa's lavapipe, a Vulkan device on the CPU)
 """
 

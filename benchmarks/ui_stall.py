@@ -5,7 +5,7 @@ A 5 ms QTimer ticks on the main thread while the real window drives the real wor
 longest gap between ticks is the longest time the UI could not respond. Target: < 50 ms.
 
 Run: scripts/with-keyring.sh env QT_QPA_PLATFORM=offscreen .venv/bin/python \
-         benchmarks/ui_stall.py [--tokens 4000] [--json]
+         -m benchmarks.ui_stall [--tokens 4000] [--json]
 """
 
 from __future__ import annotations

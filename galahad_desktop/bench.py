@@ -15,6 +15,7 @@ import platform
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -76,9 +77,15 @@ def rss_mb() -> float:
     try:
         import resource
 
-        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+        peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     except ImportError:
         return 0.0
+    return maxrss_mb(peak, sys.platform)
+
+
+def maxrss_mb(ru_maxrss: float, platform: str) -> float:
+    """getrusage's peak in MB: macOS counts it in bytes, Linux and the BSDs in KiB."""
+    return ru_maxrss / 2**20 if platform == "darwin" else ru_maxrss / 1024
 
 
 class PeakRss:

@@ -183,10 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result) if args.json else text)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    result["saved_to"] = str(args.out / f"{name}.json")
-    for path in (args.out / f"{name}.json", args.out / f"{name}-{stamp}.json"):
-        path.write_text(json.dumps(result, indent=1, default=str))
+    # One file per measurement, replaced by each run (git keeps the history).
+    path = args.out / f"{name}.json"
+    result["saved_to"] = str(path)
+    result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    path.write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result, default=str) if args.json else text)
     return 0
 

@@ -14,7 +14,6 @@ import codecs
 import ctypes
 import hashlib
 import struct
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,15 +29,13 @@ from galahad_desktop.engine.engine import (
     EngineConfig,
     Generation,
     Placement,
-    Progress,
-    ProgressFn,
-    TextFn,
 )
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.engine.turns import Turns
-from galahad_desktop.errors import CancelledError, InputError, ModelError
+from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.jobs import NO_JOB, Job, Progress
 
 WINDOW = 32
 ROW = 16  # bytes per K (and V) row
@@ -208,8 +205,7 @@ class FakeEngine:
     def evaluate(
         self,
         tokens: Sequence[int],
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> float:
         if len(tokens) > self.room():
             raise InputError(
@@ -219,13 +215,11 @@ class FakeEngine:
         start = time.perf_counter()
         step = self.config.n_batch
         for offset in range(0, len(tokens), step):
-            if cancel is not None and cancel.is_set():
-                raise CancelledError("Cancelled; nothing was stored.")
+            job.check()
             for token in tokens[offset : offset + step]:
                 self._append(int(token))
-            if progress is not None:
-                piece = min(step, len(tokens) - offset)
-                progress(Progress(offset + piece, len(tokens), time.perf_counter() - start))
+            piece = min(step, len(tokens) - offset)
+            job.progress(Progress(offset + piece, len(tokens), time.perf_counter() - start))
         return (time.perf_counter() - start) * 1e3
 
     def last_logits(self) -> np.ndarray:
@@ -251,9 +245,7 @@ class FakeEngine:
     def generate(
         self,
         params: SamplingParams,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        on_thought: TextFn | None = None,
+        job: Job = NO_JOB,
     ) -> Generation:
         sampler = Sampler(params)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -267,7 +259,7 @@ class FakeEngine:
         script = list(self.script)
         reserve = len(self.turns.model_close) + len(self.turns.model_open) + len(self.probe_tokens)
         for _ in range(params.max_tokens):
-            if cancel is not None and cancel.is_set():
+            if job.cancelled:
                 stop = "cancelled"
                 break
             if self.room() <= reserve + 1:
@@ -288,13 +280,13 @@ class FakeEngine:
             piece = decoder.decode(bytes([token]) if token < BYTES else b"")
             if in_thought:
                 thoughts.append(piece)
-                if on_thought is not None and piece:
-                    on_thought(piece)
+                if piece:
+                    job.thought(piece)
             else:
                 answer.append(token)
                 pieces.append(piece)
-                if on_text is not None and piece:
-                    on_text(piece)
+                if piece:
+                    job.text(piece)
         elapsed = time.perf_counter() - start
         thought = "".join(thoughts)
         if thought.startswith("thought"):

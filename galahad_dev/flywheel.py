@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.bench import Bench, Log, machine
-from galahad_desktop.memory.verifiers import verifier_for
+from galahad_desktop.memory.verified.verifiers import verifier_for
 
 UNIT_TEMPLATES = (("km", "m"), ("kg", "g"), ("h", "min"), ("m", "cm"), ("l", "ml"))
 

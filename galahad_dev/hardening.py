@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import GalahadError, IntegrityError
+from galahad_desktop.jobs import Job
 from galahad_desktop.vault import blockfile
 from galahad_desktop.vault.keys import MemoryKeyStore
 from galahad_desktop.vault.vault import Vault, tokens_digest
@@ -510,7 +511,7 @@ def eval_hostile(log: Log, timeout_s: float = 30.0, memory_mb: int = 1024) -> di
     """Extract every hostile input through the bounded reader and, when it yields text, put
     it through a real deposit's limits (without the model)."""
     from galahad_desktop.errors import CancelledError, InputError
-    from galahad_desktop.memory.extraction import extract_text_bounded
+    from galahad_desktop.memory.documents.extraction import extract_text_bounded
 
     tmp = Path(tempfile.mkdtemp(prefix="galahad-hostile-"))
     rows: list[dict[str, Any]] = []
@@ -544,7 +545,7 @@ def eval_hostile(log: Log, timeout_s: float = 30.0, memory_mb: int = 1024) -> di
         timer.start()
         start = time.monotonic()
         try:
-            extract_text_bounded(slow, timeout_s=timeout_s, cancel=cancel)
+            extract_text_bounded(slow, timeout_s=timeout_s, job=Job(cancel=cancel))
             cancelled = False
         except CancelledError:
             cancelled = True

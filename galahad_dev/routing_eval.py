@@ -30,9 +30,9 @@ from typing import Any
 
 from galahad_desktop.bench import Bench, Log, machine
 from galahad_desktop.engine.embedder import Embedder
-from galahad_desktop.memory.extraction import extract_text
-from galahad_desktop.memory.hybrid import HybridIndex, decide_hybrid
-from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
+from galahad_desktop.memory.documents.extraction import extract_text
+from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
+from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"
 MAX_WRONG = 0.03

@@ -1,7 +1,7 @@
-"""Shared fixtures.
+"""Shared fixtures (the helpers tests import are in tests/helpers.py).
 
 Two tiers. The fast tier (`pytest -m "not model"`) runs the core's logic on a deterministic
-fake engine (tests/fake_engine.py) and an in-memory keystore: conversations, chains, routing,
+fake engine (galahad_dev/fake_engine.py) and an in-memory keystore: conversations, chains, routing,
 vault, CLI parsing. The model tier uses real parts: the PyPI Gemma 3 270M and a generated
 Gemma 4 test model through llama.cpp, real SQLite files, and (tests marked `keyring`) the
 real OS keyring via Secret Service in a private session.
@@ -14,10 +14,7 @@ saying why. They never run against a developer's own login keyring.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +24,8 @@ import pytest
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.vault.keys import MemoryKeyStore
 from galahad_dev.fake_engine import fake_factory
+from tests.helpers import TEST_OVERRIDES
 
-ROOT = Path(__file__).resolve().parent.parent
-# Small context keeps model tests quick; byte-exactness does not depend on it.
-TEST_OVERRIDES: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "temperature": 0.0}
 FAMILIES = ("gemma3", "gemma4")
 
 
@@ -151,56 +146,3 @@ def real_keyring() -> None:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
-
-
-def run_cli(
-    *args: str,
-    data_dir: Path,
-    env: dict[str, str] | None = None,
-    check: bool = True,
-    timeout: float = 300,
-    model: Path | None = None,
-    stdin: str | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run `galahad` in a new process (a fresh engine), as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    cmd = [
-        sys.executable,
-        "-m",
-        "galahad_desktop.cli",
-        "--data-dir",
-        str(data_dir),
-        "--set",
-        f"n_ctx={TEST_OVERRIDES['n_ctx']}",
-        "--set",
-        "temperature=0",
-        *(["--model", str(model)] if model else []),
-        *args,
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=full_env, timeout=timeout, input=stdin
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"galahad {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-        )
-    return proc
-
-
-def cli_json(*args: str, data_dir: Path, **kw: Any) -> dict[str, Any]:
-    proc = run_cli(*args, "--json", data_dir=data_dir, **kw)
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one JSON line on stdout, got: {proc.stdout!r}"
-    result: dict[str, Any] = json.loads(lines[0])
-    return result
-
-
-def story(n_sentences: int, secret: str = "Arthur's access code is 8842.") -> str:
-    """A document with a needle in the middle."""
-    names = ["Gawain", "Percival", "Bors", "Tristan", "Kay", "Bedivere", "Gareth"]
-    lines = [
-        f"{names[i % len(names)]} rode {i % 17 + 2} miles to the castle on day {i}."
-        for i in range(n_sentences)
-    ]
-    lines.insert(n_sentences // 2, secret)
-    return "\n".join(lines) + "\n"

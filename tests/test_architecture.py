@@ -34,7 +34,7 @@ def test_no_module_is_over_700_lines() -> None:
 def test_the_library_uses_no_private_member_of_another_class() -> None:
     """`self._x` is a class's own business; `other._x` reaches into another object."""
     offenders = []
-    for path in (PACKAGE / "memory").glob("*.py"):
+    for path in (PACKAGE / "memory").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Attribute)
@@ -81,3 +81,68 @@ def test_every_module_imports_without_posix_only_modules() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "all imported", proc.stdout
+
+
+WINDOWS_FLAGS = """
+import os, sys
+os.O_BINARY = 0x8000  # as on Windows; on Linux x86-64 the same bit is O_LARGEFILE (harmless)
+from galahad_desktop.system import files
+seen = []
+real_open = os.open
+os.open = lambda path, flags, *mode: seen.append(flags) or real_open(path, flags, *mode)
+target = sys.argv[1]
+with files.atomic_file(__import__("pathlib").Path(target + ".atomic")) as handle:
+    handle.write(b"x\\n")
+os.close(files.open_private(__import__("pathlib").Path(target + ".private")))
+writes = [flags for flags in seen if flags & os.O_WRONLY]
+print(len(writes) == 2 and all(flags & 0x8000 for flags in writes), len(seen))
+"""
+
+
+def test_every_write_path_opens_binary_on_windows(tmp_path: Path) -> None:
+    """Block files, backups and downloads are written through system.files.open_private,
+    which asks for O_BINARY where the platform has one (text mode would write \\r\\n)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", WINDOWS_FLAGS, str(tmp_path / "f")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[0] == "True", proc.stdout
+    writers = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "os.open"
+                and "O_WRONLY" in ast.unparse(node)
+                and "devnull" not in ast.unparse(node)
+            ):
+                writers.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    # The window's log file is text; every stored byte goes through open_private.
+    assert sorted(writers) == ["ui/app.py:21"], writers
+
+
+def test_peak_memory_is_read_in_the_platforms_unit() -> None:
+    from galahad_desktop.bench import maxrss_mb
+
+    assert maxrss_mb(2 * 2**20, "darwin") == 2.0  # bytes on macOS
+    assert maxrss_mb(2048, "linux") == 2.0  # KiB on Linux
+
+
+def test_a_bounded_child_sets_its_own_limits() -> None:
+    """No preexec_fn (unsafe with threads): the child reads its limits and sets them."""
+    probe = (
+        "import resource; from galahad_desktop.system.child import apply_own_limits;"
+        "print(apply_own_limits(), resource.getrlimit(resource.RLIMIT_AS)[0])"
+    )
+    from galahad_desktop.system.child import run_bounded
+
+    done = run_bounded([sys.executable, "-c", probe], 30, 1024)
+    assert done.returncode == 0
+    limits, address_space = done.stdout.decode().rsplit(" ", 1)
+    assert int(address_space) == 1024 * 2**20
+    assert limits == f"({1024 * 2**20}, 31)"
+    assert "preexec_fn=" not in (PACKAGE / "system" / "child.py").read_text()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cli_json
+from tests.helpers import cli_json
 
 pytestmark = pytest.mark.model
 

@@ -16,7 +16,7 @@ from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.memory.galahad import Galahad
-from tests.conftest import story
+from tests.helpers import story
 from tests.test_graft import RUNTIMES
 
 pytestmark = pytest.mark.model

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_json, run_cli, story
+from tests.helpers import cli_json, run_cli, story
 
 pytestmark = [pytest.mark.model, pytest.mark.keyring, pytest.mark.usefixtures("real_keyring")]
 

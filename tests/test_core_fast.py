@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop.errors import InputError, IntegrityError
+from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
 from tests import import_fixtures
-from tests.conftest import story
+from tests.helpers import story
 
 CoreFactory = Callable[..., Galahad]
 
@@ -151,8 +152,7 @@ def test_thinking_is_streamed_apart_and_never_kept(make_fake_core: CoreFactory) 
     result = core.send(
         conversation,
         "What is six times seven?",
-        on_text=answer.append,
-        on_thought=thoughts.append,
+        Job(on_text=answer.append, on_thought=thoughts.append),
         params=core.sampling(max_tokens=80),
     )
     engine.script = []
@@ -219,7 +219,7 @@ def test_chatgpt_import_follows_the_current_branch_and_round_trips(
     ticks: list[int] = []
     result = core.import_conversations(
         import_fixtures.chatgpt_export(tmp_path / "conversations.json"),
-        progress=lambda p: ticks.append(p.done),
+        Job(on_progress=lambda p: ticks.append(p.done)),
     )
     assert [c.title for c in result.conversations] == [
         t for t, _ in import_fixtures.CHATGPT_BRANCHES

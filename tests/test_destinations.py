@@ -16,7 +16,7 @@ import pytest
 
 from galahad_desktop.errors import InputError
 from galahad_desktop.system.files import check_export_destination, read_regular_file
-from tests.conftest import cli_json, run_cli
+from tests.helpers import cli_json, run_cli
 
 PASSPHRASE_ENV = {
     "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop.engine import sampling
+from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.models import catalog
 from galahad_desktop.vault.keys import MemoryKeyStore
-from tests.conftest import cli_json, run_cli
 from tests.fakehub import FakeHub
+from tests.helpers import cli_json, run_cli
 from tests.test_graft import RUNTIMES
 
 pytestmark = pytest.mark.model
@@ -114,7 +115,7 @@ def test_thinking_is_shown_and_the_history_holds_none_of_it(
         result = core.send(
             conversation,
             "What is six times seven?",
-            on_thought=seen.append,
+            Job(on_thought=seen.append),
             params=core.sampling(max_tokens=400),
         )
         assert result.reply == "The answer is forty-two." and "step by step" in "".join(seen)

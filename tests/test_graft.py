@@ -14,9 +14,10 @@ import pytest
 from galahad_desktop.engine import proof as proof_module
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.errors import InputError, IntegrityError
-from galahad_desktop.memory import documents as documents_module
+from galahad_desktop.jobs import Job
+from galahad_desktop.memory.documents import documents as documents_module
 from galahad_desktop.memory.galahad import Galahad
-from tests.conftest import story
+from tests.helpers import story
 
 pytestmark = pytest.mark.model
 
@@ -120,7 +121,7 @@ def test_changed_runtime_falls_back_to_a_reread_and_stores_again(
     assert changed.engine.fingerprint != changed.vault.block_row(old_block)["fingerprint"]
     conversation = changed.new_conversation(document_id=deposited.document_id)
     ticks: list[int] = []
-    report = changed.resume(conversation, progress=lambda p: ticks.append(p.done))
+    report = changed.resume(conversation, Job(on_progress=lambda p: ticks.append(p.done)))
     assert report.fallback_reason == "the model or its runtime settings changed"
     assert report.recomputed_tokens == deposited.tokens and report.restored_tokens == 0
     assert ticks and ticks[-1] == deposited.tokens  # progress was reported
@@ -203,8 +204,7 @@ def test_cancel_keeps_the_partial_reply(make_core: Callable[..., Galahad]) -> No
     result = core.send(
         conversation,
         "Write a long story about a knight.",
-        on_text=on_text,
-        cancel=cancel,
+        Job(on_text=on_text, cancel=cancel),
         params=core.sampling(max_tokens=200),
     )
     assert result.stop_reason == "cancelled"

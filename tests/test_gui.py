@@ -22,7 +22,7 @@ from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
 from tests import import_fixtures
-from tests.conftest import story
+from tests.helpers import story
 
 pytestmark = [
     pytest.mark.gui,
@@ -333,8 +333,12 @@ def test_leak_audit_after_a_scripted_session(  # type: ignore[no-untyped-def]
     _send(qtbot, window, f"Please remember {canary} for me.")  # also becomes the title
     window.sidebar.search.setText(canary)  # the search never writes an index
     qtbot.waitUntil(lambda: len(_items(window)) == 1, timeout=WAIT_MS)
+
+    def explode(core: Any, job: Any) -> None:
+        raise ValueError(f"a bug, quoting {canary}")
+
     with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as crash:
-        window.bridge.call("explode", on_error=window.show_error)
+        window.bridge.run(explode, on_error=window.show_error)
     assert "details are in the log file" in crash.args[0] and canary not in crash.args[0]
     try:
         raise ValueError(f"uncaught, quoting {canary}")
@@ -401,16 +405,19 @@ def test_requests_during_a_deposit_are_serialized_safely(  # type: ignore[no-unt
     results: dict[str, Any] = {}
     window.deposit(doc)
     bridge = window.bridge
-    bridge.call(
-        "open_conversation",
-        first.conversation_id,
+    bridge.run(
+        lambda core, job: core.open_conversation(first.conversation_id, job),
         on_done=lambda r: results.setdefault("opened", r),
     )
-    bridge.call("forget", second.conversation_id, on_done=lambda r: results.setdefault("forgot", r))
-    bridge.call("rotate_key", on_done=lambda r: results.setdefault("rotated", r))
-    bridge.call(
-        "open_conversation",
-        first.conversation_id,
+    bridge.run(
+        lambda core, _job: core.forget(second.conversation_id),
+        on_done=lambda r: results.setdefault("forgot", r),
+    )
+    bridge.run(
+        lambda core, _job: core.rotate_key(), on_done=lambda r: results.setdefault("rotated", r)
+    )
+    bridge.run(
+        lambda core, job: core.open_conversation(first.conversation_id, job),
         on_done=lambda r: results.setdefault("reopened", r),
     )
     qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
@@ -419,7 +426,7 @@ def test_requests_during_a_deposit_are_serialized_safely(  # type: ignore[no-unt
     assert results["forgot"].conversations == [second.conversation_id]
     assert results["rotated"].blocks_rewrapped >= 2
     audit: list[Any] = []
-    bridge.call("audit", on_done=audit.append)
+    bridge.run(lambda core, _job: core.audit(), on_done=audit.append)
     qtbot.waitUntil(lambda: bool(audit), timeout=WAIT_MS)
     assert audit[0].problems == [] and audit[0].ok == audit[0].blocks
 

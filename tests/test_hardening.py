@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from galahad_dev import hardening
-from tests.conftest import cli_json, run_cli, story
+from tests.helpers import cli_json, run_cli, story
 
 
 @pytest.mark.model  # not the model: the tamper fuzzer takes ~20 s, too slow for the fast tier

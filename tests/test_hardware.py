@@ -20,7 +20,7 @@ import pytest
 from galahad_desktop.engine import devices
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.memory.galahad import Galahad
-from tests.conftest import ROOT, cli_json, story
+from tests.helpers import ROOT, cli_json, story
 
 GIB = 1024**3
 

@@ -12,8 +12,13 @@ import pytest
 
 from galahad_desktop.errors import ModelError
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.hybrid import PASSAGE_WORDS, HybridIndex, decide_hybrid, passages
-from galahad_desktop.memory.router import Candidate, PartIndex
+from galahad_desktop.memory.retrieval.hybrid import (
+    PASSAGE_WORDS,
+    HybridIndex,
+    decide_hybrid,
+    passages,
+)
+from galahad_desktop.memory.retrieval.router import Candidate, PartIndex
 
 # A stand-in embedding: each concept is one axis, and words map to the concept they mean,
 # so "automobile" and "car" are the same direction without sharing a letter.
@@ -207,8 +212,8 @@ def test_get_the_embedding_model_from_the_catalog_and_ask_with_it(
     tmp_path: Path, minilm_path: Path
 ) -> None:
     from galahad_desktop.models import catalog
-    from tests.conftest import cli_json, run_cli
     from tests.fakehub import FakeHub
+    from tests.helpers import cli_json, run_cli
 
     data = tmp_path / "data"
     words_only = cli_json("info", data_dir=data)

@@ -10,8 +10,8 @@ import pytest
 
 from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.library import similarity
-from galahad_desktop.memory.verifiers import (
+from galahad_desktop.memory.verified.library import similarity
+from galahad_desktop.memory.verified.verifiers import (
     ArithmeticVerifier,
     UnitConversionVerifier,
     UnsafeExpression,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop.errors import CancelledError, InputError, IntegrityError
+from galahad_desktop.jobs import Job
 from galahad_desktop.models import catalog
 from galahad_desktop.models.hub import download_gguf
 from tests.fakehub import FakeHub
@@ -27,7 +28,10 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
 def test_download_is_verified_and_installed(hub: FakeHub, tmp_path: Path) -> None:
     seen: list[int] = []
     done = download_gguf(
-        hub.repo, hub.filename, tmp_path / "models", progress=lambda have, total: seen.append(have)
+        hub.repo,
+        hub.filename,
+        tmp_path / "models",
+        job=Job(on_progress=lambda p: seen.append(p.done)),
     )
     assert done.path.read_bytes() == CONTENT and done.sha256 == hub.sha
     assert seen[-1] == len(CONTENT) and len(seen) >= 3
@@ -52,8 +56,7 @@ def test_cancel_keeps_the_partial_file_for_later(hub: FakeHub, tmp_path: Path) -
             hub.repo,
             hub.filename,
             tmp_path,
-            progress=lambda have, total: cancel.set(),
-            cancel=cancel,
+            job=Job(on_progress=lambda p: cancel.set(), cancel=cancel),
         )
     assert any(p.name.startswith(".partial-") for p in tmp_path.iterdir())
     assert download_gguf(hub.repo, hub.filename, tmp_path).resumed_from > 0

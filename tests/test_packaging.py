@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop import paths
-from tests.conftest import ROOT, cli_json
+from tests.helpers import ROOT, cli_json
 
 
 def test_checkout_paths() -> None:

@@ -24,7 +24,7 @@ from galahad_desktop.errors import (
     StorageError,
 )
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.verifiers import verifier_for
+from galahad_desktop.memory.verified.verifiers import verifier_for
 from galahad_desktop.vault import blockfile, custody
 from galahad_desktop.vault.keys import (
     KeyringKeyStore,

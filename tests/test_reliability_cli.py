@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop.memory.galahad import Galahad
-from tests.conftest import TEST_OVERRIDES, cli_json, run_cli, story
+from tests.helpers import TEST_OVERRIDES, cli_json, run_cli, story
 
 pytestmark = pytest.mark.model
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.extraction import overlap_tail, split_for_parts
+from galahad_desktop.memory.documents.extraction import overlap_tail, split_for_parts
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.router import PartIndex, decide, query_terms
+from galahad_desktop.memory.retrieval.router import PartIndex, decide, query_terms
 from galahad_dev.corpus import Corpus
-from tests.conftest import cli_json, run_cli
+from tests.helpers import cli_json, run_cli
 
 
 def _words(text: str) -> int:

@@ -15,7 +15,7 @@ from galahad_desktop.engine.chat_format import (
     derive_turn_format,
 )
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.extraction import extract_text
+from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.settings import Settings
 from galahad_dev.hardening import minimal_pdf
 

@@ -93,7 +93,7 @@ def _main(argv: Sequence[str] | None) -> int:
     os.umask(0o077)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--extract-worker"] and len(argv) == 2:  # frozen app's document reader
-        from galahad_desktop.memory.extract_worker import run
+        from galahad_desktop.memory.documents.extract_worker import run
 
         return run(argv[1])
     args = build_parser().parse_args(argv)

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.common import (
     Output,
-    cancel_on_sigint,
+    command_job,
     progress_printer,
     sampling_of,
 )
 from galahad_desktop.errors import ContextFullError, GalahadError, InputError
+from galahad_desktop.jobs import Job
 from galahad_desktop.memory.results import TurnResult
 
+if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.memory.galahad import Galahad
 
-def make_room(core: Any, out: Output, conversation_id: str, message: str, when_full: str) -> str:
+
+def make_room(
+    core: Galahad, out: Output, conversation_id: str, message: str, when_full: str
+) -> str:
     """The conversation the message goes to: this one when it fits; else, as chosen, a
     continuation (from a summary, or with the documents and the last turns)."""
     full = core.context_check(conversation_id, message)
@@ -27,18 +33,12 @@ def make_room(core: Any, out: Output, conversation_id: str, message: str, when_f
         )
     if when_full not in ("summary", "recent"):
         raise InputError("--when-full takes stop, summary or recent.")
-    with cancel_on_sigint() as cancel:
-        if when_full == "summary":
-            continued = core.continue_with_summary(
-                conversation_id, progress=progress_printer(out, "summarizing"), cancel=cancel
-            )
-        else:
-            continued = core.continue_with_recent(
-                conversation_id,
-                message,
-                progress=progress_printer(out, "re-reading"),
-                cancel=cancel,
-            )
+    if when_full == "summary":
+        with command_job(out, "summarizing") as job:
+            continued = core.continue_with_summary(conversation_id, job)
+    else:
+        with command_job(out, "re-reading") as job:
+            continued = core.continue_with_recent(conversation_id, message, job)
     out.info(
         f"Continued in {continued.conversation_id} ({continued.kind}, re-read "
         f"{continued.reread_tokens:,} tokens)."
@@ -47,22 +47,18 @@ def make_room(core: Any, out: Output, conversation_id: str, message: str, when_f
 
 
 def run_turn(
-    core: Any, out: Output, conversation_id: str, message: str, args: argparse.Namespace
+    core: Galahad, out: Output, conversation_id: str, message: str, args: argparse.Namespace
 ) -> TurnResult:
     conversation_id = make_room(
         core, out, conversation_id, message, getattr(args, "when_full", "stop")
     )
     params = sampling_of(core, args)
-    thoughts = None if out.as_json else (lambda piece: out.info(f"(thinking) {piece}"))
-    with cancel_on_sigint() as cancel:
-        result: TurnResult = core.send(
+    with command_job(out, "re-reading", answer=True) as job:
+        result = core.send(
             conversation_id,
             message,
-            on_text=out.stream(),
-            cancel=cancel,
-            params=params,
-            progress=progress_printer(out, "re-reading"),
-            on_thought=thoughts,
+            job,
+            params,
             compact=True,  # after the reply is out: the user has it
         )
     if result.graft and result.graft.fallback_reason:
@@ -73,7 +69,7 @@ def run_turn(
     return result
 
 
-def cmd_chat(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     conversation_id = args.conversation or core.new_conversation(
         document_id=args.document, system_prompt=args.system, thinking=args.thinking
     )
@@ -88,7 +84,7 @@ def cmd_chat(core: Any, out: Output, args: argparse.Namespace) -> int:
     if info.model.kind != "chat":
         out.info(f"Model: {info.model.name} — a {info.model.label}.")
     if args.conversation:
-        report = core.resume(conversation_id, progress=progress_printer(out, "re-reading"))
+        report = core.resume(conversation_id, Job(on_progress=progress_printer("re-reading")))
         out.info(report.describe())
         for message in core.messages(conversation_id)[-6:]:
             out.info(f"{message.role}> {message.text}")
@@ -111,13 +107,13 @@ def cmd_chat(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_resume(core: Any, out: Output, args: argparse.Namespace) -> int:
-    report = core.resume(args.conversation_id, progress=progress_printer(out, "re-reading"))
+def cmd_resume(core: Galahad, out: Output, args: argparse.Namespace) -> int:
+    report = core.resume(args.conversation_id, Job(on_progress=progress_printer("re-reading")))
     out.result({**report.as_dict(), "conversation_id": args.conversation_id}, report.describe())
     return 0
 
 
-def cmd_list(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_list(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     conversations = core.list_conversations()
     documents = core.list_documents()
     lines = [f"{c.id}  {c.n_tokens:>7,} tok  {c.title or '(untitled)'}" for c in conversations]
@@ -133,7 +129,7 @@ def cmd_list(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_show(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_show(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     messages = core.messages(args.conversation_id)
     summary = core.conversation(args.conversation_id)
     out.result(
@@ -143,17 +139,15 @@ def cmd_show(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rename(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_rename(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     summary = core.rename(args.conversation_id, args.title)
     out.result(summary, f"Renamed {summary.id} to '{summary.title}'.")
     return 0
 
 
-def cmd_import(core: Any, out: Output, args: argparse.Namespace) -> int:
-    with cancel_on_sigint() as cancel:
-        result = core.import_conversations(
-            args.file, progress=progress_printer(out, "reading"), cancel=cancel
-        )
+def cmd_import(core: Galahad, out: Output, args: argparse.Namespace) -> int:
+    with command_job(out, "reading") as job:
+        result = core.import_conversations(args.file, job)
     lines = [
         f"Imported {len(result.conversations)} conversation(s), {result.tokens:,} tokens read "
         f"at {result.tokens_per_s:,.0f} tok/s"
@@ -173,7 +167,7 @@ def cmd_import(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_export(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     result = core.export(args.conversation_id, args.format, args.out, args.force)
     if result.path is None:
         if out.as_json:
@@ -194,7 +188,7 @@ def cmd_export(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compact(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_compact(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     result = core.compact(args.conversation_id, args.keep)
     text = (
         f"Merged {result.merged} links into one; the chain now has {result.links_after}."

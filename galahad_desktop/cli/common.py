@@ -9,19 +9,20 @@ import os
 import re
 import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from galahad_desktop.engine.engine import Progress
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, KeyAccessError, StorageError
+from galahad_desktop.jobs import Job, Progress
 from galahad_desktop.memory.results import to_jsonable
 from galahad_desktop.paths import DATA_DIR_ENV, default_data_dir
+
+if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.memory.galahad import Galahad
 
 # Terminal control sequences a file name or a model's text could carry: never print them raw.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -52,42 +53,38 @@ class Output:
         return lambda piece: print(printable(piece).replace("\\x0a", "\n"), end="", flush=True)
 
 
-def progress_printer(out: Output, label: str) -> Callable[[Progress], None]:
+def progress_printer(label: str, unit: str = "tokens") -> Callable[[Progress], None]:
+    """A progress line on stderr, rewritten in place (`unit`: tokens, or bytes as MB)."""
+
     def report(p: Progress) -> None:
-        eta = f"{p.eta_s:.0f}s" if p.eta_s != float("inf") else "?"
         end = "\n" if p.done >= p.total else ""
-        print(
-            f"\r{label}: {p.done:,}/{p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s · "
-            f"ETA {eta}   ",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return report
-
-
-def byte_progress(out: Output, label: str) -> Callable[[int, int], None]:
-    start = time.monotonic()
-
-    def report(have: int, total: int) -> None:
-        rate = have / max(1e-9, time.monotonic() - start)
-        end = "\n" if have >= total else ""
-        print(
-            f"\r{label}: {have / 1e6:,.0f}/{total / 1e6:,.0f} MB · {rate / 1e6:.1f} MB/s   ",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
+        if unit == "bytes":
+            rate = p.done / max(1e-9, p.elapsed_s)
+            line = f"{p.done / 1e6:,.0f}/{p.total / 1e6:,.0f} MB · {rate / 1e6:.1f} MB/s"
+        else:
+            eta = f"{p.eta_s:.0f}s" if p.eta_s != float("inf") else "?"
+            line = f"{p.done:,}/{p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s · ETA {eta}"
+        print(f"\r{label}: {line}   ", end=end, file=sys.stderr, flush=True)
 
     return report
 
 
 @contextmanager
-def cancel_on_sigint() -> Iterator[threading.Event]:
-    """Ctrl-C stops the work between tokens (or batches) instead of killing the process
+def command_job(
+    out: Output, label: str, unit: str = "tokens", answer: bool = False
+) -> Iterator[Job]:
+    """The command's one job: progress on stderr under `label`; with `answer`, the reply
+    streams to stdout (not under --json) and a thinking model's thoughts to stderr.
+    Ctrl-C stops the work between tokens (or batches) instead of killing the process
     mid-write; a second Ctrl-C is an ordinary interrupt."""
-    cancel = threading.Event()
+    thoughts = None if out.as_json else (lambda piece: out.info(f"(thinking) {piece}"))
+    job = Job.cancellable(
+        out.stream() if answer else None,
+        thoughts if answer else None,
+        progress_printer(label, unit),
+    )
+    cancel = job.cancel
+    assert cancel is not None
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if cancel.is_set():
@@ -96,7 +93,7 @@ def cancel_on_sigint() -> Iterator[threading.Event]:
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
-        yield cancel
+        yield job
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -147,7 +144,7 @@ def passphrase_for(args: argparse.Namespace, data_dir: Path) -> str | None:
     return getpass.getpass("Passphrase for Galahad: ")
 
 
-def open_core(args: argparse.Namespace) -> Any:
+def open_core(args: argparse.Namespace) -> Galahad:
     from galahad_desktop.memory.galahad import Galahad
 
     data_dir = data_dir_of(args)
@@ -159,11 +156,8 @@ def open_core(args: argparse.Namespace) -> Any:
     )
 
 
-def sampling_of(core: Any, args: argparse.Namespace) -> SamplingParams:
-    params: SamplingParams = core.sampling(
-        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
-    )
-    return params
+def sampling_of(core: Galahad, args: argparse.Namespace) -> SamplingParams:
+    return core.sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
 
 
 def add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:

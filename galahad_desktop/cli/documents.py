@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.chat import run_turn
 from galahad_desktop.cli.common import (
     Output,
     add_sampling,
-    cancel_on_sigint,
-    progress_printer,
+    command_job,
     sampling_of,
 )
+
+if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.memory.galahad import Galahad
 
 GATED_EXIT = 9  # the router was not sure: candidates listed, nothing answered
 
 
-def cmd_deposit(core: Any, out: Output, args: argparse.Namespace) -> int:
-    with cancel_on_sigint() as cancel:
-        result = core.deposit(args.file, progress=progress_printer(out, "reading"), cancel=cancel)
+def cmd_deposit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
+    with command_job(out, "reading") as job:
+        result = core.deposit(args.file, job)
     out.result(
         result,
         f"Stored document {result.document_id} '{result.name}': "
@@ -30,7 +32,7 @@ def cmd_deposit(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_ask(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_ask(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     if args.question is None:
         document_id, question = None, args.target
     else:
@@ -46,15 +48,8 @@ def cmd_ask(core: Any, out: Output, args: argparse.Namespace) -> int:
         if out.as_json:
             out.result(result, "")
         return 0
-    with cancel_on_sigint() as cancel:
-        answer = core.ask(
-            question,
-            document_id,
-            args.part,
-            on_text=out.stream(),
-            cancel=cancel,
-            params=sampling_of(core, args),
-        )
+    with command_job(out, "re-reading", answer=True) as job:
+        answer = core.ask(question, document_id, args.part, job, sampling_of(core, args))
     if not answer.answered:
         d = answer.decision
         lines = [f"{answer.why} Candidates (answer with --part ID):"]
@@ -81,14 +76,9 @@ def cmd_ask(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_add_document(core: Any, out: Output, args: argparse.Namespace) -> int:
-    with cancel_on_sigint() as cancel:
-        turn = core.add_document_file(
-            args.conversation_id,
-            args.file,
-            progress=progress_printer(out, "reading"),
-            cancel=cancel,
-        )
+def cmd_add_document(core: Galahad, out: Output, args: argparse.Namespace) -> int:
+    with command_job(out, "reading") as job:
+        turn = core.add_document_file(args.conversation_id, args.file, job)
     c = turn.counters
     out.result(
         {**turn.as_dict(), "links": core.chain_links(args.conversation_id)},
@@ -98,7 +88,7 @@ def cmd_add_document(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_routing_log(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_routing_log(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     entries = core.routing_log(args.limit)
     out.result(
         {"entries": entries},

@@ -26,12 +26,11 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
         text = bench.deposit_table(result)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        name = f"bench-{args.kind}"
-        result["saved_to"] = str(args.out / f"{name}.json")
-        payload = json.dumps(result, indent=1, default=str).encode()
-        for path in (args.out / f"{name}.json", args.out / f"{name}-{stamp}.json"):
-            atomic_write_bytes(path, payload)
+        # One file per benchmark, replaced by each run (git keeps the history).
+        path = args.out / f"bench-{args.kind}.json"
+        result["saved_to"] = str(path)
+        result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+        atomic_write_bytes(path, json.dumps(result, indent=1, default=str).encode())
     out.result(result, text)
     return 0
 
@@ -51,9 +50,9 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
         first = Galahad(data, model_path=args.model, keystore=keystore, overrides=overrides)
         try:
             deposited = first.deposit(doc)
-            backend = first.engine.backend
-            system_info = first.engine.fingerprint_details["system_info"]
-            placement = first.engine.placement.as_dict()
+            info = first.info()
+            backend, placement = info.backend, info.placement
+            system_info = info.fingerprint_details["system_info"]
         finally:
             first.close()
         second = Galahad(data, model_path=args.model, keystore=keystore, overrides=overrides)

@@ -7,22 +7,24 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.common import (
     Output,
     add_common,
-    byte_progress,
-    cancel_on_sigint,
+    command_job,
     data_dir_of,
     parse_pairs,
 )
 from galahad_desktop.errors import InputError
 
+if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.memory.galahad import Galahad
+
 GIB = 1024**3
 
 
-def cmd_info(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_info(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     info = core.info()
     model = info.model
     lines = [
@@ -134,14 +136,9 @@ def _download(
     from galahad_desktop.settings import Settings
 
     ensure_private_dir(data_dir)
-    with cancel_on_sigint() as cancel:
+    with command_job(out, "downloading", unit="bytes") as job:
         done = download_gguf(
-            repo,
-            filename,
-            data_dir / "models",
-            revision=getattr(args, "revision", None),
-            progress=byte_progress(out, "downloading"),
-            cancel=cancel,
+            repo, filename, data_dir / "models", revision=getattr(args, "revision", None), job=job
         )
     if args.use:
         Settings(data_dir).update({setting: str(done.path)})

@@ -6,19 +6,22 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.common import Output, data_dir_of, open_core, passphrase_for
 from galahad_desktop.errors import InputError, KeyAccessError
 
+if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.memory.galahad import Galahad
 
-def cmd_verify(core: Any, out: Output, args: argparse.Namespace) -> int:
+
+def cmd_verify(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     if not args.all and not args.id:
         raise InputError("Give an id to verify, or --all.")
     results = core.verify(None if args.all else args.id)
     ok = all(r.proof in ("exact", "close") for r in results)
     out.result(
-        {"results": results, "ok": ok, "fingerprint": core.engine.fingerprint},
+        {"results": results, "ok": ok, "fingerprint": core.info().fingerprint},
         "\n".join(
             f"{r.block_id} ({r.kind} {r.owner_id}, {r.tokens:,} tokens): {r.proof}" for r in results
         )
@@ -27,7 +30,7 @@ def cmd_verify(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def cmd_audit(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_audit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     report = core.audit(repair=args.repair)
     text = (
         f"{report.ok}/{report.blocks} blocks ok"
@@ -38,7 +41,7 @@ def cmd_audit(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0 if not report.problems else 1
 
 
-def cmd_forget(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_forget(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     result = core.forget(args.id)
     out.result(result, f"Forgot {result.kind} {args.id} ({result.blocks} blocks deleted).")
     return 0
@@ -83,7 +86,7 @@ def cmd_keys(args: argparse.Namespace, out: Output) -> int:
         core.close()
 
 
-def keys_with_core(core: Any, out: Output, args: argparse.Namespace) -> int:
+def keys_with_core(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     if args.action == "rotate":
         rotated = core.rotate_key()
         text = (
@@ -124,7 +127,7 @@ def keys_with_core(core: Any, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_backup(core: Any, out: Output, args: argparse.Namespace) -> int:
+def cmd_backup(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     result = core.backup(args.dest)
     out.result(
         result,

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.common import Output, add_sampling, sampling_of
 from galahad_desktop.errors import InputError
 
+if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.memory.galahad import Galahad
 
-def cmd_verified(core: Any, out: Output, args: argparse.Namespace) -> int:
+
+def cmd_verified(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     items = list(args.items)
     if args.action in ("add", "check"):
         if len(items) != 2:

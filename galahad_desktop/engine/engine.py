@@ -12,11 +12,9 @@ import codecs
 import contextlib
 import ctypes
 import dataclasses
-import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,8 @@ from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, describe
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.engine.turns import Turns
-from galahad_desktop.errors import CancelledError, InputError, ModelError
+from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.jobs import NO_JOB, Job, Progress
 
 
 @dataclass(frozen=True)
@@ -79,8 +78,6 @@ KV_TYPES = {
     "q8_0": llama_cpp.GGML_TYPE_Q8_0,
 }
 
-ProgressFn = Callable[["Progress"], None]
-TextFn = Callable[[str], None]
 
 # What Google recommends for every Gemma model (used when the GGUF carries no
 # general.sampling.* keys); other families get llama.cpp's own defaults.
@@ -101,22 +98,6 @@ class EngineConfig:
     kv_type: str = "f16"
     swa_full: bool = True
     embedded: bool = False  # the demo model that ships with the app
-
-
-@dataclass(frozen=True)
-class Progress:
-    done: int
-    total: int
-    elapsed_s: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def eta_s(self) -> float:
-        rate = self.tokens_per_s
-        return (self.total - self.done) / rate if rate > 0 else float("inf")
 
 
 @dataclass
@@ -361,13 +342,9 @@ class Engine:
     def room(self) -> int:
         return self.n_ctx - len(self.tokens)
 
-    def evaluate(
-        self,
-        tokens: Sequence[int],
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
-    ) -> float:
-        """Evaluate tokens after what the context holds, in n_batch slices; return ms."""
+    def evaluate(self, tokens: Sequence[int], job: Job = NO_JOB) -> float:
+        """Evaluate tokens after what the context holds, in n_batch slices, reporting progress
+        to `job` and stopping when it is cancelled; return ms."""
         if len(tokens) > self.room():
             raise InputError(
                 f"That needs {len(tokens)} more tokens but only {self.room()} of the "
@@ -376,30 +353,22 @@ class Engine:
         start = time.perf_counter()
         step = self.config.n_batch
         for offset in range(0, len(tokens), step):
-            if cancel is not None and cancel.is_set():
-                raise CancelledError("Cancelled; nothing was stored.")
+            job.check()
             piece = list(tokens[offset : offset + step])
             self.llm.eval(piece)
             self.tokens.extend(piece)
-            if progress is not None:
-                progress(Progress(offset + len(piece), len(tokens), time.perf_counter() - start))
+            job.progress(Progress(offset + len(piece), len(tokens), time.perf_counter() - start))
         return (time.perf_counter() - start) * 1e3
 
     def last_logits(self) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
-    def generate(
-        self,
-        params: SamplingParams,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        on_thought: TextFn | None = None,
-    ) -> Generation:
+    def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
         """Sample a reply token by token; stop at any end-of-generation token, max_tokens,
         cancel, or a full context (leaving room to close the turn). The stop token itself
         is not evaluated: the caller closes the turn with the canonical closing tokens.
-        A thought channel (Gemma 4) streams to `on_thought`, never into the answer."""
+        A thought channel (Gemma 4) streams to `job.thought`, never into the answer."""
         sampler = Sampler(params)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         reserve = len(self.turns.model_close) + len(self.turns.model_open)
@@ -418,15 +387,13 @@ class Engine:
                 return
             if in_thought:
                 thoughts.append(piece)
-                if on_thought is not None:
-                    on_thought(piece)
+                job.thought(piece)
             else:
                 pieces.append(piece)
-                if on_text is not None:
-                    on_text(piece)
+                job.text(piece)
 
         for _ in range(params.max_tokens):
-            if cancel is not None and cancel.is_set():
+            if job.cancelled:
                 stop_reason = "cancelled"
                 break
             if self.room() <= reserve:
@@ -610,6 +577,3 @@ def _first_int(value: Any, default: int) -> int:
     found = re.search(r"\d+", str(value)) if value is not None else None
     return int(found.group()) if found else default
 
-
-def default_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))

@@ -82,11 +82,6 @@ class Turns:
             + (prompt if prompt is not None else self.generation_prompt)
         )
 
-    def model_reply(self, answer: list[int]) -> list[int]:
-        """A model turn as the history holds it (thoughts stripped): what a thinking turn
-        is re-read as, so a resumed and an uninterrupted conversation hold the same tokens."""
-        return self.model_open + answer + self.model_close
-
     def document_turn(self, content: str, ack: str, opening: bool = True) -> list[int]:
         """The user hands over a document and the model acknowledges it: the block ends at
         a turn boundary like every conversation checkpoint. Without `opening` the turn

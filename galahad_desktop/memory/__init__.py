@@ -1,1 +1,2 @@
-"""Conversations, documents and the service that grafts their blocks."""
+"""The core's memory: conversations, documents, retrieval, transfer and verified answers,
+behind one facade (galahad.py)."""

@@ -9,21 +9,21 @@ command's main thread).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.engine.engine import Engine, EngineConfig, ProgressFn, TextFn
+from galahad_desktop.engine.engine import Engine, EngineConfig
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.chains import Chains
-from galahad_desktop.memory.continuation import ContextFull, Continuation, Continued
-from galahad_desktop.memory.conversations import Conversations
-from galahad_desktop.memory.documents import Documents
-from galahad_desktop.memory.library import Entry, VerifiedLibrary
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.chains import Chains
+from galahad_desktop.memory.chat.continuation import ContextFull, Continuation, Continued
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.chat.search import Search
+from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.maintenance import Maintenance
 from galahad_desktop.memory.model_files import ModelShelf, engine_config, same_file
 from galahad_desktop.memory.results import (
@@ -44,15 +44,14 @@ from galahad_desktop.memory.results import (
     RotateResult,
     SearchHit,
     TurnResult,
-    UsageEntry,
     VerifyResult,
 )
-from galahad_desktop.memory.router import RouteDecision
-from galahad_desktop.memory.routing import Routing, RoutingLogEntry
-from galahad_desktop.memory.search import Search
-from galahad_desktop.memory.transfer import ExportResult, ImportResult, Transfer
+from galahad_desktop.memory.retrieval.router import RouteDecision
+from galahad_desktop.memory.retrieval.routing import Routing, RoutingLogEntry
+from galahad_desktop.memory.transfer.transfer import ExportResult, ImportResult, Transfer
 from galahad_desktop.memory.usage import Usage
-from galahad_desktop.memory.verifiers import Verdict
+from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
+from galahad_desktop.memory.verified.verifiers import Verdict
 from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
@@ -114,7 +113,6 @@ class Galahad:
         self.usage = Usage(self.live)
         self.finder = Search(self.conversations)
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
-        self.conversations.live_sampling = self.sampling
         self.live.chain_owners = self.conversations.chain_owners
         self.live.ledger_source = self.maintenance.ledger_for_model
 
@@ -212,11 +210,10 @@ class Galahad:
         self,
         repo: str,
         filename: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         use: bool = False,
     ) -> Downloaded:
-        done = self.shelf.download(repo, filename, progress, cancel)
+        done = self.shelf.download(repo, filename, job)
         if use:
             self.use_model(done.path)
         return done
@@ -224,12 +221,11 @@ class Galahad:
     def get_gemma4(
         self,
         size: str | None = None,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         use: bool = True,
     ) -> Downloaded:
         chosen = self.shelf.gemma4_for(size)
-        return self.download_model(chosen.repo, chosen.file, progress, cancel, use)
+        return self.download_model(chosen.repo, chosen.file, job, use)
 
     # -- conversations -------------------------------------------------------------------
     def new_conversation(
@@ -262,18 +258,18 @@ class Galahad:
     def head_block(self, conversation_id: str) -> str:
         return self.conversations.head_block(conversation_id)
 
-    def resume(self, conversation_id: str, progress: ProgressFn | None = None) -> GraftReport:
-        report = self.conversations.resume(conversation_id, progress)
+    def resume(self, conversation_id: str, job: Job = NO_JOB) -> GraftReport:
+        report = self.conversations.resume(conversation_id, job)
         self.usage.record_graft(report)
         return report
 
     def open_conversation(
-        self, conversation_id: str, progress: ProgressFn | None = None
+        self, conversation_id: str, job: Job = NO_JOB
     ) -> OpenedConversation:
         """Resume a conversation (graft its head from disk) and say what the window shows."""
         row = self.conversations.row(conversation_id)
         other = bool(row.get("model_sha256")) and row["model_sha256"] != self.engine.model_sha256
-        report = self.resume(conversation_id, progress)
+        report = self.resume(conversation_id, job)
         return OpenedConversation(
             self.conversation(conversation_id),
             self.messages(conversation_id),
@@ -288,32 +284,26 @@ class Galahad:
         self,
         conversation_id: str,
         text: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
         compact: bool = False,
     ) -> TurnResult:
         """One turn, through the verified-answer library when the conversation uses it (the
         window and the command take this same path)."""
         result = self.library.ask(
-            conversation_id, text, on_text, cancel, params or self.sampling(), progress, on_thought
+            conversation_id, text, params or self.sampling(), job
         )
         return self._after_turn(result, compact)
 
     def regenerate(
         self,
         conversation_id: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
         compact: bool = False,
     ) -> TurnResult:
         result = self.conversations.regenerate(
-            conversation_id, on_text, cancel, params or self.sampling(), progress, on_thought
+            conversation_id, params or self.sampling(), job
         )
         return self._after_turn(result, compact)
 
@@ -322,21 +312,15 @@ class Galahad:
         conversation_id: str,
         seq: int,
         new_text: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
     ) -> TurnResult:
         result = self.conversations.branch(
             conversation_id,
             seq,
             new_text,
-            on_text,
-            cancel,
             params or self.sampling(),
-            progress,
-            on_thought,
+            job,
         )
         return self._after_turn(result, False)
 
@@ -354,9 +338,9 @@ class Galahad:
 
     # -- import, export, a full context ------------------------------------------------------
     def import_conversations(
-        self, path: Path, progress: ProgressFn | None = None, cancel: threading.Event | None = None
+        self, path: Path, job: Job = NO_JOB
     ) -> ImportResult:
-        return self.transfer.import_file(Path(path), progress, cancel)
+        return self.transfer.import_file(Path(path), job)
 
     def export(
         self, conversation_id: str, fmt: str, out: Path | None = None, force: bool = False
@@ -371,39 +355,35 @@ class Galahad:
     def continue_with_summary(
         self,
         conversation_id: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> Continued:
-        return self.continuation.with_summary(conversation_id, self.sampling(), progress, cancel)
+        return self.continuation.with_summary(conversation_id, self.sampling(), job)
 
     def continue_with_recent(
         self,
         conversation_id: str,
         text: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> Continued:
-        return self.continuation.with_recent(conversation_id, text, progress, cancel)
+        return self.continuation.with_recent(conversation_id, text, job)
 
     # -- documents -----------------------------------------------------------------------
     def deposit(
         self,
         path: Path,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         name: str | None = None,
     ) -> DepositResult:
-        return self.documents.deposit(path, progress, cancel, name)
+        return self.documents.deposit(path, job, name)
 
     def deposit_text(
         self,
         name: str,
         text: str,
         source_bytes: int | None = None,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> DepositResult:
-        return self.documents.deposit_text(name, text, source_bytes, progress, cancel)
+        return self.documents.deposit_text(name, text, source_bytes, job)
 
     def list_documents(self) -> list[DocumentSummary]:
         return self.documents.summaries()
@@ -421,10 +401,9 @@ class Galahad:
         self,
         conversation_id: str,
         path: Path,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> TurnResult:
-        result = self.documents.add_to_conversation_file(conversation_id, path, progress, cancel)
+        result = self.documents.add_to_conversation_file(conversation_id, path, job)
         self.usage.record_turn(result)
         return result
 
@@ -433,10 +412,9 @@ class Galahad:
         conversation_id: str,
         name: str,
         text: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> TurnResult:
-        result = self.documents.add_to_conversation(conversation_id, name, text, progress, cancel)
+        result = self.documents.add_to_conversation(conversation_id, name, text, job)
         self.usage.record_turn(result)
         return result
 
@@ -449,13 +427,11 @@ class Galahad:
         question: str,
         document_id: str | None = None,
         part_id: str | None = None,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
     ) -> AskResult:
         result = self.routing.ask(
-            question, document_id, part_id, on_text, cancel, params or self.sampling(), progress
+            question, document_id, part_id, params or self.sampling(), job
         )
         if result.graft is not None:
             self.usage.record_graft(result.graft)
@@ -547,9 +523,6 @@ class Galahad:
     ) -> list[str]:
         keystore = open_keystore(Path(data_dir), passphrase)
         return custody.import_kit(Path(data_dir), keystore, Path(kit), kit_passphrase)
-
-    def usage_history(self) -> list[UsageEntry]:
-        return self.usage.entries()
 
     def memory_stats(self) -> MemoryStats:
         return self.usage.stats()

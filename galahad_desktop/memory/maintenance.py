@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from galahad_desktop.errors import InputError, NotFoundError
-from galahad_desktop.memory.conversations import Conversations, engine_answer
-from galahad_desktop.memory.documents import Documents
-from galahad_desktop.memory.library import VerifiedLibrary
-from galahad_desktop.memory.live import LiveContext, Rendered
+from galahad_desktop.memory.chat.conversations import Conversations, engine_answer
+from galahad_desktop.memory.chat.live import LiveContext, Rendered
+from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult, VerifyResult
-from galahad_desktop.memory.routing import Routing
+from galahad_desktop.memory.retrieval.routing import Routing
+from galahad_desktop.memory.verified.library import VerifiedLibrary
 from galahad_desktop.vault import custody
 from galahad_desktop.vault.vault import AuditReport
 

@@ -3,12 +3,11 @@ file; the engine configuration that follows from the settings; downloads from th
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
-from galahad_desktop.engine.engine import EngineConfig, Progress, ProgressFn
+from galahad_desktop.engine.engine import EngineConfig
 from galahad_desktop.errors import InputError
+from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import ModelFile
 from galahad_desktop.models import catalog
 from galahad_desktop.models.hub import Downloaded, download_gguf
@@ -85,19 +84,10 @@ class ModelShelf:
         self,
         repo: str,
         filename: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> Downloaded:
         """A GGUF (resumable, SHA-256 checked against the Hub) into the models folder."""
-        start = time.monotonic()
-
-        def report(have: int, total: int) -> None:
-            if progress is not None:
-                progress(Progress(have, total, time.monotonic() - start))
-
-        return download_gguf(
-            repo, filename, ensure_private_dir(self.models_dir), progress=report, cancel=cancel
-        )
+        return download_gguf(repo, filename, ensure_private_dir(self.models_dir), job=job)
 
     @staticmethod
     def gemma4_for(size: str | None) -> catalog.Gemma4Model:

@@ -10,10 +10,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from galahad_desktop.engine.engine import Counters, Progress
+from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.proof import NO_PROOF, ProofResult
-from galahad_desktop.memory.router import RouteDecision
+from galahad_desktop.jobs import Progress
+from galahad_desktop.memory.retrieval.router import RouteDecision
 
 
 def to_jsonable(value: Any) -> Any:

@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import asdict
 
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import GraftReport, MemoryStats, TurnResult, UsageEntry
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.vault import new_id

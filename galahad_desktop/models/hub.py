@@ -11,16 +11,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from galahad_desktop.errors import CancelledError, InputError, IntegrityError
+from galahad_desktop.errors import InputError, IntegrityError
+from galahad_desktop.jobs import NO_JOB, Job, Progress
 from galahad_desktop.paths import ensure_private_dir
-from galahad_desktop.system.files import fsync_dir
+from galahad_desktop.system.files import fsync_dir, open_private
 
 CHUNK = 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -68,9 +68,9 @@ def download_gguf(
     filename: str,
     models_dir: Path,
     revision: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    cancel: threading.Event | None = None,
+    job: Job = NO_JOB,
 ) -> Downloaded:
+    """Progress is reported in bytes (done of total)."""
     if not filename.lower().endswith(".gguf"):
         raise InputError(f"'{filename}' is not a .gguf file.")
     url, size, sha = _published(repo_id, filename, revision)
@@ -91,6 +91,7 @@ def download_gguf(
             partial.unlink()
             digest, have = hashlib.sha256(), 0
     resumed_from = have
+    start = time.monotonic()
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -99,24 +100,22 @@ def download_gguf(
                 mode = "wb"
             else:
                 mode = "ab" if have else "wb"
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o600)
+            fd = open_private(partial, exclusive=False)
             with os.fdopen(fd, mode) as out:
                 if mode == "wb":
                     out.truncate(0)
                 while True:
-                    if cancel is not None and cancel.is_set():
-                        raise CancelledError(
-                            f"Download of '{filename}' paused at {have:,} of {size:,} bytes; "
-                            "start it again to resume."
-                        )
+                    job.check(
+                        f"Download of '{filename}' paused at {have:,} of {size:,} bytes; "
+                        "start it again to resume."
+                    )
                     block = response.read(CHUNK)
                     if not block:
                         break
                     out.write(block)
                     digest.update(block)
                     have += len(block)
-                    if progress is not None:
-                        progress(have, size)
+                    job.progress(Progress(have, size, time.monotonic() - start))
                 out.flush()
                 os.fsync(out.fileno())
     except (urllib.error.URLError, OSError, ConnectionError) as exc:

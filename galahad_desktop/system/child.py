@@ -1,7 +1,10 @@
 """Bounded child processes: hostile input is parsed where it can only hurt itself.
 
-On POSIX the child gets address-space and CPU limits (resource.setrlimit); everywhere it gets
-a wall-clock deadline, can be cancelled, and inherits no secrets from our environment.
+On POSIX the child gets address-space and CPU limits (resource.setrlimit), which it sets on
+itself first thing (`apply_own_limits`, read from GALAHAD_CHILD_LIMITS): `preexec_fn` would run
+them between fork and exec, which is unsafe in a process with threads (the window's worker
+calls this). Everywhere the child gets a wall-clock deadline, can be cancelled, and inherits no
+secrets from our environment.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from galahad_desktop.jobs import NO_JOB, Job
 
 _SECRET = re.compile(r"PASSPHRASE|PASSWORD|SECRET|TOKEN|API_KEY|CREDENTIAL", re.IGNORECASE)
 
@@ -24,17 +29,25 @@ def clean_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in source.items() if not _SECRET.search(k)}
 
 
-def _limiter(memory_bytes: int, cpu_seconds: int) -> Callable[[], None] | None:
+LIMITS_VARIABLE = "GALAHAD_CHILD_LIMITS"
+
+
+def apply_own_limits(environ: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """In a child started by run_bounded: cap this process's address space and CPU time as
+    the parent asked. Returns (memory bytes, CPU seconds), or None where there are no rlimits
+    (Windows: the parent's deadline still holds) or nothing was asked."""
+    value = (os.environ if environ is None else environ).get(LIMITS_VARIABLE, "")
     try:
         import resource
-    except ImportError:  # Windows: no rlimits; the deadline still holds
+    except ImportError:
         return None
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
-
-    return limit
+    try:
+        memory_bytes, cpu_seconds = (int(part) for part in value.split(":"))
+    except ValueError:
+        return None
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+    return memory_bytes, cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -49,17 +62,17 @@ def run_bounded(
     command: Sequence[str],
     timeout_s: float,
     memory_mb: int,
-    cancel: threading.Event | None = None,
+    job: Job = NO_JOB,
 ) -> ChildResult:
-    """Run `command` with limits; read all of its stdout."""
-    limiter = _limiter(memory_mb * 1024 * 1024, int(timeout_s) + 1)
+    """Run `command` (which calls apply_own_limits first) with limits; read all its stdout."""
+    environment = clean_environment()
+    environment[LIMITS_VARIABLE] = f"{memory_mb * 1024 * 1024}:{int(timeout_s) + 1}"
     child = subprocess.Popen(
         list(command),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
-        env=clean_environment(),
-        preexec_fn=limiter,
+        env=environment,
     )
     deadline = time.monotonic() + timeout_s
     chunks: list[bytes] = []
@@ -70,7 +83,7 @@ def run_bounded(
     while reader.is_alive():
         reader.join(0.05)
         stop = None
-        if cancel is not None and cancel.is_set():
+        if job.cancelled:
             stop = "cancelled"
         elif time.monotonic() > deadline:
             stop = "timed_out"

@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 TMP_PREFIX = ".tmp-"
+# Windows opens files in text mode unless told otherwise, and would write every \n as \r\n:
+# a block or a catalog copy would then fail authentication. 0 (no-op) elsewhere.
+O_BINARY: int = getattr(os, "O_BINARY", 0)
+
+
+def open_private(path: Path, exclusive: bool = True) -> int:
+    """A write-only binary descriptor on `path`, created 0600 before any byte is written
+    (`exclusive`: the file must not exist yet)."""
+    flags = os.O_WRONLY | os.O_CREAT | O_BINARY | (os.O_EXCL if exclusive else 0)
+    return os.open(path, flags, 0o600)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -38,7 +48,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     for a moment), and removed if the block raises.
     """
     tmp = path.parent / f"{TMP_PREFIX}{path.name}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = open_private(tmp)
     try:
         with os.fdopen(fd, "wb") as handle:
             yield handle
@@ -59,8 +69,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def create_private_file(path: Path) -> None:
     """Create an empty 0600 file if missing (so tools that later open it inherit the mode)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.close(fd)
+    os.close(open_private(path, exclusive=False))
     os.chmod(path, 0o600)
 
 
@@ -72,7 +81,7 @@ def read_regular_file(path: Path, limit: int, what: str) -> bytes:
 
     nonblocking = getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | nonblocking)
+        fd = os.open(path, os.O_RDONLY | O_BINARY | nonblocking)
     except FileNotFoundError:
         raise InputError(f"{path} does not exist.") from None
     except OSError as exc:

@@ -30,7 +30,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from galahad_desktop.memory.continuation import ContextFull
+from galahad_desktop.memory.chat.continuation import ContextFull
+from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import AskResult, MemoryStats, ModelInfo, UsageEntry
 from galahad_desktop.settings import Setting
 from galahad_desktop.ui.format import human_bytes
@@ -81,12 +82,18 @@ class SettingsDialog(QDialog):
         self.buttons.accepted.connect(self.save)
         self.buttons.rejected.connect(self.reject)
         layout.addWidget(self.buttons)
-        host.bridge.call("declared_settings", on_done=self._declared, on_error=host.show_error)
+        host.bridge.run(
+            lambda core, _job: core.declared_settings(),
+            on_done=self._declared,
+            on_error=host.show_error,
+        )
 
     def _declared(self, declared: tuple[Setting, ...]) -> None:
         self.declared = declared
-        self.host.bridge.call(
-            "settings_values", on_done=self._loaded, on_error=self.host.show_error
+        self.host.bridge.run(
+            lambda core, _job: core.settings_values(),
+            on_done=self._loaded,
+            on_error=self.host.show_error,
         )
 
     def _loaded(self, values: dict[str, Any]) -> None:
@@ -175,9 +182,9 @@ class SettingsDialog(QDialog):
 
     def inspect(self, path: str) -> None:
         self.model_info.setText("Reading the model's metadata…")
-        self.host.bridge.call(
-            "inspect_model",
-            Path(path),
+        model = Path(path)
+        self.host.bridge.run(
+            lambda core, _job: core.inspect_model(model),
             on_done=lambda info: self.model_info.setText(describe_model(info)),
             on_error=lambda message, kind: self.model_info.setText(message),
         )
@@ -187,8 +194,10 @@ class SettingsDialog(QDialog):
         if not changes:
             self.accept()
             return
-        self.host.bridge.call(
-            "update_settings", changes, on_done=self._saved, on_error=self.host.show_error
+        self.host.bridge.run(
+            lambda core, _job: core.update_settings(changes),
+            on_done=self._saved,
+            on_error=self.host.show_error,
         )
 
     def _saved(self, runtime_changed: bool) -> None:
@@ -246,7 +255,9 @@ class SecurityDialog(QDialog):
         self.refresh()
 
     def refresh(self) -> None:
-        self.host.bridge.call("key_status", on_done=self._show, on_error=self.host.show_error)
+        self.host.bridge.run(
+            lambda core, _job: core.key_status(), on_done=self._show, on_error=self.host.show_error
+        )
 
     def _show(self, status: Any) -> None:
         self.locked = status.locked
@@ -266,7 +277,11 @@ class SecurityDialog(QDialog):
 
     def rotate(self) -> None:
         self.output.setPlainText("Rotating…")
-        self.host.bridge.call("rotate_key", on_done=self._rotated, on_error=self.host.show_error)
+        self.host.bridge.run(
+            lambda core, _job: core.rotate_key(),
+            on_done=self._rotated,
+            on_error=self.host.show_error,
+        )
 
     def _rotated(self, result: Any) -> None:
         text = (
@@ -275,9 +290,7 @@ class SecurityDialog(QDialog):
             "for copies made before ('galahad keys drop-retired' removes it)."
         )
         if result.backups_needing_retired:
-            text += "\nBackups that need the old key:\n" + "\n".join(
-                result.backups_needing_retired
-            )
+            text += "\nBackups that need the old key:\n" + "\n".join(result.backups_needing_retired)
         self.output.setPlainText(text)
         self.refresh()
 
@@ -290,8 +303,10 @@ class SecurityDialog(QDialog):
 
     def run_backup(self, folder: Path) -> None:
         self.output.setPlainText(f"Backing up to {folder}…")
-        self.host.bridge.call(
-            "backup", folder, on_done=self._backed_up, on_error=self.host.show_error
+        self.host.bridge.run(
+            lambda core, _job: core.backup(folder),
+            on_done=self._backed_up,
+            on_error=self.host.show_error,
         )
 
     def _backed_up(self, result: Any) -> None:
@@ -327,10 +342,8 @@ class SecurityDialog(QDialog):
         self.run_export_kit(Path(path), phrase)
 
     def run_export_kit(self, path: Path, phrase: str) -> None:
-        self.host.bridge.call(
-            "export_recovery_kit",
-            phrase,
-            path,
+        self.host.bridge.run(
+            lambda core, _job: core.export_recovery_kit(phrase, path),
             on_done=lambda keys: self.output.setPlainText(
                 f"Wrote the recovery kit {path} ({len(keys)} key(s)). Keep it, and its "
                 "passphrase, apart from your backups."
@@ -339,15 +352,18 @@ class SecurityDialog(QDialog):
         )
 
     def toggle_lock(self) -> None:
-        self.host.bridge.call(
-            "unlock" if self.locked else "lock",
+        locked = self.locked
+        self.host.bridge.run(
+            lambda core, _job: core.unlock() if locked else core.lock(),
             on_done=lambda _r: self.refresh(),
             on_error=self.host.show_error,
         )
 
     def audit(self) -> None:
         self.output.setPlainText("Checking every block and catalog record…")
-        self.host.bridge.call("audit", on_done=self._audited, on_error=self.host.show_error)
+        self.host.bridge.run(
+            lambda core, _job: core.audit(), on_done=self._audited, on_error=self.host.show_error
+        )
 
     def _audited(self, report: Any) -> None:
         lines = [f"{report.ok} of {report.blocks} blocks authenticated and match the catalog."]
@@ -426,9 +442,15 @@ class MemoryDialog(QDialog):
         self.refresh()
 
     def refresh(self) -> None:
-        self.host.bridge.call("memory_stats", on_done=self._show, on_error=self.host.show_error)
-        self.host.bridge.call(
-            "verified_entries", on_done=self._library, on_error=self.host.show_error
+        self.host.bridge.run(
+            lambda core, _job: core.memory_stats(),
+            on_done=self._show,
+            on_error=self.host.show_error,
+        )
+        self.host.bridge.run(
+            lambda core, _job: core.verified_entries(),
+            on_done=self._library,
+            on_error=self.host.show_error,
         )
 
     def _show(self, stats: MemoryStats) -> None:
@@ -461,13 +483,19 @@ class MemoryDialog(QDialog):
             self.library_list.addItem(item)
 
     def remove_selected(self) -> None:
-        for item in self.library_list.selectedItems():
-            self.host.bridge.call(
-                "verified_remove",
-                item.data(Qt.ItemDataRole.UserRole),
-                on_done=lambda _r: self.refresh(),
-                on_error=self.host.show_error,
-            )
+        chosen = [
+            str(item.data(Qt.ItemDataRole.UserRole)) for item in self.library_list.selectedItems()
+        ]
+
+        def remove(core: Galahad) -> None:
+            for entry_id in chosen:
+                core.verified_remove(entry_id)
+
+        self.host.bridge.run(
+            lambda core, _job: remove(core),
+            on_done=lambda _r: self.refresh(),
+            on_error=self.host.show_error,
+        )
 
 
 class AskDialog(QDialog):
@@ -521,11 +549,10 @@ class AskDialog(QDialog):
         self.answer.setHtml("<p><i>Finding the part that answers…</i></p>")
         self.source.setText("")
         self.ask_button.setEnabled(False)
-        self.host.bridge.call(
-            "ask",
-            question,
-            self.document_id,
-            part_id if isinstance(part_id, str) else None,
+        document_id = self.document_id
+        part_id = part_id if isinstance(part_id, str) else None
+        self.host.bridge.run(
+            lambda core, job: core.ask(question, document_id, part_id, job),
             on_done=self._done,
             on_error=self._failed,
             on_stream=self._streamed,

@@ -7,6 +7,7 @@ every result arrives as a typed value in a callback on the main thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from PySide6.QtWidgets import (
     QToolBar,
 )
 
-from galahad_desktop.memory.continuation import ContextFull, Continued
+from galahad_desktop.jobs import Job
+from galahad_desktop.memory.chat.continuation import ContextFull, Continued
+from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import (
     ConversationSummary,
     EngineInfo,
@@ -286,10 +289,16 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
 
     # -- lists and search ----------------------------------------------------------------
     def refresh_lists(self) -> None:
-        self.bridge.call(
-            "list_conversations", on_done=self._conversations, on_error=self.show_error
+        self.bridge.run(
+            lambda core, _job: core.list_conversations(),
+            on_done=self._conversations,
+            on_error=self.show_error,
         )
-        self.bridge.call("list_documents", on_done=self._documents, on_error=self.show_error)
+        self.bridge.run(
+            lambda core, _job: core.list_documents(),
+            on_done=self._documents,
+            on_error=self.show_error,
+        )
 
     def _conversations(self, conversations: list[ConversationSummary]) -> None:
         self.sidebar.current = self.conversation_id
@@ -308,9 +317,8 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         if not query:
             self.sidebar.set_matches(None)
             return
-        self.bridge.call(
-            "search",
-            query,
+        self.bridge.run(
+            lambda core, _job: core.search(query),
             on_done=lambda hits: self.sidebar.set_matches({h.conversation_id for h in hits}),
             on_error=self.show_error,
         )
@@ -334,9 +342,8 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         if self.generating is not None:
             return
         self.set_status("Resuming…")
-        self.bridge.call(
-            "open_conversation",
-            conversation_id,
+        self.bridge.run(
+            lambda core, job: core.open_conversation(conversation_id, job),
             on_done=self._conversation_open,
             on_error=self.show_error,
             on_progress=self._reread_progress,
@@ -367,10 +374,8 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
             self.sidebar.begin_rename(self.conversation_id)
 
     def rename(self, conversation_id: str, title: str) -> None:
-        self.bridge.call(
-            "rename",
-            conversation_id,
-            title,
+        self.bridge.run(
+            lambda core, _job: core.rename(conversation_id, title),
             on_done=self._renamed,
             on_error=self._rename_failed,
         )
@@ -389,21 +394,16 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         if not text or self.generating is not None:
             return
         if self.conversation_id is None:
-            self.bridge.call(
-                "new_conversation",
-                None,
-                "",
-                None,
-                self.chat.thinking_box.isChecked() and self.chat.thinking_box.isVisible(),
+            thinking = self.chat.thinking_box.isChecked() and self.chat.thinking_box.isVisible()
+            self.bridge.run(
+                lambda core, _job: core.new_conversation(thinking=thinking),
                 on_done=lambda cid: self._send_to(cid, text),
                 on_error=self.show_error,
             )
             return
         conversation_id = self.conversation_id
-        self.bridge.call(
-            "context_check",
-            conversation_id,
-            text,
+        self.bridge.run(
+            lambda core, _job: core.context_check(conversation_id, text),
             on_done=lambda full: self._checked(conversation_id, text, full),
             on_error=self.show_error,
         )
@@ -423,12 +423,14 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         if choice == "stop":
             self.set_status("Not sent: the conversation is full. Your message is still here.")
             return
-        name = "continue_with_summary" if choice == "summary" else "continue_with_recent"
-        args = (conversation_id,) if choice == "summary" else (conversation_id, text)
+        work: Callable[[Galahad, Job], Continued] = (
+            (lambda core, job: core.continue_with_summary(conversation_id, job))
+            if choice == "summary"
+            else (lambda core, job: core.continue_with_recent(conversation_id, text, job))
+        )
         self.set_status("Continuing in a new conversation…")
-        request = self.bridge.call(
-            name,
-            *args,
+        request = self.bridge.run(
+            work,
             on_done=lambda continued: self._continued(continued, text),
             on_error=self._turn_failed,
             on_progress=self._reread_progress,
@@ -447,8 +449,11 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
             self.chat.set_messages([ShownMessage(m.role, m.text) for m in messages])
             self._send_to(continued.conversation_id, text)
 
-        self.bridge.call(
-            "messages", continued.conversation_id, on_done=shown, on_error=self.show_error
+        conversation_id = continued.conversation_id
+        self.bridge.run(
+            lambda core, _job: core.messages(conversation_id),
+            on_done=shown,
+            on_error=self.show_error,
         )
 
     def _send_to(self, conversation_id: str, text: str) -> None:
@@ -457,20 +462,18 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.chat.thinking_box.setEnabled(False)
         self.chat.input.clear()
         self.chat.append("user", text)
-        self._start_turn("send", conversation_id, text, compact=True)
+        self._start_turn(lambda core, job: core.send(conversation_id, text, job, compact=True))
 
-    def _start_turn(self, task: str, *args: Any, **kwargs: Any) -> None:
+    def _start_turn(self, work: Callable[[Galahad, Job], TurnResult]) -> None:
         self.chat.append("model")
         self.set_status("Thinking…")
-        request = self.bridge.call(
-            task,
-            *args,
+        request = self.bridge.run(
+            work,
             on_done=self._turn_done,
             on_error=self._turn_failed,
             on_stream=self.chat.stream,
             on_thought=lambda piece: self.chat.stream(piece, thought=True),
             on_progress=self._reread_progress,
-            **kwargs,
         )
         self._set_generating(request)
 
@@ -509,7 +512,8 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         if not messages or messages[-1].role != "model":
             return
         messages.pop()
-        self._start_turn("regenerate", self.conversation_id, compact=True)
+        conversation_id = self.conversation_id
+        self._start_turn(lambda core, job: core.regenerate(conversation_id, job, compact=True))
 
     def edit_message(self) -> None:
         if self.generating is not None or self.conversation_id is None:
@@ -534,14 +538,17 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         assert self.conversation_id is not None
         conversation_id = self.conversation_id
         self.chat.set_messages([*self.chat.messages[:seq], ShownMessage("user", text)])
-        self._start_turn("branch", conversation_id, seq, text)
+        self._start_turn(lambda core, job: core.branch(conversation_id, seq, text, job))
 
     # -- verified answers ----------------------------------------------------------------
     def mark_verified(self) -> None:
         if self.conversation_id is None or self.generating is not None:
             return
-        self.bridge.call(
-            "mark_verified", self.conversation_id, on_done=self._verified, on_error=self.show_error
+        conversation_id = self.conversation_id
+        self.bridge.run(
+            lambda core, _job: core.mark_verified(conversation_id),
+            on_done=self._verified,
+            on_error=self.show_error,
         )
 
     def _verified(self, entry: Any) -> None:
@@ -552,8 +559,11 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
 
     def toggle_library(self, enabled: bool) -> None:
         if self.conversation_id is not None:
-            self.bridge.call(
-                "set_library", self.conversation_id, bool(enabled), on_error=self.show_error
+            conversation_id = self.conversation_id
+            enabled = bool(enabled)
+            self.bridge.run(
+                lambda core, _job: core.set_library(conversation_id, enabled),
+                on_error=self.show_error,
             )
 
     # -- forgetting ----------------------------------------------------------------------
@@ -568,7 +578,11 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
             "Delete this conversation? Its messages, blocks and keys are deleted "
             "(crypto-shredded); it cannot be undone."
         ):
-            self.bridge.call("forget", item_id, on_done=self._forgotten, on_error=self.show_error)
+            self.bridge.run(
+                lambda core, _job: core.forget(item_id),
+                on_done=self._forgotten,
+                on_error=self.show_error,
+            )
 
     def forget_conversation(self) -> None:
         if self.conversation_id is not None and self.generating is None:
@@ -577,8 +591,10 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
     def forget_document(self) -> None:
         document_id = self.sidebar.selected_document()
         if document_id and self._confirm("Forget this document and the conversations built on it?"):
-            self.bridge.call(
-                "forget", document_id, on_done=self._forgotten, on_error=self.show_error
+            self.bridge.run(
+                lambda core, _job: core.forget(document_id),
+                on_done=self._forgotten,
+                on_error=self.show_error,
             )
 
     def _forgotten(self, result: Any) -> None:

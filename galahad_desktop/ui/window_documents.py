@@ -10,7 +10,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from galahad_desktop.memory.results import DepositResult, TurnResult
-from galahad_desktop.memory.transfer import ImportResult
+from galahad_desktop.memory.transfer.transfer import ImportResult
 from galahad_desktop.ui.format import human_bytes
 
 if TYPE_CHECKING:
@@ -96,9 +96,8 @@ class DocumentActions:
 
     def deposit(self, path: Path, open_chat: bool = False) -> None:
         self.sidebar.show_progress(True, f"Reading {path.name}…")
-        self.working = self.bridge.call(
-            "deposit",
-            path,
+        self.working = self.bridge.run(
+            lambda core, job: core.deposit(path, job),
             on_done=lambda result: self._deposited(result, open_chat),
             on_error=self._work_failed,
             on_progress=self._work_progress,
@@ -125,9 +124,9 @@ class DocumentActions:
         self.refresh_lists()
         self.deposit_finished.emit(result)
         if open_chat and result.n_parts == 1:
-            self.bridge.call(
-                "new_conversation",
-                result.document_id,
+            document_id = result.document_id
+            self.bridge.run(
+                lambda core, _job: core.new_conversation(document_id),
                 on_done=self.open_conversation,
                 on_error=self.show_error,
             )
@@ -150,9 +149,8 @@ class DocumentActions:
             # Longer than the context: each question is routed to the part that answers it.
             self.open_ask(document_id)
             return
-        self.bridge.call(
-            "new_conversation",
-            document_id,
+        self.bridge.run(
+            lambda core, _job: core.new_conversation(document_id),
             on_done=self.open_conversation,
             on_error=self.show_error,
         )
@@ -186,10 +184,8 @@ class DocumentActions:
         self.chat.append("document", path.name)
         self.set_status(f"Reading {path.name} into this conversation…")
         conversation_id = self.conversation_id
-        request = self.bridge.call(
-            "add_document_file",
-            conversation_id,
-            path,
+        request = self.bridge.run(
+            lambda core, job: core.add_document_file(conversation_id, path, job),
             on_done=lambda result: self._document_added(result, path),
             on_error=self._turn_failed,
             on_progress=self._reread_progress,
@@ -223,9 +219,8 @@ class DocumentActions:
                 return
             path = Path(chosen)
         self.sidebar.show_progress(True, f"Importing {path.name}…")
-        self.working = self.bridge.call(
-            "import_conversations",
-            path,
+        self.working = self.bridge.run(
+            lambda core, job: core.import_conversations(path, job),
             on_done=self._imported,
             on_error=self._work_failed,
             on_progress=self._work_progress,
@@ -260,12 +255,9 @@ class DocumentActions:
         if not path:
             return
         fmt = "json" if "JSON" in chosen else "html" if "HTML" in chosen else "md"
-        self.bridge.call(
-            "export",
-            conversation_id,
-            fmt,
-            Path(path),
-            True,  # the save dialog already asked before replacing a file
+        out = Path(path)
+        self.bridge.run(
+            lambda core, _job: core.export(conversation_id, fmt, out, True),
             on_done=lambda r: self.set_status(
                 f"Exported {r.messages} messages to {r.path} (plain text)"
             ),

@@ -43,7 +43,9 @@ class ModelActions:
 
     # -- the model -----------------------------------------------------------------------
     def engine_changed(self) -> None:
-        self.bridge.call("info", on_done=self._opened, on_error=self.show_error)
+        self.bridge.run(
+            lambda core, _job: core.info(), on_done=self._opened, on_error=self.show_error
+        )
 
     def conversation_changed(self, conversation_id: str) -> None:
         self.open_conversation(conversation_id)
@@ -63,9 +65,15 @@ class ModelActions:
         )
         for problem in info.settings_problems:
             self.show_error(problem)
-        self.bridge.call("model_files", on_done=self._models, on_error=self.show_error)
+        self.bridge.run(
+            lambda core, _job: core.model_files(), on_done=self._models, on_error=self.show_error
+        )
         if self.recommendation is None:
-            self.bridge.call("recommend", on_done=self._recommended, on_error=self.show_error)
+            self.bridge.run(
+                lambda core, _job: core.recommend(),
+                on_done=self._recommended,
+                on_error=self.show_error,
+            )
         self.opened.emit(info)
 
     def _recommended(self, recommendation: Recommendation) -> None:
@@ -110,8 +118,10 @@ class ModelActions:
 
     def switch_model(self, path: Path) -> None:
         self.set_status(f"Switching to {path.name}…")
-        self.bridge.call(
-            "use_model", path, on_done=lambda _c: self._switched(path), on_error=self.show_error
+        self.bridge.run(
+            lambda core, _job: core.use_model(path),
+            on_done=lambda _c: self._switched(path),
+            on_error=self.show_error,
         )
 
     def _switched(self, path: Path) -> None:
@@ -128,9 +138,9 @@ class ModelActions:
             return
         self.welcome.show_progress(0, 1)
         self.set_status(f"Downloading Gemma 4 {size or '(recommended)'}…")
-        self.working = self.bridge.call(
-            "get_gemma4",
-            size or None,
+        chosen = size or None
+        self.working = self.bridge.run(
+            lambda core, job: core.get_gemma4(chosen, job),
             on_done=self._downloaded,
             on_error=self._download_failed,
             on_progress=lambda done, total, _r, _e: self.welcome.show_progress(done, total),

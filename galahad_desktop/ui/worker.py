@@ -1,16 +1,19 @@
 """One worker thread owns the core (engine, vault, catalog); the window never waits on it.
 
-The window calls `CoreBridge.call(name, *args, on_done=..., on_error=...)`, where `name` is a
-public method of the core's API (`Galahad`). The request crosses to the worker thread as a
-queued signal; the worker calls the method there — handing it the request's stream, thought,
-progress and cancel callbacks when the method takes them — and the typed result comes back
-as a signal delivered on the main thread, where the callback runs. The worker only marshals:
-every piece of logic lives in the core, which the command calls the same way.
+The window runs core work through one typed helper, in the Anki style:
+
+    bridge.run(lambda core, job: core.send(conversation_id, text, job), on_done=shown)
+
+The work crosses to the worker thread as a queued signal; the worker calls it there with the
+core and a `Job` whose streaming, thought and progress callbacks emit signals, and whose
+cancel is the request's. Results and errors come back as signals delivered on the main
+thread, where the callbacks run. mypy checks every call against the core's API (`Galahad`);
+the worker only marshals, every piece of logic lives in the core, which the command calls
+the same way.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import threading
@@ -18,24 +21,33 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
 from galahad_desktop.errors import as_user_error
+from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import Progress
 
 log = logging.getLogger("galahad.ui")
 CoreFactory = Callable[[], Galahad]
+T = TypeVar("T")
+Work = Callable[[Galahad, Job], Any]
+
+
+def _where(work: Work) -> str:
+    """Where the work was written (for the log: a lambda has no useful name)."""
+    code = getattr(work, "__code__", None)
+    if code is None:
+        return getattr(work, "__qualname__", "work")
+    return f"{Path(code.co_filename).name}:{code.co_firstlineno}"
 
 
 @dataclass
 class Request:
     request_id: int
-    name: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    work: Work
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -53,26 +65,21 @@ class CoreWorker(QObject):
         self._core_factory = core_factory
         self.core: Galahad | None = None
 
-    def _callbacks(self, method: Callable[..., Any], request: Request) -> dict[str, Any]:
+    def _job(self, request: Request) -> Job:
         rid = request.request_id
-        offered: dict[str, Any] = {
-            "on_text": lambda piece: self.streamed.emit(rid, piece),
-            "on_thought": lambda piece: self.thought.emit(rid, piece),
-            "progress": lambda p: self._progress(rid, p),
-            "cancel": request.cancel,
-        }
-        parameters = inspect.signature(method).parameters
-        return {k: v for k, v in offered.items() if k in parameters and k not in request.kwargs}
+        return Job(
+            on_text=lambda piece: self.streamed.emit(rid, piece),
+            on_thought=lambda piece: self.thought.emit(rid, piece),
+            on_progress=lambda p: self._progress(rid, p),
+            cancel=request.cancel,
+        )
 
     @Slot(object)
     def run(self, request: Request) -> None:
         try:
-            if request.name.startswith("_"):
-                raise AttributeError(request.name)
             if self.core is None:
                 self.core = self._core_factory()
-            method = getattr(self.core, request.name)
-            result = method(*request.args, **request.kwargs, **self._callbacks(method, request))
+            result = request.work(self.core, self._job(request))
             self.finished.emit(request.request_id, result)
         except Exception as exc:
             error = as_user_error(exc)
@@ -80,16 +87,17 @@ class CoreWorker(QObject):
                 self.failed.emit(request.request_id, str(error), type(error).__name__)
                 return
             # Type and stack only: an exception's message can quote private text.
+            where = _where(request.work)
             log.error(
                 "request %s failed: %s\n%s",
-                request.name,
+                where,
                 type(exc).__name__,
                 "".join(traceback.format_tb(exc.__traceback__, limit=8)),
             )
             self.failed.emit(
                 request.request_id,
-                f"Something went wrong in '{request.name}': {type(exc).__name__}. Your stored "
-                "conversations are safe; details are in the log file.",
+                f"Something went wrong ({type(exc).__name__}). Your stored conversations are "
+                "safe; details are in the log file.",
                 "crash",
             )
 
@@ -130,18 +138,17 @@ class CoreBridge(QObject):
         self.worker.progressed.connect(self._on_progressed)
         self.core_thread.start()
 
-    def call(
+    def run(
         self,
-        name: str,
-        *args: Any,
-        on_done: Callable[[Any], None] | None = None,
+        work: Callable[[Galahad, Job], T],
+        on_done: Callable[[T], None] | None = None,
         on_error: Callable[[str, str], None] | None = None,
         on_stream: Callable[[str], None] | None = None,
         on_thought: Callable[[str], None] | None = None,
         on_progress: Callable[[int, int, float, float], None] | None = None,
-        **kwargs: Any,
     ) -> Request:
-        request = Request(next(self._ids), name, args, kwargs)
+        """Run `work(core, job)` on the worker thread; `on_done(result)` on this one."""
+        request = Request(next(self._ids), work)
         self._callbacks[request.request_id] = {
             "done": on_done,
             "error": on_error,

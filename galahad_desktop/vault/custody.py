@@ -39,7 +39,12 @@ from galahad_desktop.errors import (
     StorageError,
 )
 from galahad_desktop.paths import ensure_private_dir
-from galahad_desktop.system.files import atomic_write_bytes, fsync_dir, read_regular_file
+from galahad_desktop.system.files import (
+    atomic_write_bytes,
+    fsync_dir,
+    open_private,
+    read_regular_file,
+)
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.keys import (
     KeyStore,
@@ -145,7 +150,7 @@ def _empty_target(dest: Path, what: str) -> Path:
 
 def _copy_file(source: Path, target: Path) -> int:
     with source.open("rb") as src:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = open_private(target)
         with os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(src, out, 4 * 1024 * 1024)
             out.flush()

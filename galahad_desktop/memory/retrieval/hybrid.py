@@ -33,7 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
-from galahad_desktop.memory.router import Candidate, PartIndex, RouteDecision
+from galahad_desktop.memory.retrieval.router import Candidate, PartIndex, RouteDecision
 
 PASSAGE_WORDS = 120
 PASSAGE_STRIDE = 100

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 from galahad_desktop.errors import CancelledError, InputError
+from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.system.child import run_bounded
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -206,7 +206,7 @@ def extract_text_bounded(
     path: Path,
     timeout_s: float = 120.0,
     memory_mb: int = 2048,
-    cancel: threading.Event | None = None,
+    job: Job = NO_JOB,
 ) -> str:
     """extract_text in a child process with memory, CPU and wall-clock limits; cancellable.
 
@@ -217,8 +217,9 @@ def extract_text_bounded(
     if getattr(sys, "frozen", False):
         command = [sys.executable, "--extract-worker", str(path)]
     else:
-        command = [sys.executable, "-m", "galahad_desktop.memory.extract_worker", str(path)]
-    done = run_bounded(command, timeout_s, memory_mb, cancel)
+        worker = "galahad_desktop.memory.documents.extract_worker"
+        command = [sys.executable, "-m", worker, str(path)]
+    done = run_bounded(command, timeout_s, memory_mb, job)
     if done.cancelled:
         raise CancelledError(f"Reading '{path.name}' was cancelled; nothing was stored.")
     if done.timed_out:

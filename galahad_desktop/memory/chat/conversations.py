@@ -10,17 +10,16 @@ exactly the tokens an uninterrupted one does.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine, ProgressFn, TextFn
+from galahad_desktop.engine.engine import Counters, Engine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import (
     ConversationSummary,
     GraftReport,
@@ -208,7 +207,7 @@ class Conversations:
         self,
         conv: dict[str, Any],
         counters: Counters,
-        progress: ProgressFn | None = None,
+        job: Job = NO_JOB,
         seal_checked: bool = False,
     ) -> GraftReport | None:
         """Make the context hold this conversation's head plus the probe."""
@@ -218,13 +217,13 @@ class Conversations:
         if conv["head_block_id"]:
             if live.holds(conv["id"], conv["head_block_id"]):
                 return None
-            return live.graft(conv["head_block_id"], conv["id"], counters, progress)
+            return live.graft(conv["head_block_id"], conv["id"], counters, job)
         if conv["document_id"]:
             doc = self.document_row(conv["document_id"])
             self.records.check("documents", doc)
             if live.holds(doc["id"], doc["block_id"]):
                 return None
-            return live.graft(doc["block_id"], doc["id"], counters, progress)
+            return live.graft(doc["block_id"], doc["id"], counters, job)
         if live.holds(conv["id"], None):
             return None
         live.start(
@@ -234,12 +233,12 @@ class Conversations:
         )
         return None
 
-    def resume(self, conversation_id: str, progress: ProgressFn | None = None) -> GraftReport:
+    def resume(self, conversation_id: str, job: Job = NO_JOB) -> GraftReport:
         """Graft a conversation's latest checkpoint into the context (always from disk)."""
         conv = self.row(conversation_id)
         self.live.drop()
         counters = Counters()
-        report = self.ensure_live(conv, counters, progress)
+        report = self.ensure_live(conv, counters, job)
         if report is None:
             return GraftReport(conversation_id, "", 0, 0, 0, 0.0, proofs.NO_PROOF)
         return report
@@ -249,11 +248,8 @@ class Conversations:
         self,
         conversation_id: str,
         text: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
+        params: SamplingParams,
+        job: Job = NO_JOB,
     ) -> TurnResult:
         """Run one turn: user text in, streamed reply out, checkpoint persisted.
 
@@ -262,7 +258,7 @@ class Conversations:
         check_text(text, "The message")
         conv = self.row(conversation_id)
         counters = Counters()
-        graft = self.ensure_live(conv, counters, progress)
+        graft = self.ensure_live(conv, counters, job)
         return self.turn(
             conv,
             text,
@@ -271,20 +267,15 @@ class Conversations:
             conv["head_block_id"],
             conv["n_messages"] or 0,
             [],
-            on_text,
-            cancel,
+            job,
             params,
-            on_thought=on_thought,
         )
 
     def regenerate(
         self,
         conversation_id: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
+        params: SamplingParams,
+        job: Job = NO_JOB,
     ) -> TurnResult:
         """Replace the last reply: restore the checkpoint before the last user message (never
         trim the cache: sliding-window layers cannot roll back) and answer again."""
@@ -298,7 +289,7 @@ class Conversations:
         self.records.check("conversations", conv)
         user_text = self.records.decrypt("messages", "text_enc", rows[seq])
         counters = Counters()
-        graft, parent = self.rewind(conv, rows, seq, counters, progress)
+        graft, parent = self.rewind(conv, rows, seq, counters, job)
         replaced = [r["id"] for r in rows[seq:]]
         return self.turn(
             conv,
@@ -308,11 +299,9 @@ class Conversations:
             parent,
             seq,
             replaced,
-            on_text,
-            cancel,
+            job,
             params,
             retire_head=True,
-            on_thought=on_thought,
         )
 
     def branch(
@@ -320,11 +309,8 @@ class Conversations:
         conversation_id: str,
         seq: int,
         new_text: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
+        params: SamplingParams,
+        job: Job = NO_JOB,
     ) -> TurnResult:
         """Edit user message `seq` and continue from there in a new conversation (a branch);
         the original stays as it was. The history before the edit is grafted, not re-read."""
@@ -336,7 +322,7 @@ class Conversations:
             raise InputError("The message is empty.")
         check_text(new_text, "The message")
         counters = Counters()
-        graft, _parent = self.rewind(conv, rows, seq, counters, progress)
+        graft, _parent = self.rewind(conv, rows, seq, counters, job)
         branch_id = new_id("c")
         title = self.title(conv) or " ".join(new_text.split())[:TITLE_CHARS]
         records = self.records
@@ -376,10 +362,8 @@ class Conversations:
             None,
             seq,
             [],
-            on_text,
-            cancel,
+            job,
             params,
-            on_thought=on_thought,
         )
 
     def rewind(
@@ -388,7 +372,7 @@ class Conversations:
         rows: list[dict[str, Any]],
         seq: int,
         counters: Counters,
-        progress: ProgressFn | None,
+        job: Job,
     ) -> tuple[GraftReport | None, str | None]:
         """Make the context hold the conversation just before message `seq` (plus the probe),
         from the checkpoint stored at that turn boundary. Returns (graft, checkpoint id)."""
@@ -398,14 +382,14 @@ class Conversations:
         live.drop()
         if seq == 0:
             start_conv = {**conv, "head_block_id": None}
-            return self.ensure_live(start_conv, counters, progress, seal_checked=True), None
+            return self.ensure_live(start_conv, counters, job, seal_checked=True), None
         checkpoint = rows[seq - 1]["block_id"]
         if checkpoint and self.catalog.get("blocks", checkpoint) is not None:
-            return live.graft(checkpoint, conv["id"], counters, progress), checkpoint
+            return live.graft(checkpoint, conv["id"], counters, job), checkpoint
         # The checkpoint was retired (only the latest ones are kept): re-read the prefix.
         prefix = self.vault.chain_tokens(conv["head_block_id"])[: rows[seq]["tok_start"]]
         engine.reset()
-        counters.prefill_ms += engine.evaluate(prefix, progress=progress)
+        counters.prefill_ms += engine.evaluate(prefix, job)
         counters.recomputed_tokens += len(prefix)
         engine.evaluate(engine.probe_tokens)
         counters.new_tokens += len(engine.probe_tokens)
@@ -431,11 +415,9 @@ class Conversations:
         parent_block: str | None,
         seq: int,
         replaced_messages: list[str],
-        on_text: TextFn | None,
-        cancel: threading.Event | None,
-        params: SamplingParams | None,
+        job: Job,
+        params: SamplingParams,
         retire_head: bool = False,
-        on_thought: TextFn | None = None,
     ) -> TurnResult:
         """Evaluate a user message on the live context, stream the reply, persist the turn."""
         if not text.strip():
@@ -459,9 +441,7 @@ class Conversations:
         holds_thoughts = turns.thought_open is not None
         if holds_thoughts:
             engine.hold()
-        generation = engine.generate(
-            params or self.live_sampling(), on_text, cancel, on_thought=on_thought
-        )
+        generation = engine.generate(params, job)
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
         reread = 0
@@ -512,9 +492,6 @@ class Conversations:
             thought_tokens=generation.thought_tokens,
             reread_tokens=reread,
         )
-
-    # The façade sets this to its sampling defaults (settings over the model's).
-    live_sampling: Callable[[], SamplingParams] = SamplingParams
 
     def live_parent(self, conv: dict[str, Any], grafted: str | None) -> str | None:
         """The block this turn continues (its chain parent): what the context was grafted

@@ -9,17 +9,17 @@ nothing of it is written anywhere but the encrypted catalog and blocks.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.engine.engine import Counters, Progress, ProgressFn
+from galahad_desktop.engine.engine import Counters
 from galahad_desktop.errors import CancelledError, InputError
-from galahad_desktop.memory import formats
-from galahad_desktop.memory.conversations import TITLE_CHARS, Conversations
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
+from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.transfer import formats
 from galahad_desktop.system.files import atomic_write_bytes, check_export_destination
 from galahad_desktop.vault.vault import new_id
 
@@ -72,8 +72,7 @@ class Transfer:
     def import_file(
         self,
         path: Path,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> ImportResult:
         parsed = formats.read_file(Path(path))
         engine = self.live.engine
@@ -109,16 +108,13 @@ class Transfer:
         prefill_ms = 0.0
         cancelled = False
         for conversation, pieces in plans:
-            if cancel is not None and cancel.is_set():
+            if job.cancelled:
                 cancelled = True
                 break
-
-            def report(p: Progress, offset: int = done) -> None:
-                if progress is not None:
-                    progress(Progress(offset + p.done, grand_total, time.perf_counter() - start))
-
             try:
-                summary, ms = self._import_one(conversation, pieces, report, cancel)
+                summary, ms = self._import_one(
+                    conversation, pieces, job.step(done, grand_total, start)
+                )
             except CancelledError:
                 cancelled = True
                 break
@@ -131,8 +127,7 @@ class Transfer:
         self,
         conversation: formats.ImportedConversation,
         pieces: list[list[int]],
-        progress: ProgressFn,
-        cancel: threading.Event | None,
+        job: Job,
     ) -> tuple[ImportedSummary, float]:
         live, engine, vault = self.live, self.live.engine, self.vault
         conversation_id = new_id("c")
@@ -156,11 +151,7 @@ class Transfer:
                     + len(engine.probe_tokens)
                     + len(engine.turns.user_turn(message.text))
                 )
-
-                def report(p: Progress, offset: int = read) -> None:
-                    progress(Progress(offset + p.done, total, p.elapsed_s))
-
-                counters.prefill_ms += engine.evaluate(piece, progress=report, cancel=cancel)
+                counters.prefill_ms += engine.evaluate(piece, job.step(read, total))
                 read += len(piece)
                 parent = rows[-1] if rows else None
                 row, _record = live.persist(

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
+from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError, check_text
-from galahad_desktop.memory.conversations import Conversations
-from galahad_desktop.memory.live import MODEL_CHANGED, LiveContext, Rendered
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import MODEL_CHANGED, LiveContext, Rendered
 from galahad_desktop.memory.results import LibraryUse, TurnResult
-from galahad_desktop.memory.verifiers import Verdict, normalize, verifier_for
+from galahad_desktop.memory.verified.verifiers import Verdict, normalize, verifier_for
 from galahad_desktop.vault.vault import new_id, tokens_digest
 
 GATE = 0.6  # similarity needed for transfer
@@ -268,11 +268,8 @@ class VerifiedLibrary:
         self,
         conversation_id: str,
         question: str,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
-        on_thought: TextFn | None = None,
+        params: SamplingParams,
+        job: Job = NO_JOB,
     ) -> TurnResult:
         """A turn through the library: a stored verified answer (zero decode tokens), a
         start from a similar verified problem, or an ordinary turn."""
@@ -288,15 +285,13 @@ class VerifiedLibrary:
             and not conversations.system_text(conv)
         )
         if hit is None or (hit.mode == "transfer" and not fresh):
-            result = conversations.send(
-                conversation_id, question, on_text, cancel, params, progress, on_thought
-            )
+            result = conversations.send(conversation_id, question, params, job)
             result.library = LibraryUse("none", hit.score if hit else None)
             return result
         counters = Counters()
         self.live.records.check("conversations", conv)
         if hit.mode == "transfer":
-            graft = self.live.graft(hit.entry.block_id, hit.entry.id, counters, progress)
+            graft = self.live.graft(hit.entry.block_id, hit.entry.id, counters, job)
             result = conversations.turn(
                 conv,
                 question,
@@ -305,17 +300,15 @@ class VerifiedLibrary:
                 None,
                 0,
                 [],
-                on_text,
-                cancel,
+                job,
                 params,
-                on_thought=on_thought,
             )
         elif fresh:
             result = self._recur_fresh(conv, question, hit.entry, counters)
         else:
-            result = self._recur_append(conv, question, hit.entry, counters, progress)
-        if hit.mode == "recurrence" and on_text is not None:
-            on_text(result.reply)
+            result = self._recur_append(conv, question, hit.entry, counters, job)
+        if hit.mode == "recurrence":
+            job.text(result.reply)
         with self.vault.transaction():
             self.vault.catalog.update("verified", hit.entry.id, {"uses": hit.entry.uses + 1})
         result.library = LibraryUse(
@@ -343,7 +336,7 @@ class VerifiedLibrary:
         engine = live.engine
         block = vault.block_row(entry.block_id)
         if block["fingerprint"] != engine.fingerprint:
-            graft = live.reread(block, MODEL_CHANGED, counters, None)
+            graft = live.reread(block, MODEL_CHANGED, counters)
             block = vault.block_row(graft.block_id)
         stored = vault.read_block(block["id"], expected_owner=entry.id)
         restore_ms = stored.read_ms + engine.restore(stored.payload, stored.tokens, stored.size)
@@ -405,12 +398,12 @@ class VerifiedLibrary:
         question: str,
         entry: Entry,
         counters: Counters,
-        progress: ProgressFn | None,
+        job: Job,
     ) -> TurnResult:
         """Mid-conversation: the stored answer is appended as tokens (prefill, no decoding)."""
         live, conversations = self.live, self.conversations
         engine = live.engine
-        graft = conversations.ensure_live(conv, counters, progress, seal_checked=True)
+        graft = conversations.ensure_live(conv, counters, job, seal_checked=True)
         user_start = len(engine.tokens) - len(engine.probe_tokens)
         user_tokens = engine.turns.user_turn(question, bool(conv.get("thinking")))
         answer_tokens = engine.encode_text(entry.answer) + engine.model_close()

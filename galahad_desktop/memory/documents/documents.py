@@ -4,19 +4,23 @@ a conversation as a chain link that reads only the new document."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine, Progress, ProgressFn
+from galahad_desktop.engine.engine import Counters, Engine
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
-from galahad_desktop.memory.conversations import Conversations
-from galahad_desktop.memory.extraction import extract_text_bounded, overlap_tail, split_for_parts
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.documents.extraction import (
+    extract_text_bounded,
+    overlap_tail,
+    split_for_parts,
+)
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
 from galahad_desktop.vault.vault import new_id
 
@@ -191,22 +195,20 @@ class Documents:
     def deposit(
         self,
         path: Path,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
         name: str | None = None,
     ) -> DepositResult:
         """Read a document once, store its KV block, and return what it cost."""
         path = Path(path)
-        text = extract_text_bounded(path, cancel=cancel)
-        return self.deposit_text(name or path.name, text, path.stat().st_size, progress, cancel)
+        text = extract_text_bounded(path, job=job)
+        return self.deposit_text(name or path.name, text, path.stat().st_size, job)
 
     def deposit_text(
         self,
         name: str,
         text: str,
         source_bytes: int | None = None,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> DepositResult:
         """Store a document given as text (the file was read already, or it was generated).
 
@@ -237,15 +239,7 @@ class Documents:
             for number, part in enumerate(plan, start=1):
                 tokens = self.part_tokens(name, number, len(plan), part.overlap, part.text)
                 engine.reset()
-                offset = done
-
-                def report(p: Progress, offset: int = offset) -> None:
-                    if progress is not None:
-                        progress(
-                            Progress(offset + p.done, total, time.perf_counter() - persist_start)
-                        )
-
-                prefill_ms += engine.evaluate(tokens, progress=report, cancel=cancel)
+                prefill_ms += engine.evaluate(tokens, job.step(done, total, persist_start))
                 step = time.perf_counter()
                 row, _record = self.live.persist("document", document_id, None, 1)
                 persist_ms += (time.perf_counter() - step) * 1e3
@@ -311,21 +305,19 @@ class Documents:
         self,
         conversation_id: str,
         path: Path,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> TurnResult:
         """add_to_conversation for a file: its text is extracted in a limited child."""
         path = Path(path)
-        text = extract_text_bounded(path, cancel=cancel)
-        return self.add_to_conversation(conversation_id, path.name, text, progress, cancel)
+        text = extract_text_bounded(path, job=job)
+        return self.add_to_conversation(conversation_id, path.name, text, job)
 
     def add_to_conversation(
         self,
         conversation_id: str,
         name: str,
         text: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> TurnResult:
         """Put a document into an ongoing conversation: graft what it holds, prefill only the
         new document on top, and store that as the chain's next link (earlier documents
@@ -335,7 +327,7 @@ class Documents:
         conversations = self.conversations
         conv = conversations.row(conversation_id)
         counters = Counters()
-        graft = conversations.ensure_live(conv, counters, progress)
+        graft = conversations.ensure_live(conv, counters, job)
         engine = self.engine
         ack = DOCUMENT_ACK.format(name=name)
         tokens = engine.turns.document_turn(f'Document "{name}":\n\n{text}', ack, opening=False)
@@ -346,7 +338,7 @@ class Documents:
                 "conversation. Nothing was stored."
             )
         user_start = len(engine.tokens) - len(engine.probe_tokens)
-        counters.prefill_ms += engine.evaluate(tokens, progress=progress, cancel=cancel)
+        counters.prefill_ms += engine.evaluate(tokens, job)
         counters.new_tokens += len(tokens)
         reply_end = len(engine.tokens)
         persist_start = time.perf_counter()

@@ -22,8 +22,9 @@ from typing import Any, Protocol
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine, ProgressFn
+from galahad_desktop.engine.engine import Counters, Engine
 from galahad_desktop.errors import IntegrityError
+from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
@@ -180,7 +181,7 @@ class LiveContext:
         block_id: str,
         owner_id: str,
         counters: Counters,
-        progress: ProgressFn | None = None,
+        job: Job = NO_JOB,
     ) -> GraftReport:
         """Make the context hold `block_id` (plus the probe): grafted from disk and proved,
         or re-read (and stored again) when it cannot be used as it is."""
@@ -193,11 +194,11 @@ class LiveContext:
         chain = self.vault.chain_rows(block_id)
         if any(link["fingerprint"] != engine.fingerprint for link in chain):
             other = row.get("model_sha256") and row["model_sha256"] != engine.model_sha256
-            return self.reread(row, OTHER_MODEL if other else MODEL_CHANGED, counters, progress)
+            return self.reread(row, OTHER_MODEL if other else MODEL_CHANGED, counters, job)
         restore_ms, n_tokens, result = self.restore_and_prove(block_id, self.chain_owners(owner_id))
         if result.verdict == "diverged":
             return self.reread(
-                row, f"the graft proof diverged (KL {result.kl:.2e})", counters, progress
+                row, f"the graft proof diverged (KL {result.kl:.2e})", counters, job
             )
         counters.restored_tokens += n_tokens
         counters.restore_ms += restore_ms
@@ -213,7 +214,7 @@ class LiveContext:
         row: dict[str, Any],
         reason: str,
         counters: Counters,
-        progress: ProgressFn | None,
+        job: Job = NO_JOB,
     ) -> GraftReport:
         """Re-read a block's ledger from scratch (rebuilt for the current model when the
         owner says so), store it again, and say why."""
@@ -222,7 +223,7 @@ class LiveContext:
         tokens = rendered.tokens if rendered is not None else self.vault.chain_tokens(row["id"])
         engine.reset()
         self.holding = None
-        prefill_ms = engine.evaluate(tokens, progress=progress)
+        prefill_ms = engine.evaluate(tokens, job)
         new_row, record = self.persist(row["kind"], row["owner_id"], None, row["generation"] + 1)
         # A block other links continue from stays: their token ledgers run through it.
         keep_old = bool(self.vault.children(row["id"]))

@@ -3,7 +3,7 @@ until it changes), never an index on disk."""
 
 from __future__ import annotations
 
-from galahad_desktop.memory.conversations import Conversations
+from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.results import SearchHit
 
 

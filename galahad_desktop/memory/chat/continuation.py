@@ -11,16 +11,16 @@ The original conversation is never changed.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from galahad_desktop.engine.engine import Counters, Progress, ProgressFn
+from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.conversations import Conversations
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.vault.vault import new_id
 
 SUMMARY_TOKENS = 384
@@ -139,8 +139,7 @@ class Continuation:
         self,
         conversation_id: str,
         params: SamplingParams,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> Continued:
         conv = self.conversations.row(conversation_id)
         engine = self.live.engine
@@ -153,7 +152,7 @@ class Continuation:
         self.live.drop()
         engine.reset()
         prompt = turns.start() + turns.user_turn(SUMMARY_PROMPT + text)
-        engine.evaluate(prompt, progress=progress, cancel=cancel)
+        engine.evaluate(prompt, job)
         generation = engine.generate(
             SamplingParams(
                 params.temperature,
@@ -162,11 +161,11 @@ class Continuation:
                 self.summary_tokens(),
                 params.seed,
             ),
-            cancel=cancel,
+            job.silent(),  # the summary is shown once written, not streamed
         )
         summary = generation.text.strip() or "(the model wrote no summary)"
         new_id_ = self._start(
-            conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, progress, cancel
+            conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, job
         )
         return Continued(new_id_, "summary", len(prompt) + len(generation.tokens), 0, summary)
 
@@ -213,8 +212,7 @@ class Continuation:
         self,
         conversation_id: str,
         text: str,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
+        job: Job = NO_JOB,
     ) -> Continued:
         conv = self.conversations.row(conversation_id)
         needed = len(self.live.engine.turns.user_turn(text)) + self.reply_room()
@@ -225,7 +223,7 @@ class Continuation:
             )
         kept, cost = plan
         pairs = [(u, r) for u, r, _size in self._pairs(conv)[-(kept // 2) :]]
-        new_id_ = self._start(conv, pairs, conv["document_id"], progress, cancel)
+        new_id_ = self._start(conv, pairs, conv["document_id"], job)
         return Continued(new_id_, "recent", cost, kept)
 
     # -- the new conversation -----------------------------------------------------------
@@ -234,8 +232,7 @@ class Continuation:
         conv: dict[str, Any],
         pairs: list[tuple[str, str]],
         document_id: str | None,
-        progress: ProgressFn | None,
-        cancel: threading.Event | None,
+        job: Job,
     ) -> str:
         """A new conversation holding `pairs` as prefilled turns (one checkpoint)."""
         conversations, live = self.conversations, self.live
@@ -246,7 +243,7 @@ class Continuation:
         row = conversations.row(new)
         counters = Counters()
         live.drop()
-        conversations.ensure_live(row, counters, progress)
+        conversations.ensure_live(row, counters, job)
         user_start = len(engine.tokens) - len(turns.probe)
         tokens: list[int] = []
         ranges: list[tuple[str, str, int, int, int]] = []
@@ -262,13 +259,7 @@ class Continuation:
             tokens += piece + turns.probe
         tokens = tokens[: len(tokens) - len(turns.probe)]
         total = len(tokens)
-        start = time.perf_counter()
-
-        def report(p: Progress) -> None:
-            if progress is not None:
-                progress(Progress(p.done, total, time.perf_counter() - start))
-
-        engine.evaluate(tokens, progress=report, cancel=cancel)
+        engine.evaluate(tokens, job.step(0, total, time.perf_counter()))
         block, _record = live.persist(
             "conversation", new, conversations.live_parent(row, None), 1, counters
         )

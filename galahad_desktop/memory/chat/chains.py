@@ -8,8 +8,8 @@ import time
 from galahad_desktop.engine import kvstate
 from galahad_desktop.errors import InputError
 from galahad_desktop.faults import crashpoint
-from galahad_desktop.memory.conversations import Conversations
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import CompactResult
 from galahad_desktop.vault.vault import tokens_digest
 

@@ -1,6 +1,7 @@
-"""Child process for document extraction: `python -m galahad_desktop.memory.extract_worker
-PATH` prints one JSON object, {"text": ...} or {"error": ...}. The parent sets its memory and
-CPU limits, so a hostile PDF or DOCX can only fail this process."""
+"""Child process for document extraction: `python -m galahad_desktop.memory.documents.extract_worker
+PATH` prints one JSON object, {"text": ...} or {"error": ...}. It sets the memory and CPU
+limits its parent asked for before reading, so a hostile PDF or DOCX can only fail this
+process."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.extraction import extract_text
+from galahad_desktop.memory.documents.extraction import extract_text
+from galahad_desktop.system.child import apply_own_limits
 
 
 def run(path: str) -> int:
+    apply_own_limits()
     try:
         out = {"text": extract_text(Path(path))}
     except InputError as exc:

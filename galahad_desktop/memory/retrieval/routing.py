@@ -8,7 +8,6 @@ import json
 import logging
 import sqlite3
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +16,15 @@ from typing import Any
 import numpy as np
 
 from galahad_desktop.engine.embedder import Embedder
-from galahad_desktop.engine.engine import Counters, ProgressFn, TextFn
+from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError, StorageError
-from galahad_desktop.memory.documents import Documents
-from galahad_desktop.memory.hybrid import HybridIndex, decide_hybrid
-from galahad_desktop.memory.live import LiveContext
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import AskResult
-from galahad_desktop.memory.router import PartIndex, RouteDecision, decide
+from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
+from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.vault import Vault, new_id
 
@@ -284,12 +284,10 @@ class Routing:
     def ask(
         self,
         question: str,
-        document_id: str | None = None,
-        part_id: str | None = None,
-        on_text: TextFn | None = None,
-        cancel: threading.Event | None = None,
-        params: SamplingParams | None = None,
-        progress: ProgressFn | None = None,
+        document_id: str | None,
+        part_id: str | None,
+        params: SamplingParams,
+        job: Job = NO_JOB,
     ) -> AskResult:
         """Answer a question from the stored part the router picks (or `part_id`, the user's
         choice among the candidates). A weak or ambiguous match is not answered: the result
@@ -313,7 +311,7 @@ class Routing:
         counters = Counters()
         graft = None
         if not self.live.holds(part["document_id"], part["block_id"]):
-            graft = self.live.graft(part["block_id"], part["document_id"], counters, progress)
+            graft = self.live.graft(part["block_id"], part["document_id"], counters, job)
         engine = self.live.engine
         question_tokens = engine.turns.question(question)
         if len(question_tokens) + 64 > engine.room():
@@ -321,7 +319,7 @@ class Routing:
         self.live.drop()  # the context now holds this one-off question
         counters.prefill_ms += engine.evaluate(question_tokens)
         counters.new_tokens += len(question_tokens)
-        generation = engine.generate(params or SamplingParams(), on_text, cancel)
+        generation = engine.generate(params, job)
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
         return AskResult(

@@ -1,0 +1,1 @@
+"""A conversation: the live context, turns, chains of blocks, continuing when full, search."""

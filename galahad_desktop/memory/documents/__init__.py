@@ -1,0 +1,1 @@
+"""Documents: extraction in a child process, parts, deposits into stored blocks."""

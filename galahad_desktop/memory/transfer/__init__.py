@@ -1,0 +1,1 @@
+"""Conversations in and out: the import readers and export writers."""

@@ -1,0 +1,1 @@
+"""Verified answers: the library of checked question/answer pairs and their checkers."""

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Measure again and replace benchmarks/results/*.json (one file per benchmark; git keeps the
+# history). Slow: about two hours on a 2-core CPU. Arguments name the ones to run
+# (default: all), e.g. `scripts/refresh-results.sh bench-resume eval-tamper`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+out=benchmarks/results
+declare -A commands=(
+  [bench-resume]="galahad bench resume --sizes 1000,4000,16000 --out $out"
+  [bench-deposit]="galahad bench deposit --sizes 1000,4000,16000 --out $out"
+  [bench-persist]="python -m galahad_dev bench persist --sizes 1000,4000,16000 --turns 3"
+  [eval-tamper]="python -m galahad_dev eval tamper --mutations 1000 --seed 0"
+  [eval-crashes]="python -m galahad_dev eval crashes --trials 30"
+  [eval-hostile]="python -m galahad_dev eval hostile"
+  [eval-needles]="python -m galahad_dev eval needles --blocks 64 --block-tokens 2000 --controls 16"
+  [eval-memory]="python -m galahad_dev eval memory"
+  [eval-flywheel]="python -m galahad_dev eval flywheel --problems 30 --attempts 5"
+  [ui-stall]="python -m benchmarks.ui_stall --json"
+)
+names=("$@")
+[[ ${#names[@]} -gt 0 ]] || names=("${!commands[@]}")
+for name in "${names[@]}"; do
+  command=${commands[$name]:-}
+  [[ -n $command ]] || { echo "refresh-results: unknown result '$name'" >&2; exit 2; }
+  echo "== $name: $command"
+  if [[ $name == ui-stall ]]; then $command > "$out/ui-stall.json"; else $command; fi
+done

@@ -1,0 +1,67 @@
+"""Helpers the tests import: run the `galahad` command as a user would, and a test story."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Small context keeps model tests quick; byte-exactness does not depend on it.
+TEST_OVERRIDES: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "temperature": 0.0}
+
+
+def run_cli(
+    *args: str,
+    data_dir: Path,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 300,
+    model: Path | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `galahad` in a new process (a fresh engine), as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    cmd = [
+        sys.executable,
+        "-m",
+        "galahad_desktop.cli",
+        "--data-dir",
+        str(data_dir),
+        "--set",
+        f"n_ctx={TEST_OVERRIDES['n_ctx']}",
+        "--set",
+        "temperature=0",
+        *(["--model", str(model)] if model else []),
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=full_env, timeout=timeout, input=stdin
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"galahad {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def cli_json(*args: str, data_dir: Path, **kw: Any) -> dict[str, Any]:
+    proc = run_cli(*args, "--json", data_dir=data_dir, **kw)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one JSON line on stdout, got: {proc.stdout!r}"
+    result: dict[str, Any] = json.loads(lines[0])
+    return result
+
+
+def story(n_sentences: int, secret: str = "Arthur's access code is 8842.") -> str:
+    """A document with a needle in the middle."""
+    names = ["Gawain", "Percival", "Bors", "Tristan", "Kay", "Bedivere", "Gareth"]
+    lines = [
+        f"{names[i % len(names)]} rode {i % 17 + 2} miles to the castle on day {i}."
+        for i in range(n_sentences)
+    ]
+    lines.insert(n_sentences // 2, secret)
+    return "\n".join(lines) + "\n"
