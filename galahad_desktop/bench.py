@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from galahad_desktop.engine.engine import Engine
@@ -213,29 +212,6 @@ def floor_ms(n_bytes: int, tmp: Path) -> float:
     return elapsed
 
 
-def save_seq_file(engine: Engine, tokens: list[int], path: Path) -> tuple[float, int]:
-    """llama.cpp's own per-sequence state file (llama-server's slot save): plain, no
-    authentication. Returns (save ms, bytes)."""
-    n = len(tokens)
-    token_array = (llama_cpp.llama_token * n)(*tokens)
-    start = time.perf_counter()
-    llama_cpp.llama_state_seq_save_file(engine._ctx, str(path).encode(), 0, token_array, n)
-    return ms_since(start), path.stat().st_size
-
-
-def load_seq_file(engine: Engine, n: int, path: Path) -> float:
-    out_tokens = (llama_cpp.llama_token * (n + 16))()
-    count = ctypes.c_size_t(0)
-    start = time.perf_counter()
-    loaded = llama_cpp.llama_state_seq_load_file(
-        engine._ctx, str(path).encode(), 0, out_tokens, n + 16, ctypes.byref(count)
-    )
-    elapsed = ms_since(start)
-    if loaded == 0:
-        raise RuntimeError("llama_state_seq_load_file failed")
-    return elapsed
-
-
 def bench_resume(
     sizes: list[int], reps: int, model_path: Path | None, overrides: dict[str, Any], log: Log
 ) -> dict[str, Any]:
@@ -265,7 +241,7 @@ def bench_resume(
             engine.restore(stored.payload, stored.tokens, stored.size)
             del stored
             seq_path = bench.tmp / "seq.bin"
-            seq_save, seq_bytes = save_seq_file(engine, tokens, seq_path)
+            seq_save, seq_bytes = engine.save_sequence_file(tokens, seq_path)
             core.vault.lock()  # the first restore below pays for a fresh buffer
             core.vault.unlock()
             owners = {deposited.document_id}
@@ -281,7 +257,7 @@ def bench_resume(
                         proof_ms.append(result.proof_ms)
                         verdicts.append(result.verdict)
                     else:
-                        seq_load.append(load_seq_file(core.engine, n, seq_path))
+                        seq_load.append(core.engine.load_sequence_file(n, seq_path))
             seq_path.unlink()
             floors = [floor_ms(row_block["payload_bytes"], bench.tmp) for _ in range(reps)]
             out = {

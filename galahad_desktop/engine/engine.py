@@ -360,6 +360,27 @@ class Engine:
             job.progress(Progress(offset + len(piece), len(tokens), time.perf_counter() - start))
         return (time.perf_counter() - start) * 1e3
 
+    def save_sequence_file(self, tokens: list[int], path: Path) -> tuple[float, int]:
+        """llama.cpp's own per-sequence state file (llama-server's slot save): plain, no
+        authentication; the benchmark's baseline. Returns (save ms, bytes)."""
+        n = len(tokens)
+        token_array = (llama_cpp.llama_token * n)(*tokens)
+        start = time.perf_counter()
+        llama_cpp.llama_state_seq_save_file(self._ctx, str(path).encode(), 0, token_array, n)
+        return (time.perf_counter() - start) * 1e3, path.stat().st_size
+
+    def load_sequence_file(self, n: int, path: Path) -> float:
+        """Load a file save_sequence_file wrote (n tokens); returns ms."""
+        out_tokens = (llama_cpp.llama_token * (n + 16))()
+        count = ctypes.c_size_t(0)
+        start = time.perf_counter()
+        loaded = llama_cpp.llama_state_seq_load_file(
+            self._ctx, str(path).encode(), 0, out_tokens, n + 16, ctypes.byref(count)
+        )
+        if loaded == 0:
+            raise ModelError("llama.cpp could not load the sequence state file.")
+        return (time.perf_counter() - start) * 1e3
+
     def last_logits(self) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()

@@ -19,7 +19,7 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains
-from galahad_desktop.memory.chat.continuation import ContextFull, Continuation, Continued
+from galahad_desktop.memory.chat.continuation import Continuation
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.search import Search
@@ -29,12 +29,16 @@ from galahad_desktop.memory.model_files import ModelShelf, engine_config, same_f
 from galahad_desktop.memory.results import (
     AskResult,
     CompactResult,
+    ContextFull,
+    Continued,
     ConversationSummary,
     DepositResult,
     DocumentSummary,
     EngineInfo,
+    ExportResult,
     ForgetResult,
     GraftReport,
+    ImportResult,
     KeyStatus,
     MemoryStats,
     Message,
@@ -48,7 +52,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.memory.retrieval.router import RouteDecision
 from galahad_desktop.memory.retrieval.routing import Routing, RoutingLogEntry
-from galahad_desktop.memory.transfer.transfer import ExportResult, ImportResult, Transfer
+from galahad_desktop.memory.transfer.transfer import Transfer
 from galahad_desktop.memory.usage import Usage
 from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
 from galahad_desktop.memory.verified.verifiers import Verdict

@@ -66,7 +66,7 @@ class Maintenance:
                 self.documents.name(doc), self.documents.text(doc["id"])
             )
         tokens, ranges = self.conversation_ledger(conv, document_tokens)
-        catalog = self.vault.catalog
+        records = self.vault.records
 
         def apply(new_row: dict[str, Any]) -> list[str]:
             messages = conversations.message_rows(conv["id"])
@@ -80,7 +80,7 @@ class Maintenance:
                         "block_id": new_row["id"] if last else None,
                     },
                 )
-            catalog.update(
+            records.update(
                 "conversations",
                 conv["id"],
                 {"n_tokens": new_row["pos_end"], "model_sha256": self.live.engine.model_sha256},
@@ -88,7 +88,7 @@ class Maintenance:
             # The other model's checkpoints mean nothing to this one.
             return [
                 b["id"]
-                for b in catalog.select("blocks", owner_id=conv["id"])
+                for b in records.select("blocks", owner_id=conv["id"])
                 if b["id"] not in (row["id"], new_row["id"])
             ]
 
@@ -131,13 +131,13 @@ class Maintenance:
         return tokens[: len(tokens) - len(turns.probe)], ranges
 
     def kind_of(self, item_id: str) -> str:
-        catalog = self.vault.catalog
+        records = self.vault.records
         for table, kind in (
             ("conversations", "conversation"),
             ("documents", "document"),
             ("blocks", "block"),
         ):
-            if catalog.get(table, item_id) is not None:
+            if records.get(table, item_id) is not None:
                 return kind
         raise NotFoundError(f"Nothing stored has the id '{item_id}'.")
 
@@ -176,7 +176,7 @@ class Maintenance:
 
     def verify(self, item_id: str | None = None) -> list[VerifyResult]:
         if item_id is None:
-            block_ids = [r["id"] for r in self.vault.catalog.select("blocks", "created_at")]
+            block_ids = [r["id"] for r in self.vault.records.select("blocks", "created_at")]
         else:
             kind = self.kind_of(item_id)
             if kind == "conversation":
@@ -198,31 +198,31 @@ class Maintenance:
         kind = self.kind_of(item_id)
         if kind == "block":
             raise InputError("Forget a conversation or a document, not a single block.")
-        catalog = self.vault.catalog
+        records = self.vault.records
         conversations = (
             [item_id]
             if kind == "conversation"
-            else [r["id"] for r in catalog.select("conversations", document_id=item_id)]
+            else [r["id"] for r in records.select("conversations", document_id=item_id)]
         )
         owners = [*conversations, *([item_id] if kind == "document" else [])]
-        block_ids = [r["id"] for r in catalog.select_in("blocks", "owner_id", owners)]
+        block_ids = [r["id"] for r in records.select_in("blocks", "owner_id", owners)]
         log_lines = self.routing.forget_log_of(item_id) if kind == "document" else []
         with self.vault.transaction():
-            catalog.delete_in("messages", "conversation_id", conversations)
-            catalog.delete_in("conversations", "id", conversations)
+            records.delete_in("messages", "conversation_id", conversations)
+            records.delete_in("conversations", "id", conversations)
             if kind == "document":
-                catalog.delete("documents", id=item_id)
-                catalog.delete_in(
+                records.delete("documents", id=item_id)
+                records.delete_in(
                     "part_vectors",
                     "part_id",
-                    [r["id"] for r in catalog.select("parts", document_id=item_id)],
+                    [r["id"] for r in records.select("parts", document_id=item_id)],
                 )
-                catalog.delete("parts", document_id=item_id)
-            catalog.delete_in("routing_log", "id", log_lines)
-            catalog.delete_in("usage", "owner_id", owners)
+                records.delete("parts", document_id=item_id)
+            records.delete_in("routing_log", "id", log_lines)
+            records.delete_in("usage", "owner_id", owners)
             self.vault.delete_block_rows(block_ids)
         self.vault.unlink_block_files(block_ids)
-        catalog.checkpoint()
+        records.checkpoint()
         if kind == "document":
             self.routing.forget_document(item_id)
         holding = self.live.holding
@@ -242,7 +242,7 @@ class Maintenance:
         )
 
     def rotate_key(self) -> RotateResult:
-        blocks = self.vault.catalog.count("blocks")
+        blocks = self.vault.records.count("blocks")
         old = self.vault.key_id
         new = self.vault.rotate_master_key()
         needing = [b.path for b in custody.stranded_by(self.vault, [old])]

@@ -379,6 +379,78 @@ class EngineInfo:
         return f"{p['device']} ({p['gpu_layers']}/{p['total_layers']} layers, {kv})"
 
 
+@dataclass(frozen=True)
+class ContextOption:
+    kind: str  # stop | summary | recent
+    label: str
+    reread_tokens: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class ContextFull:
+    conversation_id: str
+    context_tokens: int
+    needed_tokens: int
+    n_ctx: int
+    options: list[ContextOption]
+
+    def describe(self) -> str:
+        choices = "; ".join(
+            f"{o.label} (re-reads {o.reread_tokens:,} tokens)" for o in self.options
+        )
+        return (
+            f"The context is full: {self.context_tokens:,} of {self.n_ctx:,} tokens are used "
+            f"and the next turn needs {self.needed_tokens:,} more. Choose: {choices}."
+        )
+
+
+@dataclass(frozen=True)
+class Continued:
+    conversation_id: str  # the new conversation, ready for the next message
+    kind: str
+    reread_tokens: int
+    kept_messages: int
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class ImportedSummary:
+    conversation_id: str
+    title: str
+    messages: int
+    tokens: int
+    source: str
+    left_out: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SkippedImport:
+    title: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    conversations: list[ImportedSummary]
+    skipped: list[SkippedImport]
+    tokens: int
+    prefill_ms: float
+    cancelled: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.prefill_ms / 1e3) if self.prefill_ms else 0.0
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: str | None
+    format: str
+    messages: int
+    bytes: int
+    text: str = ""  # when no path was given (the command prints it)
+
 NO_GRAFT_PROOF = NO_PROOF
 # Values the core hands out that are defined below it (the window imports them from here).
 __all__ = ["Counters", "ModelInfo", "Progress"]

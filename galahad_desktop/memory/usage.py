@@ -3,13 +3,12 @@ still what the user did: encrypted in the catalog, deleted with what they name).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import time
 from dataclasses import asdict
 
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import GraftReport, MemoryStats, TurnResult, UsageEntry
-from galahad_desktop.vault import crypto
 from galahad_desktop.vault.vault import new_id
 
 USAGE_KEEP = 500
@@ -52,36 +51,20 @@ class Usage:
     def record(self, owner: str, entry: UsageEntry) -> None:
         if not (entry.restored or entry.recomputed or entry.library_saved_tokens):
             return
-        entry_id = new_id("u")
-        catalog = self.vault.catalog
         with self.vault.transaction():
-            catalog.insert(
-                "usage",
-                {
-                    "id": entry_id,
-                    "at": entry.at,
-                    "owner_id": owner,
-                    "entry_enc": self.vault.fields.encrypt_text(
-                        json.dumps(asdict(entry)), "usage", "entry", entry_id
-                    ),
-                },
+            self.vault.records.log(
+                "usage", new_id("u"), entry.at, asdict(entry), USAGE_KEEP, owner_id=owner
             )
-            old = catalog.select("usage", "at desc")[USAGE_KEEP:]
-            catalog.delete_in("usage", "id", [r["id"] for r in old])
 
     def entries(self) -> list[UsageEntry]:
         out = []
-        fields = self.vault.fields
-        for row in reversed(self.vault.catalog.select("usage", "at desc")):
-            try:
-                raw = json.loads(fields.decrypt_text(row["entry_enc"], "usage", "entry", row["id"]))
+        for _id, _at, raw in reversed(self.vault.records.log_entries("usage")):
+            with contextlib.suppress(TypeError, ValueError):  # the audit reports damaged lines
                 out.append(UsageEntry(**raw))
-            except (crypto.DecryptionFailed, TypeError, ValueError):
-                continue  # the audit reports damaged lines
         return out
 
     def stats(self) -> MemoryStats:
-        rows = self.vault.catalog.select("blocks")
+        rows = self.vault.records.select("blocks")
         history = self.entries()
         session = self.live.stats
         return MemoryStats(

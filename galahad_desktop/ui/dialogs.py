@@ -30,9 +30,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from galahad_desktop.memory.chat.continuation import ContextFull
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.results import AskResult, MemoryStats, ModelInfo, UsageEntry
+from galahad_desktop.memory.results import (
+    AskResult,
+    ContextFull,
+    MemoryStats,
+    ModelInfo,
+    UsageEntry,
+)
 from galahad_desktop.settings import Setting
 from galahad_desktop.ui.format import human_bytes
 from galahad_desktop.ui.host import Host

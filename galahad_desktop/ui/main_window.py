@@ -32,9 +32,10 @@ from PySide6.QtWidgets import (
 )
 
 from galahad_desktop.jobs import Job
-from galahad_desktop.memory.chat.continuation import ContextFull, Continued
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import (
+    ContextFull,
+    Continued,
     ConversationSummary,
     EngineInfo,
     ModelFile,

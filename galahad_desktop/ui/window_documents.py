@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, cast
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from galahad_desktop.memory.results import DepositResult, TurnResult
-from galahad_desktop.memory.transfer.transfer import ImportResult
+from galahad_desktop.memory.results import DepositResult, ImportResult, TurnResult
 from galahad_desktop.ui.format import human_bytes
 
 if TYPE_CHECKING:

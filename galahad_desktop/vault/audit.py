@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Any
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import TMP_PREFIX
 from galahad_desktop.vault import blockfile
+from galahad_desktop.vault.names import AuditReport, block_file_of, tokens_digest
 
-if TYPE_CHECKING:
-    from galahad_desktop.vault.vault import AuditReport, Vault
+if TYPE_CHECKING:  # the vault calls the audit with itself: a type, not an import
+    from galahad_desktop.vault.vault import Vault
 
 
 def audit(vault: Vault, repair: bool = False) -> AuditReport:
-    from galahad_desktop.vault.vault import AuditReport, block_file_of, tokens_digest
-
     report = AuditReport()
     rows: dict[str, dict[str, Any]] = {}
     all_rows = vault.catalog.select("blocks")

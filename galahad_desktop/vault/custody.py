@@ -52,6 +52,7 @@ from galahad_desktop.vault.keys import (
     check_scrypt_params,
     entry_name,
 )
+from galahad_desktop.vault.names import block_file_of, new_id
 
 if TYPE_CHECKING:
     from galahad_desktop.vault.vault import Vault
@@ -161,7 +162,6 @@ def _copy_file(source: Path, target: Path) -> int:
 def backup(vault: Vault, dest: Path) -> BackupResult:
     """A consistent, still-encrypted copy of the catalog and every block file, made while
     this process holds the data directory's lock (nothing else can write meanwhile)."""
-    from galahad_desktop.vault.vault import block_file_of, new_id
 
     dest = _empty_target(Path(dest), "folder for the backup")
     if dest.resolve().is_relative_to(vault.data_dir.resolve()):

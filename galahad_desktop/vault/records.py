@@ -64,10 +64,110 @@ def field_context(table: str, row: dict[str, Any]) -> str:
     return str(row["id"])
 
 
+Row = dict[str, Any]
+LOGS = {"usage": "entry_enc", "routing_log": "entry_enc"}
+
+
 class Records:
+    """The catalog as the rest of the core sees it: rows in and out, with every private
+    field encrypted and every structural record sealed here. Callers never see a cipher, a
+    seal or the SQLite connection; a locked vault raises LockedError from every method
+    that needs a key."""
+
     def __init__(self, catalog: Catalog, fields: Callable[[], crypto.FieldCipher]) -> None:
         self.catalog = catalog
         self._fields = fields  # the vault's FieldCipher (it changes on lock and unlock)
+
+    # -- rows ----------------------------------------------------------------------------
+    def get(self, table: str, row_id: str) -> Row | None:
+        return self.catalog.get(table, row_id)
+
+    def select(self, table: str, order_by: str | None = None, **equals: Any) -> list[Row]:
+        return self.catalog.select(table, order_by, **equals)
+
+    def select_in(
+        self, table: str, column: str, values: list[Any], order_by: str | None = None
+    ) -> list[Row]:
+        return self.catalog.select_in(table, column, values, order_by)
+
+    def count(self, table: str, **equals: Any) -> int:
+        return self.catalog.count(table, **equals)
+
+    def insert(self, table: str, row: Row) -> None:
+        """Insert a row; a structural record (conversation, document, part, verified
+        answer) is sealed as it stands, with what it depends on already in the catalog."""
+        if table in SEALED:
+            row = {**row, "seal": self.seal_value(table, row)}
+        self.catalog.insert(table, row)
+
+    def update(self, table: str, row_id: str, changes: Row) -> None:
+        """Change plain columns; call reseal() once a sealed record's changes are done."""
+        self.catalog.update(table, row_id, changes)
+
+    def update_where(self, table: str, changes: Row, **equals: Any) -> None:
+        self.catalog.update_where(table, changes, **equals)
+
+    def update_in(self, table: str, changes: Row, column: str, values: list[Any]) -> None:
+        self.catalog.update_in(table, changes, column, values)
+
+    def delete(self, table: str, **equals: Any) -> None:
+        self.catalog.delete(table, **equals)
+
+    def delete_in(self, table: str, column: str, values: list[Any]) -> None:
+        self.catalog.delete_in(table, column, values)
+
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the catalog file (after forgetting: no old pages)."""
+        self.catalog.checkpoint()
+
+    # -- encrypted logs and vectors -------------------------------------------------------
+    def log(self, kind: str, row_id: str, at: float, entry: Row, keep: int, **plain: Any) -> None:
+        """Append an entry to an encrypted log ("usage", "routing_log"), keeping the newest
+        `keep` (inside the caller's transaction)."""
+        value = self._fields().encrypt_text(json.dumps(entry), kind, "entry", row_id)
+        self.catalog.insert(kind, {"id": row_id, "at": at, **plain, LOGS[kind]: value})
+        old = self.catalog.select(kind, "at desc")[keep:]
+        self.catalog.delete_in(kind, "id", [r["id"] for r in old])
+
+    def log_entries(self, kind: str) -> list[tuple[str, float, Row]]:
+        """A log's readable entries, newest first, as (id, time, entry); a damaged line is
+        skipped (the audit reports it)."""
+        fields = self._fields()
+        out = []
+        for row in self.catalog.select(kind, "at desc"):
+            try:
+                entry = json.loads(fields.decrypt_text(row[LOGS[kind]], kind, "entry", row["id"]))
+            except (crypto.DecryptionFailed, TypeError, ValueError):
+                continue
+            at = float(row["at"]) if isinstance(row["at"], int | float) else 0.0
+            if isinstance(entry, dict):
+                out.append((str(row["id"]), at, entry))
+        return out
+
+    def vectors(self, row_id: str) -> bytes | None:
+        """Stored vectors (encrypted, bound to their row), or None when absent or damaged."""
+        row = self.catalog.get("part_vectors", row_id)
+        if row is None:
+            return None
+        try:
+            return bytes(
+                self._fields().decrypt_bytes(row["vectors_enc"], "part_vectors", "vectors", row_id)
+            )
+        except crypto.DecryptionFailed:
+            return None
+
+    def put_vectors(self, row_id: str, data: bytes, **plain: Any) -> None:
+        """Store (replace) a part's vectors, encrypted and bound to `row_id`."""
+        self.catalog.delete("part_vectors", id=row_id)
+        value = self._fields().encrypt_bytes(data, "part_vectors", "vectors", row_id)
+        self.catalog.insert("part_vectors", {"id": row_id, **plain, "vectors_enc": value})
+
+    def verified_matching(self, key: str) -> list[Row]:
+        """Verified answers whose lookup tag is the keyed hash of `key` (a question)."""
+        return self.catalog.select("verified", lookup=self.lookup_tag(key))
+
+    def lookup_tag(self, key: str) -> str:
+        return str(self._fields().lookup_tag(key, "verified"))
 
     # -- private fields ------------------------------------------------------------------
     def encrypt(self, table: str, column: str, row: dict[str, Any], text: str) -> bytes:

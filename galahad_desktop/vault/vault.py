@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import json
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +26,20 @@ from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import create_private_file, fsync_dir
 from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
 from galahad_desktop.vault import blockfile, crypto, custody
+from galahad_desktop.vault.audit import audit as audit_vault
 from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
 from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
+from galahad_desktop.vault.names import (
+    BLOCK_ID,
+    AuditReport,
+    block_file_of,
+    new_id,
+    tokens_digest,
+)
 from galahad_desktop.vault.records import Records
 
 BLOCK_SUFFIX = ".gkv"
 MAX_CHAIN = 100_000
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(8)}"
-
-
-_BLOCK_ID = re.compile(r"b-[0-9a-f]{16}")
-_BLOCK_FILE = re.compile(r"(b-[0-9a-f]{16})(-[0-9a-f]{8})?" + re.escape(".gkv"))
-
-
-def block_file_of(row: dict[str, Any]) -> str:
-    """A block row's file name, checked: only a name this vault writes for this block (an
-    edited catalog must not point a read, or a delete, outside the blocks folder)."""
-    name = row.get("file_name")
-    match = _BLOCK_FILE.fullmatch(name) if isinstance(name, str) else None
-    if match is None or match.group(1) != row.get("id"):
-        raise IntegrityError(
-            f"The catalog record of block {row.get('id')} names an invalid file; refused."
-        )
-    return str(name)
 
 
 def _catalog_key_aad(vault_id: str, key_id: str) -> bytes:
@@ -72,22 +58,6 @@ class StoredBlock:
     @property
     def state(self) -> memoryview:
         return memoryview(self.payload).cast("B")[: self.size]
-
-
-@dataclass
-class AuditReport:
-    blocks: int = 0
-    ok: int = 0
-    problems: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "blocks": self.blocks,
-            "ok": self.ok,
-            "problems": self.problems,
-            "repaired": self.repaired,
-        }
 
 
 class Vault:
@@ -237,7 +207,7 @@ class Vault:
                 "Nothing was changed."
             ) from None
         self._master: bytes | None = master
-        self.fields: crypto.FieldCipher = crypto.FieldCipher(catalog_key)
+        self._cipher: crypto.FieldCipher | None = crypto.FieldCipher(catalog_key)
         self._finish_rotation()
 
     @property
@@ -249,16 +219,22 @@ class Vault:
         from the keyring again."""
         self._wipe_buffer()
         self._master = None
-        self.fields = None  # type: ignore[assignment]
+        self._cipher = None
 
     def unlock(self) -> None:
         if self.locked:
             self._unlock()
 
     def _field_cipher(self) -> crypto.FieldCipher:
-        if self.locked or self.fields is None:
+        cipher: crypto.FieldCipher | None = getattr(self, "_cipher", None)
+        if self.locked or cipher is None:
             raise KeyAccessError("The vault is locked. Unlock it to continue.")
-        return self.fields
+        return cipher
+
+    @property
+    def fields(self) -> crypto.FieldCipher:
+        """The catalog's field cipher; after lock() every use raises the locked error."""
+        return self._field_cipher()
 
     def _require_master(self) -> bytes:
         if self._master is None:
@@ -605,7 +581,7 @@ class Vault:
         """After the transaction committed: remove the files of deleted blocks (a rewritten
         block's earlier files too); `keep` names files still in use."""
         for block_id in block_ids:
-            if not _BLOCK_ID.fullmatch(block_id):
+            if not BLOCK_ID.fullmatch(block_id):
                 continue  # never a pattern from an edited catalog
             for path in self.blocks_dir.glob(f"{block_id}*{BLOCK_SUFFIX}"):
                 if keep is None or path.name not in keep:
@@ -616,9 +592,8 @@ class Vault:
     # -- audit ---------------------------------------------------------------------------
     def audit(self, repair: bool = False) -> AuditReport:
         """Every block file, every catalog record and the blocks folder, checked."""
-        from galahad_desktop.vault.audit import audit
 
-        return audit(self, repair)
+        return audit_vault(self, repair)
 
 
 def _missing_paths(path: Path) -> list[Path]:
@@ -640,10 +615,6 @@ def _remove_if_empty(paths: list[Path]) -> None:
 
 def _fresh_buffer(size: int) -> ctypes.Array[ctypes.c_uint8]:
     return (ctypes.c_uint8 * size)()
-
-
-def tokens_digest(tokens: list[int]) -> str:
-    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 
 __all__ = ["AuditReport", "StoredBlock", "Vault", "create_private_file", "new_id", "tokens_digest"]

@@ -100,10 +100,10 @@ class Chains:
         del link
         crashpoint("compact-before-commit")
         gone = [r["id"] for r in merge]
-        catalog = self.vault.catalog
+        records = self.vault.records
         with self.vault.transaction():
-            catalog.insert("blocks", merged)
-            catalog.update(
+            records.insert("blocks", merged)
+            records.update(
                 "blocks",
                 successor["id"],
                 {
@@ -117,8 +117,8 @@ class Chains:
                     )
                 },
             )
-            catalog.update_where("messages", {"block_id": merged["id"]}, block_id=last["id"])
-            catalog.update_in("messages", {"block_id": None}, "block_id", gone)
+            records.update_where("messages", {"block_id": merged["id"]}, block_id=last["id"])
+            records.update_in("messages", {"block_id": None}, "block_id", gone)
             self.vault.delete_block_rows(gone)
             self.live.records.reseal("conversations", conversation_id)
         self.vault.unlink_block_files([*gone, successor["id"]], keep={rewritten["file_name"]})

@@ -12,7 +12,6 @@ The original conversation is never changed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from galahad_desktop.engine.engine import Counters
@@ -21,6 +20,7 @@ from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
 from galahad_desktop.vault.vault import new_id
 
 SUMMARY_TOKENS = 384
@@ -30,41 +30,6 @@ SUMMARY_PROMPT = (
 )
 SUMMARY_OPENING = "A summary of our earlier conversation:\n\n"
 SUMMARY_ACK = "Thank you; I have the summary. Let us continue."
-
-
-@dataclass(frozen=True)
-class ContextOption:
-    kind: str  # stop | summary | recent
-    label: str
-    reread_tokens: int
-    detail: str
-
-
-@dataclass(frozen=True)
-class ContextFull:
-    conversation_id: str
-    context_tokens: int
-    needed_tokens: int
-    n_ctx: int
-    options: list[ContextOption]
-
-    def describe(self) -> str:
-        choices = "; ".join(
-            f"{o.label} (re-reads {o.reread_tokens:,} tokens)" for o in self.options
-        )
-        return (
-            f"The context is full: {self.context_tokens:,} of {self.n_ctx:,} tokens are used "
-            f"and the next turn needs {self.needed_tokens:,} more. Choose: {choices}."
-        )
-
-
-@dataclass(frozen=True)
-class Continued:
-    conversation_id: str  # the new conversation, ready for the next message
-    kind: str
-    reread_tokens: int
-    kept_messages: int
-    summary: str = ""
 
 
 class Continuation:
@@ -174,7 +139,7 @@ class Continuation:
         """(messages kept, tokens re-read) for the most recent whole turns that fit."""
         engine = self.live.engine
         turns = engine.turns
-        base = conv["document_id"] and self.vault.catalog.get("documents", conv["document_id"])
+        base = conv["document_id"] and self.vault.records.get("documents", conv["document_id"])
         start = (base["n_tokens"] if base else len(turns.start())) + len(turns.probe)
         pairs = self._pairs(conv)
         kept, cost = 0, 0
@@ -263,10 +228,10 @@ class Continuation:
         block, _record = live.persist(
             "conversation", new, conversations.live_parent(row, None), 1, counters
         )
-        catalog, records = self.vault.catalog, live.records
+        records = live.records
         now = time.time()
         with self.vault.transaction():
-            catalog.insert("blocks", block)
+            records.insert("blocks", block)
             for seq, (user, reply, a, b, c) in enumerate(ranges):
                 first_role, first_text, content = "user", user, ""
                 if user.startswith('Document "') and '":\n\n' in user:
@@ -289,7 +254,7 @@ class Continuation:
                         message,
                         content=content if offset == 0 else "",
                     )
-            catalog.update(
+            records.update(
                 "conversations",
                 new,
                 {

@@ -36,7 +36,6 @@ class Conversations:
     def __init__(self, live: LiveContext) -> None:
         self.live = live
         self.vault = live.vault
-        self.catalog = live.vault.catalog
         self.records = live.records
 
     @property
@@ -45,13 +44,13 @@ class Conversations:
 
     # -- records -------------------------------------------------------------------------
     def row(self, conversation_id: str) -> dict[str, Any]:
-        row = self.catalog.get("conversations", conversation_id)
+        row = self.records.get("conversations", conversation_id)
         if row is None:
             raise NotFoundError(f"No conversation has the id '{conversation_id}'.")
         return row
 
     def document_row(self, document_id: str) -> dict[str, Any]:
-        row = self.catalog.get("documents", document_id)
+        row = self.records.get("documents", document_id)
         if row is None:
             raise NotFoundError(f"No document has the id '{document_id}'.")
         return row
@@ -73,10 +72,10 @@ class Conversations:
         )
 
     def summaries(self) -> list[ConversationSummary]:
-        return [self.summary(r) for r in self.catalog.select("conversations", "updated_at desc")]
+        return [self.summary(r) for r in self.records.select("conversations", "updated_at desc")]
 
     def message_rows(self, conversation_id: str) -> list[dict[str, Any]]:
-        return self.catalog.select("messages", "seq", conversation_id=conversation_id)
+        return self.records.select("messages", "seq", conversation_id=conversation_id)
 
     def messages(self, conversation_id: str) -> list[Message]:
         """The transcript, checked against the conversation's seal first: an edited,
@@ -117,7 +116,7 @@ class Conversations:
         """Who may own the links of an owner's chains: itself and, for a conversation on a
         document, that document (its block is the chain's root)."""
         owners = {owner_id}
-        conv = self.catalog.get("conversations", owner_id)
+        conv = self.records.get("conversations", owner_id)
         if conv is not None and conv["document_id"]:
             owners.add(conv["document_id"])
         return owners
@@ -150,9 +149,8 @@ class Conversations:
             "updated_at": now,
         }
         row["title_enc"] = self.records.encrypt("conversations", "title_enc", row, title)
-        row["seal"] = self.records.seal_value("conversations", row)
         with self.vault.transaction():
-            self.catalog.insert("conversations", row)
+            self.records.insert("conversations", row)
         return conversation_id
 
     def rename(self, conversation_id: str, title: str) -> ConversationSummary:
@@ -163,7 +161,7 @@ class Conversations:
             raise InputError("A conversation's title can be at most 200 characters.")
         self.row(conversation_id)
         with self.vault.transaction():
-            self.catalog.update(
+            self.records.update(
                 "conversations",
                 conversation_id,
                 {
@@ -190,7 +188,7 @@ class Conversations:
                 f"turn it {'on' if enabled else 'off'}."
             )
         with self.vault.transaction():
-            self.catalog.update("conversations", conversation_id, {"thinking": int(enabled)})
+            self.records.update("conversations", conversation_id, {"thinking": int(enabled)})
             self.records.reseal("conversations", conversation_id)
         self.live.drop({conversation_id})
 
@@ -343,7 +341,7 @@ class Conversations:
             branch["title_enc"] = records.encrypt(
                 "conversations", "title_enc", branch, f"{title} (edited)"
             )
-            self.catalog.insert("conversations", branch)
+            self.records.insert("conversations", branch)
             for row in rows[:seq]:
                 records.add_message(
                     {**row, "id": new_id("m"), "conversation_id": branch_id, "block_id": None},
@@ -384,7 +382,7 @@ class Conversations:
             start_conv = {**conv, "head_block_id": None}
             return self.ensure_live(start_conv, counters, job, seal_checked=True), None
         checkpoint = rows[seq - 1]["block_id"]
-        if checkpoint and self.catalog.get("blocks", checkpoint) is not None:
+        if checkpoint and self.records.get("blocks", checkpoint) is not None:
             return live.graft(checkpoint, conv["id"], counters, job), checkpoint
         # The checkpoint was retired (only the latest ones are kept): re-read the prefix.
         prefix = self.vault.chain_tokens(conv["head_block_id"])[: rows[seq]["tok_start"]]
@@ -525,7 +523,7 @@ class Conversations:
         user_start, reply_start, reply_end = boundaries
         crashpoint("persist-before-commit")
         records = self.records
-        catalog = self.catalog
+        records = self.records
         now = time.time()
         old_head = conv["head_block_id"]
         retired = (
@@ -538,7 +536,7 @@ class Conversations:
         )
         if not self.live.settings.get("chain_blocks"):
             # Whole-state turns: keep the newest `checkpoints` of them.
-            owned = catalog.select("blocks", "generation desc", owner_id=conv["id"])
+            owned = records.select("blocks", "generation desc", owner_id=conv["id"])
             kept = [r["id"] for r in owned if r["id"] not in retired]
             retired += [
                 b
@@ -546,8 +544,8 @@ class Conversations:
                 if not self.vault.children(b)
             ]
         with self.vault.transaction():
-            catalog.insert("blocks", row)
-            catalog.delete_in("messages", "id", replaced_messages)
+            records.insert("blocks", row)
+            records.delete_in("messages", "id", replaced_messages)
             for offset, (role, message, tok_start, tok_end, block_id, thought) in enumerate(
                 (
                     (roles[0], text, user_start, reply_start, None, ""),
@@ -581,8 +579,8 @@ class Conversations:
                 changes["title_enc"] = records.encrypt(
                     "conversations", "title_enc", conv, " ".join(text.split())[:TITLE_CHARS]
                 )
-            catalog.update("conversations", conv["id"], changes)
-            catalog.update_in("messages", {"block_id": None}, "block_id", retired)
+            records.update("conversations", conv["id"], changes)
+            records.update_in("messages", {"block_id": None}, "block_id", retired)
             self.vault.delete_block_rows(retired)
             records.reseal("conversations", conv["id"])
         crashpoint("persist-after-commit")

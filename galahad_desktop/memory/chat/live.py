@@ -227,9 +227,9 @@ class LiveContext:
         new_row, record = self.persist(row["kind"], row["owner_id"], None, row["generation"] + 1)
         # A block other links continue from stays: their token ledgers run through it.
         keep_old = bool(self.vault.children(row["id"]))
-        catalog = self.vault.catalog
+        records = self.vault.records
         with self.vault.transaction():
-            catalog.insert("blocks", new_row)
+            records.insert("blocks", new_row)
             resealed: set[tuple[str, str]] = set()
             for table, column in (
                 ("conversations", "head_block_id"),
@@ -237,14 +237,14 @@ class LiveContext:
                 ("parts", "block_id"),
                 ("verified", "block_id"),
             ):
-                for owner in catalog.select(table, **{column: row["id"]}):
-                    catalog.update(table, owner["id"], {column: new_row["id"]})
+                for owner in records.select(table, **{column: row["id"]}):
+                    records.update(table, owner["id"], {column: new_row["id"]})
                     resealed.add((table, owner["id"]))
                     if table == "parts":  # a document's seal covers its parts' blocks
                         resealed.add(("documents", owner["document_id"]))
-            for message in catalog.select("messages", block_id=row["id"]):
+            for message in records.select("messages", block_id=row["id"]):
                 resealed.add(("conversations", message["conversation_id"]))
-            catalog.update_where("messages", {"block_id": new_row["id"]}, block_id=row["id"])
+            records.update_where("messages", {"block_id": new_row["id"]}, block_id=row["id"])
             retired = [] if keep_old else [row["id"]]
             if rendered is not None and rendered.apply is not None:
                 retired += [b for b in rendered.apply(new_row) if b not in retired]
@@ -372,5 +372,5 @@ class LiveContext:
             return None
 
     def next_generation(self, owner_id: str) -> int:
-        rows = self.vault.catalog.select("blocks", owner_id=owner_id)
+        rows = self.vault.records.select("blocks", owner_id=owner_id)
         return 1 + max([int(r["generation"]) for r in rows] or [0])

@@ -41,7 +41,7 @@ class Documents:
     def __init__(self, live: LiveContext, conversations: Conversations) -> None:
         self.live = live
         self.vault = live.vault
-        self.catalog = live.vault.catalog
+        self.records = live.records
         self.conversations = conversations
         self.on_parts_added: Any = lambda parts: None  # the router's index follows deposits
 
@@ -62,14 +62,14 @@ class Documents:
 
     def part_rows(self, document_id: str | None = None) -> list[dict[str, Any]]:
         if document_id is None:
-            return self.catalog.select("parts", "document_id, part_no")
-        return self.catalog.select("parts", "part_no", document_id=document_id)
+            return self.records.select("parts", "document_id, part_no")
+        return self.records.select("parts", "part_no", document_id=document_id)
 
     def part_text(self, part: dict[str, Any]) -> str:
         return self.live.records.decrypt("parts", "text_enc", part)
 
     def part_row(self, part_id: str) -> dict[str, Any]:
-        part = self.catalog.get("parts", part_id)
+        part = self.records.get("parts", part_id)
         if part is None:
             raise NotFoundError(f"No document part has the id '{part_id}'.")
         return part
@@ -83,8 +83,8 @@ class Documents:
 
     def summaries(self) -> list[DocumentSummary]:
         out = []
-        for r in self.catalog.select("documents", "created_at desc"):
-            block = self.catalog.get("blocks", r["block_id"])
+        for r in self.records.select("documents", "created_at desc"):
+            block = self.records.get("blocks", r["block_id"])
             out.append(
                 DocumentSummary(
                     r["id"],
@@ -164,7 +164,7 @@ class Documents:
 
     def rendered_part(self, block_id: str) -> list[int] | None:
         """A stored part's tokens rebuilt for the current model (None: not a part)."""
-        parts = self.catalog.select("parts", block_id=block_id)
+        parts = self.records.select("parts", block_id=block_id)
         if not parts:
             return None
         part = parts[0]
@@ -172,7 +172,7 @@ class Documents:
         name = self.name(document)
         overlap = ""
         if part["part_no"] > 1:
-            previous = self.catalog.select(
+            previous = self.records.select(
                 "parts", document_id=part["document_id"], part_no=part["part_no"] - 1
             )
             if previous:
@@ -252,7 +252,7 @@ class Documents:
             added = []
             with self.vault.transaction():
                 for row in rows:
-                    self.catalog.insert("blocks", row)
+                    self.records.insert("blocks", row)
                 for index, (row, part) in enumerate(zip(rows, plan, strict=True)):
                     piece = part.text
                     part_row: dict[str, Any] = {
@@ -265,8 +265,7 @@ class Documents:
                         "created_at": now,
                     }
                     part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, piece)
-                    part_row["seal"] = records.seal_value("parts", part_row)
-                    self.catalog.insert("parts", part_row)
+                    self.records.insert("parts", part_row)
                     added.append((part_row["id"], document_id, index + 1, len(plan), piece))
                 document: dict[str, Any] = {
                     "id": document_id,
@@ -280,8 +279,7 @@ class Documents:
                 }
                 document["name_enc"] = records.encrypt("documents", "name_enc", document, name)
                 document["text_enc"] = records.encrypt("documents", "text_enc", document, text)
-                document["seal"] = records.seal_value("documents", document)
-                self.catalog.insert("documents", document)
+                self.records.insert("documents", document)
         except BaseException:
             self.vault.unlink_block_files([row["id"] for row in rows])
             raise

@@ -4,7 +4,6 @@ gate), and the answer from that part's graft. The index exists only in memory af
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sqlite3
 import struct
@@ -25,7 +24,6 @@ from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import AskResult
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
-from galahad_desktop.vault import crypto
 from galahad_desktop.vault.vault import Vault, new_id
 
 ROUTING_LOG_KEEP = 1000
@@ -49,15 +47,8 @@ class StoredVectors:
 
     def load(self, part_id: str, title: str, n_passages: int) -> np.ndarray | None:
         row_id = self._row_id(part_id, title)
-        row = self.vault.catalog.get("part_vectors", row_id)
-        if row is None:
-            return None
-        try:
-            raw = self.vault.fields.decrypt_bytes(
-                row["vectors_enc"], "part_vectors", "vectors", row_id
-            )
-        except crypto.DecryptionFailed:
-            log.warning("stored vectors %s do not open; computed again", row_id)
+        raw = self.vault.records.vectors(row_id)
+        if raw is None:
             return None
         n, dims = struct.unpack_from("<II", raw)
         if n != n_passages or len(raw) != 8 + n * dims * 2:
@@ -72,20 +63,14 @@ class StoredVectors:
         payload = struct.pack("<II", n, dims) + vectors.astype("<f2").tobytes()
         try:
             with self.vault.transaction():
-                self.vault.catalog.delete("part_vectors", id=row_id)
-                self.vault.catalog.insert(
-                    "part_vectors",
-                    {
-                        "id": row_id,
-                        "part_id": part_id,
-                        "model": self.model,
-                        "n_passages": n,
-                        "dims": dims,
-                        "vectors_enc": self.vault.fields.encrypt_bytes(
-                            payload, "part_vectors", "vectors", row_id
-                        ),
-                        "created_at": time.time(),
-                    },
+                self.vault.records.put_vectors(
+                    row_id,
+                    payload,
+                    part_id=part_id,
+                    model=self.model,
+                    n_passages=n,
+                    dims=dims,
+                    created_at=time.time(),
                 )
         except (StorageError, sqlite3.Error) as exc:  # a full disk: routing goes on
             log.warning("vectors of a part not kept (%s); computed again next time", exc)
@@ -226,36 +211,13 @@ class Routing:
             "decision": outcome,
             "part_id": part_id or (decision.best.part_id if decision.best else None),
         }
-        entry_id = new_id("r")
-        catalog = self.vault.catalog
         with self.vault.transaction():
-            catalog.insert(
-                "routing_log",
-                {
-                    "id": entry_id,
-                    "at": time.time(),
-                    "entry_enc": self.vault.fields.encrypt_text(
-                        json.dumps(entry), "routing_log", "entry", entry_id
-                    ),
-                },
+            self.vault.records.log(
+                "routing_log", new_id("r"), time.time(), entry, ROUTING_LOG_KEEP
             )
-            rows = catalog.select("routing_log", "at desc")
-            catalog.delete_in("routing_log", "id", [r["id"] for r in rows[ROUTING_LOG_KEEP:]])
 
     def _entries(self) -> list[tuple[str, float, dict[str, Any]]]:
-        out = []
-        fields = self.vault.fields
-        for row in self.vault.catalog.select("routing_log", "at desc"):
-            try:
-                entry = json.loads(
-                    fields.decrypt_text(row["entry_enc"], "routing_log", "entry", row["id"])
-                )
-            except (crypto.DecryptionFailed, TypeError, ValueError):
-                continue  # an unreadable log line is skipped; audit reports it
-            at = row["at"]
-            if isinstance(entry, dict):
-                out.append((row["id"], float(at) if isinstance(at, int | float) else 0.0, entry))
-        return out
+        return self.vault.records.log_entries("routing_log")
 
     def routing_log(self, limit: int = 100) -> list[RoutingLogEntry]:
         return [
@@ -302,7 +264,7 @@ class Routing:
             part_id = decision.best.part_id
         else:
             self.log(decision, "chosen", part_id)
-        part = self.vault.catalog.get("parts", part_id)
+        part = self.vault.records.get("parts", part_id)
         if part is None:
             raise NotFoundError(f"No document part has the id '{part_id}'.")
         if document_id is not None and part["document_id"] != document_id:

@@ -10,7 +10,6 @@ nothing of it is written anywhere but the encrypted catalog and blocks.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,47 +18,15 @@ from galahad_desktop.errors import CancelledError, InputError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
 from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.results import (
+    ExportResult,
+    ImportedSummary,
+    ImportResult,
+    SkippedImport,
+)
 from galahad_desktop.memory.transfer import formats
 from galahad_desktop.system.files import atomic_write_bytes, check_export_destination
 from galahad_desktop.vault.vault import new_id
-
-
-@dataclass(frozen=True)
-class ImportedSummary:
-    conversation_id: str
-    title: str
-    messages: int
-    tokens: int
-    source: str
-    left_out: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class SkippedImport:
-    title: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    conversations: list[ImportedSummary]
-    skipped: list[SkippedImport]
-    tokens: int
-    prefill_ms: float
-    cancelled: bool = False
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / (self.prefill_ms / 1e3) if self.prefill_ms else 0.0
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    path: str | None
-    format: str
-    messages: int
-    bytes: int
-    text: str = ""  # when no path was given (the command prints it)
 
 
 class Transfer:
@@ -191,14 +158,14 @@ class Transfer:
         rows: list[dict[str, Any]],
         boundaries: list[tuple[int, int, int]],
     ) -> None:
-        catalog, records = self.vault.catalog, self.live.records
+        records = self.live.records
         now = time.time()
         created = conversation.created_at or conversation.messages[0].created_at or now
         updated = conversation.updated_at or conversation.messages[-1].created_at or created
         title = conversation.title or _title_of(conversation)
         with self.vault.transaction():
             for row in rows:
-                catalog.insert("blocks", row)
+                records.insert("blocks", row)
             conv: dict[str, Any] = {
                 "id": conversation_id,
                 "document_id": None,
@@ -212,7 +179,7 @@ class Transfer:
                 "updated_at": updated,
             }
             conv["title_enc"] = records.encrypt("conversations", "title_enc", conv, title)
-            catalog.insert("conversations", conv)
+            records.insert("conversations", conv)
             for index, message in enumerate(conversation.messages):
                 pair = index // 2
                 user_start, reply_start, reply_end = boundaries[pair]

@@ -111,8 +111,8 @@ class VerifiedLibrary:
             )
         engine, vault = self.live.engine, self.vault
         records = self.live.records
-        lookup = vault.fields.lookup_tag(key, "verified")
-        for row in vault.catalog.select("verified", lookup=lookup):
+        lookup = records.lookup_tag(key)
+        for row in records.verified_matching(key):
             self.remove(row["id"])  # one entry per problem: the newest verified answer
         entry_id = new_id("v")
         tokens, user_start, user_end = self.tokens_for(question, answer)
@@ -132,7 +132,7 @@ class VerifiedLibrary:
         }
         now = time.time()
         with vault.transaction():
-            vault.catalog.insert("blocks", row)
+            vault.records.insert("blocks", row)
             entry_row: dict[str, Any] = {
                 "id": entry_id,
                 "lookup": lookup,
@@ -148,8 +148,7 @@ class VerifiedLibrary:
                 ("verdict_enc", json.dumps(verdict_info)),
             ):
                 entry_row[column] = records.encrypt("verified", column, entry_row, value)
-            entry_row["seal"] = records.seal_value("verified", entry_row)
-            vault.catalog.insert("verified", entry_row)
+            vault.records.insert("verified", entry_row)
         self.live.drop()  # the context holds the entry, not a conversation
         return self.entry(entry_id)
 
@@ -164,7 +163,7 @@ class VerifiedLibrary:
 
     def rendered(self, row: dict[str, Any]) -> Rendered | None:
         """An entry's ledger rebuilt for the current model."""
-        entries = self.vault.catalog.select("verified", block_id=row["id"])
+        entries = self.vault.records.select("verified", block_id=row["id"])
         if not entries:
             return None
         entry = self._entry(entries[0])
@@ -172,7 +171,7 @@ class VerifiedLibrary:
 
         def apply(new_row: dict[str, Any]) -> list[str]:
             verdict = {**entry.verdict, "boundaries": [user_start, user_end, len(tokens)]}
-            self.vault.catalog.update(
+            self.vault.records.update(
                 "verified",
                 entry.id,
                 {
@@ -201,23 +200,23 @@ class VerifiedLibrary:
         )
 
     def entry(self, entry_id: str) -> Entry:
-        row = self.vault.catalog.get("verified", entry_id)
+        row = self.vault.records.get("verified", entry_id)
         if row is None:
             raise NotFoundError(f"No verified answer has the id '{entry_id}'.")
         return self._entry(row)
 
     def entries(self) -> list[Entry]:
-        rows = self.vault.catalog.select("verified", "created_at desc")
+        rows = self.vault.records.select("verified", "created_at desc")
         return [self._entry(r) for r in rows]
 
     def remove(self, entry_id: str) -> None:
         vault = self.vault
-        row = vault.catalog.get("verified", entry_id)
+        row = vault.records.get("verified", entry_id)
         if row is None:
             raise NotFoundError(f"No verified answer has the id '{entry_id}'.")
-        blocks = [r["id"] for r in vault.catalog.select("blocks", owner_id=entry_id)]
+        blocks = [r["id"] for r in vault.records.select("blocks", owner_id=entry_id)]
         with vault.transaction():
-            vault.catalog.delete("verified", id=entry_id)
+            vault.records.delete("verified", id=entry_id)
             vault.delete_block_rows(blocks)
         vault.unlink_block_files(blocks)
 
@@ -225,7 +224,7 @@ class VerifiedLibrary:
     def lookup(self, question: str) -> Hit | None:
         key, _verifier = problem_key(question)
         vault = self.vault
-        exact = vault.catalog.select("verified", lookup=vault.fields.lookup_tag(key, "verified"))
+        exact = vault.records.verified_matching(key)
         if exact:
             return Hit(self._entry(exact[0]), "recurrence", 1.0, 0.0)
         scored = sorted(
@@ -253,7 +252,7 @@ class VerifiedLibrary:
     def set_enabled(self, conversation_id: str, enabled: bool) -> None:
         self.conversations.row(conversation_id)
         with self.vault.transaction():
-            self.vault.catalog.update(
+            self.vault.records.update(
                 "conversations", conversation_id, {"library": 1 if enabled else 0}
             )
             self.live.records.reseal("conversations", conversation_id)
@@ -310,7 +309,7 @@ class VerifiedLibrary:
         if hit.mode == "recurrence":
             job.text(result.reply)
         with self.vault.transaction():
-            self.vault.catalog.update("verified", hit.entry.id, {"uses": hit.entry.uses + 1})
+            self.vault.records.update("verified", hit.entry.id, {"uses": hit.entry.uses + 1})
         result.library = LibraryUse(
             hit.mode,
             hit.score,
