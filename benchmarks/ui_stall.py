@@ -66,7 +66,7 @@ def main() -> int:
     data.mkdir(mode=0o700)
     Settings(data).update({"n_ctx": args.tokens + 1024, "max_tokens": 24})
     bridge = CoreBridge(default_core_factory(data, None))
-    window = MainWindow(bridge, data, show_dialogs=False)
+    window = MainWindow(bridge, data)
     window.show()
     meter = StallMeter()
     idle = lambda: bridge.pending() == 0  # noqa: E731
@@ -82,7 +82,7 @@ def main() -> int:
         window.chat_with_document()
 
     meter.measure(chat, idle)
-    window.input.setPlainText("Summarise the minutes in one line.")
+    window.chat.input.setPlainText("Summarise the minutes in one line.")
     results["save_turn_ms"] = meter.measure(window.send, idle)
     conversation = window.conversation_id
     window.new_chat()

@@ -15,9 +15,8 @@ import ctypes
 import hashlib
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from galahad_desktop.engine.engine import (
 )
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
+from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import InputError, ModelError
@@ -387,11 +387,15 @@ class FakeEngine:
         self.closed = True
 
 
-def fake_factory(flavour: str = "gemma3") -> Any:
+def fake_factory(flavour: str = "gemma3") -> Callable[[EngineConfig, Path | None], ChatEngine]:
     def factory(config: EngineConfig, hash_cache: Path | None) -> FakeEngine:
         return FakeEngine(config, hash_cache, flavour)
 
     return factory
+
+
+def _the_fake_conforms(engine: FakeEngine) -> ChatEngine:
+    return engine  # mypy checks the structural match with what the core needs of an engine
 
 
 __all__ = ["FakeEngine", "fake_factory"]

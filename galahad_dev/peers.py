@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench import Bench, Log, context_for, median, ms_since
+from galahad_desktop.bench import Bench, Log, context_for, llama_engine, median, ms_since
 
 
 def bench_pickle(
@@ -39,7 +39,7 @@ def bench_pickle(
                 engine.restore(stored.payload, stored.tokens, stored.size)
                 path = bench.tmp / "state.pkl"
                 start = time.perf_counter()
-                state = engine.llm.save_state()
+                state = llama_engine(core).llm.save_state()
                 with open(path, "wb") as handle:
                     pickle.dump(state, handle, protocol=pickle.HIGHEST_PROTOCOL)
                 save.append(ms_since(start))
@@ -49,7 +49,7 @@ def bench_pickle(
                 start = time.perf_counter()
                 with open(path, "rb") as handle:
                     state = pickle.load(handle)
-                core.engine.llm.load_state(state)
+                llama_engine(core).llm.load_state(state)
                 load.append(ms_since(start))
                 del state
                 path.unlink()

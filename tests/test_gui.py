@@ -41,6 +41,40 @@ def data_dir(tmp_path: Path) -> Path:
     return data
 
 
+class ScriptedPrompts:
+    """The window's modal questions, answered by the test (no dialog opens)."""
+
+    def __init__(self) -> None:
+        self.context = "stop"  # stop | summary | recent
+        self.drop = "Add to this conversation"
+        self.confirmed = True
+        self.save_to: Path | None = None
+        self.warnings: list[str] = []
+        self.informed: list[str] = []
+
+    def warn(self, title: str, message: str) -> None:
+        self.warnings.append(message)
+
+    def inform(self, title: str, message: str) -> None:
+        self.informed.append(message)
+
+    def confirm(self, title: str, text: str) -> bool:
+        return self.confirmed
+
+    def choose(self, title: str, text: str, buttons: list[str]) -> str:
+        assert self.drop in buttons
+        return self.drop
+
+    def context_full(self, full: Any) -> str:
+        return self.context
+
+    def save_path(self, title: str, suggested: Path, filters: str) -> tuple[Path | None, str]:
+        return self.save_to, ""
+
+    def show(self, dialog: Any) -> None:
+        pass
+
+
 @pytest.fixture()
 def open_window(qtbot, data_dir: Path) -> Iterator[Callable[..., MainWindow]]:  # type: ignore[no-untyped-def]
     bridges: list[CoreBridge] = []
@@ -48,7 +82,8 @@ def open_window(qtbot, data_dir: Path) -> Iterator[Callable[..., MainWindow]]:  
     def factory(model: Path | None = None) -> MainWindow:
         bridge = CoreBridge(default_core_factory(data_dir, model))
         bridges.append(bridge)
-        window = MainWindow(bridge, data_dir, show_dialogs=False)
+        window = MainWindow(bridge, data_dir)
+        window.prompts = ScriptedPrompts()  # type: ignore[assignment]
         qtbot.addWidget(window)
         with qtbot.waitSignal(window.opened, timeout=WAIT_MS):
             window.show()
@@ -61,15 +96,15 @@ def open_window(qtbot, data_dir: Path) -> Iterator[Callable[..., MainWindow]]:  
 
 
 def _send(qtbot, window: MainWindow, text: str) -> TurnResult:  # type: ignore[no-untyped-def]
-    window.input.setPlainText(text)
+    window.chat.input.setPlainText(text)
     with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as blocker:
-        qtbot.mouseClick(window.send_button, Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(window.chat.send_button, Qt.MouseButton.LeftButton)
     result: TurnResult = blocker.args[0]
     return result
 
 
 def _items(window: MainWindow) -> list[Any]:
-    lst = window.conversation_list
+    lst = window.sidebar.conversation_list
     return [lst.item(i) for i in range(lst.count()) if lst.item(i).data(Qt.ItemDataRole.UserRole)]
 
 
@@ -116,9 +151,9 @@ def test_chat_streams_and_resumes_exactly_in_a_new_window(qtbot, open_window) ->
     window.bridge.worker.streamed.connect(lambda _rid, piece: pieces.append(piece))
     result = _send(qtbot, window, "Tell me about Camelot.")
     assert len(pieces) >= 3 and "".join(pieces) == result.reply
-    assert result.reply.strip()[:10] in window.transcript.toPlainText()
+    assert result.reply.strip()[:10] in window.chat.transcript.toPlainText()
     qtbot.waitUntil(lambda: len(_items(window)) == 1, timeout=WAIT_MS)
-    assert window.conversation_list.item(0).text() == "Today"  # grouped by date
+    assert window.sidebar.conversation_list.item(0).text() == "Today"  # grouped by date
     assert window.context_meter.value() == result.context_tokens
     conversation = result.conversation_id
     window.close()
@@ -129,12 +164,12 @@ def test_chat_streams_and_resumes_exactly_in_a_new_window(qtbot, open_window) ->
     item = _items(again)[0]
     assert item.data(Qt.ItemDataRole.UserRole) == conversation
     with qtbot.waitSignal(again.conversation_opened, timeout=WAIT_MS) as blocker:
-        again.conversation_list.itemClicked.emit(item)
+        again.sidebar.conversation_list.itemClicked.emit(item)
     graft = blocker.args[0].graft
     assert graft.proof.verdict == "exact" and graft.recomputed_tokens == 0
     assert graft.restored_tokens > 0
     assert "byte-exact ✓" in again.graft_label.text()
-    assert "Tell me about Camelot." in again.transcript.toPlainText()
+    assert "Tell me about Camelot." in again.chat.transcript.toPlainText()
     follow_up = _send(qtbot, again, "And then?")
     assert follow_up.counters.recomputed_tokens == 0 and follow_up.counters.restored_tokens == 0
 
@@ -189,7 +224,7 @@ def test_drop_a_document_and_chat_with_it(qtbot, open_window, tmp_path: Path) ->
     # Dropped onto the open conversation: the window asks, and adds it as a chain link.
     second = tmp_path / "orders.txt"
     second.write_text(story(30, secret="Gareth guards the north gate."))
-    window.drop_choice = "add"
+    window.prompts.drop = "Add to this conversation"
     with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as added:
         _drop(window, second)
     assert added.args[0].counters.recomputed_tokens == 0
@@ -236,10 +271,10 @@ def test_a_full_context_offers_choices_and_continues(qtbot, open_window, data_di
     window.context_full.connect(full_seen.append)
     errors: list[str] = []
     window.error_shown.connect(errors.append)
-    window.context_choice = "recent"
-    window.input.setPlainText("One more question about the towers " * 40)
+    window.prompts.context = "recent"
+    window.chat.input.setPlainText("One more question about the towers " * 40)
     with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as blocker:
-        qtbot.mouseClick(window.send_button, Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(window.chat.send_button, Qt.MouseButton.LeftButton)
     assert errors == []
     assert full_seen and [o.kind for o in full_seen[0].options][:2] == ["stop", "summary"]
     continued = blocker.args[0]
@@ -335,7 +370,7 @@ def test_leak_audit_after_a_scripted_session(  # type: ignore[no-untyped-def]
     qtbot.waitUntil(lambda: len(_items(window)) == 1, timeout=WAIT_MS)
 
     def explode(core: Any, job: Any) -> None:
-        raise ValueError(f"a bug, quoting {canary}")
+        raise RuntimeError(f"a bug, quoting {canary}")
 
     with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as crash:
         window.bridge.run(explode, on_error=window.show_error)

@@ -15,6 +15,7 @@ from typing import Any
 
 from galahad_desktop.engine.engine import Engine, EngineConfig
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
+from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
@@ -64,7 +65,7 @@ from galahad_desktop.vault import custody
 from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
-EngineFactory = Callable[[EngineConfig, Path | None], Engine]
+EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
 
 
 class Galahad:
@@ -122,7 +123,7 @@ class Galahad:
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> ChatEngine:
         return self.live.engine
 
     def close(self) -> None:

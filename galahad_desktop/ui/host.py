@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from galahad_desktop.memory.results import EngineInfo
+    from galahad_desktop.ui.prompts import Prompts
     from galahad_desktop.ui.worker import CoreBridge
 
 
 class Host(Protocol):
     bridge: CoreBridge
     info: EngineInfo | None
-    show_dialogs: bool
+    prompts: Prompts
 
     def show_error(self, message: str, kind: str = "") -> None: ...
 

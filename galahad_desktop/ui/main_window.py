@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QInputDialog,
     QLabel,
     QMainWindow,
-    QMessageBox,
     QProgressBar,
     QSplitter,
     QStackedWidget,
@@ -46,6 +45,7 @@ from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
 from galahad_desktop.ui.format import graft_status, turn_status
+from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.sidebar import Sidebar
 from galahad_desktop.ui.welcome import Welcome
 from galahad_desktop.ui.window_documents import DocumentActions
@@ -64,15 +64,15 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
     models_listed = Signal()
     error_shown = Signal(str)
     verified_added = Signal(object)
-    context_full = Signal(object)  # ContextFull (tests answer it through `context_choice`)
+    context_full = Signal(object)  # ContextFull
 
     splitter: QSplitter
 
-    def __init__(self, bridge: CoreBridge, data_dir: Path, show_dialogs: bool = True) -> None:
+    def __init__(self, bridge: CoreBridge, data_dir: Path) -> None:
         super().__init__()
         self.bridge = bridge
         self.data_dir = data_dir
-        self.show_dialogs = show_dialogs  # tests turn modal dialogs into signals
+        self.prompts = Prompts(self)  # every modal question goes through it
         self.ui_settings = QSettings(str(data_dir / "ui.ini"), QSettings.Format.IniFormat)
         self.info: EngineInfo | None = None
         self.conversation_id: str | None = None
@@ -80,8 +80,6 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.working: Request | None = None  # a deposit, an import or a download
         self.model_files: list[ModelFile] = []
         self.recommendation: Recommendation | None = None
-        self.context_choice = "stop"  # what a test answers when the context is full
-        self.drop_choice = "add"  # what a test answers for a document dropped on a chat
         self.n_ctx = 0
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
@@ -156,23 +154,6 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         bar.addWidget(self.graft_label, 1)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.context_meter)
-
-    # Convenience for tests and scripts: the chat's widgets by their old names.
-    @property
-    def input(self) -> Any:
-        return self.chat.input
-
-    @property
-    def send_button(self) -> Any:
-        return self.chat.send_button
-
-    @property
-    def transcript(self) -> Any:
-        return self.chat.transcript
-
-    @property
-    def conversation_list(self) -> Any:
-        return self.sidebar.conversation_list
 
     def _actions(self) -> None:
         def action(menu: Any, text: str, slot: Any, shortcut: Any = None) -> QAction:
@@ -260,9 +241,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
     def show_error(self, message: str, kind: str = "") -> None:
         self.set_status(message.split(". ")[0])
         self.error_shown.emit(message)
-        if self.show_dialogs:
-            title = "Something went wrong" if kind == "crash" else "Galahad Desktop"
-            QMessageBox.warning(self, title, message)
+        self.prompts.warn("Something went wrong" if kind == "crash" else "Galahad Desktop", message)
 
     def set_context(self, used: int, n_ctx: int) -> None:
         self.n_ctx = n_ctx or self.n_ctx
@@ -272,21 +251,6 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
     def _set_generating(self, request: Request | None) -> None:
         self.generating = request
         self.chat.set_busy(request is not None)
-
-    def _ask(self, title: str, text: str, buttons: list[str], test_answer: str) -> str:
-        """A question with labelled buttons; tests answer it with `test_answer`."""
-        if not self.show_dialogs:
-            return test_answer
-        box = QMessageBox(self)
-        box.setWindowTitle(title)
-        box.setText(text)
-        chosen = [
-            (box.addButton(label, QMessageBox.ButtonRole.AcceptRole), label) for label in buttons
-        ]
-        box.addButton(QMessageBox.StandardButton.Cancel)
-        box.exec()
-        clicked = box.clickedButton()
-        return next((label for button, label in chosen if button is clicked), "")
 
     # -- lists and search ----------------------------------------------------------------
     def refresh_lists(self) -> None:
@@ -415,12 +379,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
             return
         self.set_status(full.describe())
         self.context_full.emit(full)
-        choice = self.context_choice
-        if self.show_dialogs:
-            from galahad_desktop.ui.dialogs import ContextFullDialog
-
-            dialog = ContextFullDialog(full, self)
-            choice = dialog.choice if dialog.exec() else "stop"
+        choice = self.prompts.context_full(full)
         if choice == "stop":
             self.set_status("Not sent: the conversation is full. Your message is still here.")
             return
@@ -569,10 +528,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
 
     # -- forgetting ----------------------------------------------------------------------
     def _confirm(self, text: str) -> bool:
-        if not self.show_dialogs:
-            return True
-        answer = QMessageBox.question(self, "Forget", text)
-        return answer == QMessageBox.StandardButton.Yes
+        return self.prompts.confirm("Forget", text)
 
     def forget(self, item_id: str) -> None:
         if self._confirm(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
-from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import QFileDialog, QWidget
 
 from galahad_desktop.memory.results import DepositResult, ImportResult, TurnResult
 from galahad_desktop.ui.format import human_bytes
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from galahad_desktop.ui.chat_view import ChatView
     from galahad_desktop.ui.dialogs import AskDialog
     from galahad_desktop.ui.host import Host
+    from galahad_desktop.ui.prompts import Prompts
     from galahad_desktop.ui.sidebar import Sidebar
     from galahad_desktop.ui.worker import CoreBridge, Request
 
@@ -44,8 +45,7 @@ class DocumentActions:
         conversation_id: str | None
         generating: Request | None
         working: Request | None
-        show_dialogs: bool
-        drop_choice: str
+        prompts: Prompts
         deposit_finished: SignalInstance
         import_finished: SignalInstance
         turn_finished: SignalInstance
@@ -55,7 +55,6 @@ class DocumentActions:
         def set_context(self, used: int, n_ctx: int) -> None: ...
         def refresh_lists(self) -> None: ...
         def open_conversation(self, conversation_id: str) -> None: ...
-        def _ask(self, title: str, text: str, buttons: list[str], test_answer: str) -> str: ...
         def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None: ...
         def _set_generating(self, request: Request | None) -> None: ...
         def _turn_failed(self, message: str, kind: str) -> None: ...
@@ -77,12 +76,11 @@ class DocumentActions:
         if not paths:
             return
         if self.conversation_id is not None and self.pages.currentWidget() is self.chat:
-            answer = self._ask(
+            answer = self.prompts.choose(
                 "Add a document",
                 f"Add {', '.join(p.name for p in paths)} to this conversation (only the new "
                 "document is read), or start a new chat on it?",
                 ["Add to this conversation", "New chat on it"],
-                "Add to this conversation" if self.drop_choice == "add" else "New chat on it",
             )
             if answer == "Add to this conversation":
                 self.add_to_conversation(paths[0])
@@ -163,8 +161,7 @@ class DocumentActions:
         else:
             document_id = None
         self.ask_dialog = AskDialog(cast("Host", self), self._window(), document_id, name)
-        if self.show_dialogs:
-            self.ask_dialog.show()
+        self.prompts.show(self.ask_dialog)
 
     def choose_stacked_document(self) -> None:
         if self.conversation_id is None or self.generating is not None:
@@ -234,8 +231,8 @@ class DocumentActions:
             + (" (cancelled)" if result.cancelled else "")
         )
         self.set_status(summary)
-        if self.show_dialogs and (skipped or result.conversations):
-            QMessageBox.information(self._window(), "Import", summary + skipped)
+        if skipped or result.conversations:
+            self.prompts.inform("Import", summary + skipped)
         self.refresh_lists()
         self.import_finished.emit(result)
 
@@ -243,18 +240,14 @@ class DocumentActions:
         if not conversation_id:
             self.show_error("Open a conversation to export it.")
             return
-        if not self.show_dialogs:
-            return
-        path, chosen = QFileDialog.getSaveFileName(
-            self._window(),
+        out, chosen = self.prompts.save_path(
             "Export conversation (the file is plain text: keep it somewhere private)",
-            str(Path.home() / "conversation.md"),
+            Path.home() / "conversation.md",
             "Markdown (*.md);;JSON, re-importable (*.json);;HTML (*.html)",
         )
-        if not path:
+        if out is None:
             return
         fmt = "json" if "JSON" in chosen else "html" if "HTML" in chosen else "md"
-        out = Path(path)
         self.bridge.run(
             lambda core, _job: core.export(conversation_id, fmt, out, True),
             on_done=lambda r: self.set_status(

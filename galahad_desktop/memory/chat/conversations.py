@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine
+from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
@@ -39,7 +40,7 @@ class Conversations:
         self.records = live.records
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> ChatEngine:
         return self.live.engine
 
     # -- records -------------------------------------------------------------------------
@@ -588,7 +589,7 @@ class Conversations:
         self.live.mark(conv["id"], row["id"])
 
 
-def strip_whitespace_tokens(engine: Engine, tokens: list[int]) -> list[int]:
+def strip_whitespace_tokens(engine: ChatEngine, tokens: list[int]) -> list[int]:
     """The answer without leading and trailing whitespace tokens (the template trims a model
     turn's content in the history)."""
     start, end = 0, len(tokens)
@@ -599,5 +600,5 @@ def strip_whitespace_tokens(engine: Engine, tokens: list[int]) -> list[int]:
     return tokens[start:end]
 
 
-def engine_answer(engine: Engine, text: str) -> list[int]:
+def engine_answer(engine: ChatEngine, text: str) -> list[int]:
     return engine.encode_text(text.strip())

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine
+from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
@@ -71,12 +72,12 @@ class LiveContext:
     """One engine and what it holds. Not thread-safe: one worker thread owns it."""
 
     def __init__(
-        self, vault: Vault, settings: Settings, engine_factory: Callable[[], Engine]
+        self, vault: Vault, settings: Settings, engine_factory: Callable[[], ChatEngine]
     ) -> None:
         self.vault = vault
         self.settings = settings
         self._engine_factory = engine_factory
-        self._engine: Engine | None = None
+        self._engine: ChatEngine | None = None
         self.holding: Holding | None = None
         self.stats = Stats()
         self.records = vault.records
@@ -87,7 +88,7 @@ class LiveContext:
 
     # -- the engine ----------------------------------------------------------------------
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> ChatEngine:
         if self._engine is None:
             self._engine = self._engine_factory()
         return self._engine

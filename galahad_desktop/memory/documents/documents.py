@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine
+from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
@@ -46,7 +47,7 @@ class Documents:
         self.on_parts_added: Any = lambda parts: None  # the router's index follows deposits
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> ChatEngine:
         return self.live.engine
 
     # -- records -------------------------------------------------------------------------
