@@ -268,7 +268,7 @@ def bench_resume(
                         seq_load.append(llama_engine(core).load_sequence_file(n, seq_path))
             seq_path.unlink()
             floors = [floor_ms(row_block["payload_bytes"], bench.tmp) for _ in range(reps)]
-            out = {
+            out: dict[str, Any] = {
                 "tokens": n,
                 "prefill_ms": median(prefill),
                 "restore_ms": median(restore),

@@ -51,8 +51,8 @@ def _store(vault: Vault, owner: str, generation: int, rng: random.Random) -> dic
         chunk_bytes=64 * 1024,
     )
     with vault.transaction():
-        vault.catalog.insert("blocks", row)
-    return row
+        vault.records.insert("blocks", row)
+    return dict(row)
 
 
 def _records(data: bytes) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ def bench_pickle(
     """What LlamaDiskCache stores: Llama.save_state() pickled, saved and loaded, against a
     Galahad restore of the same document, side by side."""
     bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         core = bench.core
         for size in sizes:
@@ -75,7 +75,7 @@ def bench_persist(
     """Per-turn save of a conversation of each size, as a chain link (only the new tokens)
     and as a whole state, side by side in one process."""
     bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes) + 200 * turns)}, log)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         core = bench.core
         for size in sizes:

@@ -268,9 +268,7 @@ class Galahad:
         self.usage.record_graft(report)
         return report
 
-    def open_conversation(
-        self, conversation_id: str, job: Job = NO_JOB
-    ) -> OpenedConversation:
+    def open_conversation(self, conversation_id: str, job: Job = NO_JOB) -> OpenedConversation:
         """Resume a conversation (graft its head from disk) and say what the window shows."""
         row = self.conversations.row(conversation_id)
         other = bool(row.get("model_sha256")) and row["model_sha256"] != self.engine.model_sha256
@@ -295,9 +293,7 @@ class Galahad:
     ) -> TurnResult:
         """One turn, through the verified-answer library when the conversation uses it (the
         window and the command take this same path)."""
-        result = self.library.ask(
-            conversation_id, text, params or self.sampling(), job
-        )
+        result = self.library.ask(conversation_id, text, params or self.sampling(), job)
         return self._after_turn(result, compact)
 
     def regenerate(
@@ -307,9 +303,7 @@ class Galahad:
         params: SamplingParams | None = None,
         compact: bool = False,
     ) -> TurnResult:
-        result = self.conversations.regenerate(
-            conversation_id, params or self.sampling(), job
-        )
+        result = self.conversations.regenerate(conversation_id, params or self.sampling(), job)
         return self._after_turn(result, compact)
 
     def branch(
@@ -342,9 +336,7 @@ class Galahad:
         return self.chains.compact(conversation_id, keep)
 
     # -- import, export, a full context ------------------------------------------------------
-    def import_conversations(
-        self, path: Path, job: Job = NO_JOB
-    ) -> ImportResult:
+    def import_conversations(self, path: Path, job: Job = NO_JOB) -> ImportResult:
         return self.transfer.import_file(Path(path), job)
 
     def export(
@@ -435,9 +427,7 @@ class Galahad:
         job: Job = NO_JOB,
         params: SamplingParams | None = None,
     ) -> AskResult:
-        result = self.routing.ask(
-            question, document_id, part_id, params or self.sampling(), job
-        )
+        result = self.routing.ask(question, document_id, part_id, params or self.sampling(), job)
         if result.graft is not None:
             self.usage.record_graft(result.graft)
         return result

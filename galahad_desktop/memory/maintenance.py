@@ -12,6 +12,7 @@ from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult
 from galahad_desktop.memory.retrieval.routing import Routing
 from galahad_desktop.memory.verified.library import VerifiedLibrary
 from galahad_desktop.vault import custody
+from galahad_desktop.vault.names import BlockRow, ConversationRow
 from galahad_desktop.vault.vault import AuditReport
 
 
@@ -35,7 +36,7 @@ class Maintenance:
     def engine(self) -> Any:
         return self.live.engine
 
-    def ledger_for_model(self, row: dict[str, Any]) -> Rendered | None:
+    def ledger_for_model(self, row: BlockRow) -> Rendered | None:
         """A block made under another model file is re-read from its text, rebuilt with this
         model's tokenizer and turn format (the old token ids mean nothing to it). A block
         from the same model under other runtime settings re-reads its token ledger."""
@@ -51,7 +52,7 @@ class Maintenance:
             return self.library.rendered(row)
         return None
 
-    def rendered_conversation(self, row: dict[str, Any]) -> Rendered:
+    def rendered_conversation(self, row: BlockRow) -> Rendered:
         conversations = self.conversations
         conv = conversations.row(row["owner_id"])
         if conv["head_block_id"] != row["id"]:
@@ -68,7 +69,7 @@ class Maintenance:
         tokens, ranges = self.conversation_ledger(conv, document_tokens)
         records = self.vault.records
 
-        def apply(new_row: dict[str, Any]) -> list[str]:
+        def apply(new_row: BlockRow) -> list[str]:
             messages = conversations.message_rows(conv["id"])
             for message, (start, end) in zip(messages, ranges, strict=False):
                 last = message is messages[-1]
@@ -88,14 +89,14 @@ class Maintenance:
             # The other model's checkpoints mean nothing to this one.
             return [
                 b["id"]
-                for b in records.select("blocks", owner_id=conv["id"])
+                for b in records.blocks(owner_id=conv["id"])
                 if b["id"] not in (row["id"], new_row["id"])
             ]
 
         return Rendered(tokens, apply)
 
     def conversation_ledger(
-        self, conv: dict[str, Any], document_tokens: list[int] | None
+        self, conv: ConversationRow, document_tokens: list[int] | None
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """The conversation's ledger rebuilt from its messages for the current model (its
         tokenizer and turn format), and each message's token range: what a conversation
@@ -176,7 +177,7 @@ class Maintenance:
 
     def verify(self, item_id: str | None = None) -> list[VerifyResult]:
         if item_id is None:
-            block_ids = [r["id"] for r in self.vault.records.select("blocks", "created_at")]
+            block_ids = [r["id"] for r in self.vault.records.blocks("created_at")]
         else:
             kind = self.kind_of(item_id)
             if kind == "conversation":
@@ -202,7 +203,7 @@ class Maintenance:
         conversations = (
             [item_id]
             if kind == "conversation"
-            else [r["id"] for r in records.select("conversations", document_id=item_id)]
+            else [r["id"] for r in records.conversations(document_id=item_id)]
         )
         owners = [*conversations, *([item_id] if kind == "document" else [])]
         block_ids = [r["id"] for r in records.select_in("blocks", "owner_id", owners)]
@@ -215,7 +216,7 @@ class Maintenance:
                 records.delete_in(
                     "part_vectors",
                     "part_id",
-                    [r["id"] for r in records.select("parts", document_id=item_id)],
+                    [r["id"] for r in records.parts(document_id=item_id)],
                 )
                 records.delete("parts", document_id=item_id)
             records.delete_in("routing_log", "id", log_lines)

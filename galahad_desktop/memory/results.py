@@ -451,6 +451,7 @@ class ExportResult:
     bytes: int
     text: str = ""  # when no path was given (the command prints it)
 
+
 NO_GRAFT_PROOF = NO_PROOF
 # Values the core hands out that are defined below it (the window imports them from here).
 __all__ = ["Counters", "ModelInfo", "Progress"]

@@ -64,7 +64,7 @@ class Usage:
         return out
 
     def stats(self) -> MemoryStats:
-        rows = self.vault.records.select("blocks")
+        rows = self.vault.records.blocks()
         history = self.entries()
         session = self.live.stats
         return MemoryStats(

@@ -4,12 +4,12 @@ belong there (links, folders: reported, never followed or removed)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import TMP_PREFIX
 from galahad_desktop.vault import blockfile
-from galahad_desktop.vault.names import AuditReport, block_file_of, tokens_digest
+from galahad_desktop.vault.names import AuditReport, BlockRow, block_file_of, tokens_digest
 
 if TYPE_CHECKING:  # the vault calls the audit with itself: a type, not an import
     from galahad_desktop.vault.vault import Vault
@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # the vault calls the audit with itself: a type, not an impor
 
 def audit(vault: Vault, repair: bool = False) -> AuditReport:
     report = AuditReport()
-    rows: dict[str, dict[str, Any]] = {}
-    all_rows = vault.catalog.select("blocks")
+    rows: dict[str, BlockRow] = {}
+    all_rows = vault.records.blocks()
     report.blocks = len(all_rows)
     for row in all_rows:
         try:

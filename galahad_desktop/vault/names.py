@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -22,7 +23,7 @@ BLOCK_ID = re.compile(r"b-[0-9a-f]{16}")
 _BLOCK_FILE = re.compile(r"(b-[0-9a-f]{16})(-[0-9a-f]{8})?" + re.escape(".gkv"))
 
 
-def block_file_of(row: dict[str, Any]) -> str:
+def block_file_of(row: Mapping[str, Any]) -> str:
     """A block row's file name, checked: only a name this vault writes for this block (an
     edited catalog must not point a read, or a delete, outside the blocks folder)."""
     name = row.get("file_name")
@@ -52,3 +53,84 @@ class AuditReport:
 
 def tokens_digest(tokens: list[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
+
+
+class ConversationRow(TypedDict):
+    """A conversation's catalog record (its title encrypted; the rest sealed or bookkeeping)."""
+
+    id: str
+    document_id: str | None  # a conversation on a document starts from its block
+    head_block_id: str | None  # the latest checkpoint (None: nothing stored yet)
+    n_tokens: int
+    n_messages: int
+    system_prompt: str | None
+    thinking: int
+    created_at: float
+    updated_at: float
+    title_enc: NotRequired[bytes]
+    library: NotRequired[int | None]  # the verified-answer library: on (1), off (0), default
+    model_sha256: NotRequired[str | None]  # the model it was last stored under
+    seal: NotRequired[bytes]
+
+
+class DocumentRow(TypedDict):
+    id: str
+    block_id: str  # the first part's block
+    n_tokens: int
+    n_parts: int
+    source_bytes: int
+    created_at: float
+    name_enc: NotRequired[bytes]
+    text_enc: NotRequired[bytes]
+    seal: NotRequired[bytes]
+
+
+class PartRow(TypedDict):
+    id: str
+    document_id: str
+    part_no: int
+    n_parts: int
+    block_id: str
+    n_tokens: int
+    created_at: float
+    text_enc: NotRequired[bytes]
+    seal: NotRequired[bytes]
+
+
+class BlockRow(TypedDict):
+    """A block's catalog record: where its file is, what it holds, its wrapped key."""
+
+    id: str
+    kind: str  # conversation | document | verified
+    owner_id: str
+    parent_id: str | None  # the link it continues (None: a root)
+    pos_start: int
+    pos_end: int
+    n_tokens: int
+    generation: int
+    fingerprint: str
+    model_sha256: str | None
+    file_name: str
+    file_bytes: int
+    header_sha256: str
+    wrapped_key: bytes
+    tokens_enc: bytes
+    payload_bytes: int
+    capture_ms: float
+    created_at: float
+
+
+class MessageRow(TypedDict):
+    """A message's place (its private fields are bound to it) and its checkpoint."""
+
+    id: str
+    conversation_id: str
+    seq: int
+    role: str  # user | model | document
+    tok_start: int
+    tok_end: int
+    block_id: str | None  # the checkpoint stored after it, while kept
+    created_at: float
+    text_enc: NotRequired[bytes]
+    thought_enc: NotRequired[bytes | None]
+    content_enc: NotRequired[bytes | None]

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.catalog import ENCRYPTED, Catalog
+from galahad_desktop.vault.names import (
+    BlockRow,
+    ConversationRow,
+    DocumentRow,
+    MessageRow,
+    PartRow,
+)
 
 SEALED: dict[str, tuple[str, ...]] = {
     "conversations": (
@@ -54,7 +61,7 @@ def _plain(value: Any) -> Any:
     return {"blob": value.hex()} if isinstance(value, bytes) else value
 
 
-def field_context(table: str, row: dict[str, Any]) -> str:
+def field_context(table: str, row: Mapping[str, Any]) -> str:
     """What a private field of `row` is bound to (beyond its table and column)."""
     if table == "messages":
         return "|".join(
@@ -82,6 +89,36 @@ class Records:
     def get(self, table: str, row_id: str) -> Row | None:
         return self.catalog.get(table, row_id)
 
+    def conversation(self, conversation_id: str) -> ConversationRow | None:
+        return cast("ConversationRow | None", self.catalog.get("conversations", conversation_id))
+
+    def conversations(self, order_by: str | None = None, **equals: Any) -> list[ConversationRow]:
+        rows = self.catalog.select("conversations", order_by, **equals)
+        return cast("list[ConversationRow]", rows)
+
+    def document(self, document_id: str) -> DocumentRow | None:
+        return cast("DocumentRow | None", self.catalog.get("documents", document_id))
+
+    def documents(self, order_by: str | None = None, **equals: Any) -> list[DocumentRow]:
+        return cast("list[DocumentRow]", self.catalog.select("documents", order_by, **equals))
+
+    def block(self, block_id: str) -> BlockRow | None:
+        return cast("BlockRow | None", self.catalog.get("blocks", block_id))
+
+    def blocks(self, order_by: str | None = None, **equals: Any) -> list[BlockRow]:
+        return cast("list[BlockRow]", self.catalog.select("blocks", order_by, **equals))
+
+    def messages(self, conversation_id: str) -> list[MessageRow]:
+        """A conversation's messages in order."""
+        rows = self.catalog.select("messages", "seq", conversation_id=conversation_id)
+        return cast("list[MessageRow]", rows)
+
+    def part(self, part_id: str) -> PartRow | None:
+        return cast("PartRow | None", self.catalog.get("parts", part_id))
+
+    def parts(self, order_by: str | None = None, **equals: Any) -> list[PartRow]:
+        return cast("list[PartRow]", self.catalog.select("parts", order_by, **equals))
+
     def select(self, table: str, order_by: str | None = None, **equals: Any) -> list[Row]:
         return self.catalog.select(table, order_by, **equals)
 
@@ -93,12 +130,13 @@ class Records:
     def count(self, table: str, **equals: Any) -> int:
         return self.catalog.count(table, **equals)
 
-    def insert(self, table: str, row: Row) -> None:
+    def insert(self, table: str, row: Mapping[str, Any]) -> None:
         """Insert a row; a structural record (conversation, document, part, verified
         answer) is sealed as it stands, with what it depends on already in the catalog."""
+        values = dict(row)
         if table in SEALED:
-            row = {**row, "seal": self.seal_value(table, row)}
-        self.catalog.insert(table, row)
+            values["seal"] = self.seal_value(table, values)
+        self.catalog.insert(table, values)
 
     def update(self, table: str, row_id: str, changes: Row) -> None:
         """Change plain columns; call reseal() once a sealed record's changes are done."""
@@ -170,14 +208,14 @@ class Records:
         return str(self._fields().lookup_tag(key, "verified"))
 
     # -- private fields ------------------------------------------------------------------
-    def encrypt(self, table: str, column: str, row: dict[str, Any], text: str) -> bytes:
+    def encrypt(self, table: str, column: str, row: Mapping[str, Any], text: str) -> bytes:
         return bytes(
             self._fields().encrypt_text(
                 text, table, column.removesuffix("_enc"), field_context(table, row)
             )
         )
 
-    def decrypt(self, table: str, column: str, row: dict[str, Any]) -> str:
+    def decrypt(self, table: str, column: str, row: Mapping[str, Any]) -> str:
         return str(
             self._fields().decrypt_text(
                 row.get(column), table, column.removesuffix("_enc"), field_context(table, row)
@@ -185,7 +223,7 @@ class Records:
         )
 
     def add_message(
-        self, row: dict[str, Any], text: str, thought: str = "", content: str = ""
+        self, row: Mapping[str, Any], text: str, thought: str = "", content: str = ""
     ) -> None:
         """Insert a message row (its place in `row`), its private fields bound to that place."""
         row = dict(row)
@@ -198,7 +236,7 @@ class Records:
         )
         self.catalog.insert("messages", row)
 
-    def move_message(self, row: dict[str, Any], changes: dict[str, Any]) -> None:
+    def move_message(self, row: Mapping[str, Any], changes: dict[str, Any]) -> None:
         """Change a message's place (token range, position…): its private fields are
         decrypted under the old place and bound to the new one."""
         moved = {**row, **changes}
@@ -234,7 +272,7 @@ class Records:
             ).encode()
         ).hexdigest()
 
-    def _payload(self, table: str, row: dict[str, Any]) -> str:
+    def _payload(self, table: str, row: Mapping[str, Any]) -> str:
         values: dict[str, Any] = {"scheme": SEAL_SCHEME}
         values.update({k: _plain(row.get(k)) for k in SEALED[table]})
         if table == "conversations":
@@ -243,7 +281,7 @@ class Records:
             values["parts"] = self.part_list(str(row["id"]))
         return json.dumps(values, sort_keys=True)
 
-    def seal_value(self, table: str, row: dict[str, Any]) -> bytes:
+    def seal_value(self, table: str, row: Mapping[str, Any]) -> bytes:
         """The seal for `row` as it stands (for an insert: the row about to be written)."""
         return bytes(
             self._fields().encrypt_text(self._payload(table, row), table, "seal", str(row["id"]))
@@ -255,7 +293,7 @@ class Records:
         if row is not None:
             self.catalog.update(table, row_id, {"seal": self.seal_value(table, row)})
 
-    def check(self, table: str, row: dict[str, Any]) -> None:
+    def check(self, table: str, row: Mapping[str, Any]) -> None:
         """Raise IntegrityError naming the record when it does not match its seal."""
         sealed = row.get("seal")
         try:

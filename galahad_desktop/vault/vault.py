@@ -32,6 +32,7 @@ from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
 from galahad_desktop.vault.names import (
     BLOCK_ID,
     AuditReport,
+    BlockRow,
     block_file_of,
     new_id,
     tokens_digest,
@@ -48,7 +49,7 @@ def _catalog_key_aad(vault_id: str, key_id: str) -> bytes:
 
 @dataclass
 class StoredBlock:
-    row: dict[str, Any]
+    row: BlockRow
     meta: dict[str, Any]
     payload: ctypes.Array[ctypes.c_uint8]  # the vault's reusable buffer: first `size` bytes
     size: int
@@ -339,7 +340,7 @@ class Vault:
         pos_start: int = 0,
         rewrite_of: str | None = None,
         model_sha256: str = "",
-    ) -> dict[str, Any]:
+    ) -> BlockRow:
         """Encrypt and write a block file; return its catalog row, to insert in a transaction.
 
         The file is complete and durable before the row exists; a crash in between leaves an
@@ -391,13 +392,13 @@ class Vault:
             "created_at": header.created_at,
         }
 
-    def block_row(self, block_id: str) -> dict[str, Any]:
-        row = self.catalog.get("blocks", block_id)
+    def block_row(self, block_id: str) -> BlockRow:
+        row = self.records.block(block_id)
         if row is None:
             raise NotFoundError(f"No stored block has the id '{block_id}'.")
         return row
 
-    def block_tokens(self, row: dict[str, Any]) -> list[int]:
+    def block_tokens(self, row: BlockRow) -> list[int]:
         try:
             raw = self.fields.decrypt_bytes(row["tokens_enc"], "blocks", "tokens", row["id"])
         except crypto.DecryptionFailed:
@@ -406,7 +407,7 @@ class Vault:
             ) from None
         return list(np.frombuffer(raw, dtype="<i4").tolist())
 
-    def _check_header(self, row: dict[str, Any], header: blockfile.BlockHeader) -> None:
+    def _check_header(self, row: BlockRow, header: blockfile.BlockHeader) -> None:
         expected = {
             "block_id": row["id"],
             "kind": row["kind"],
@@ -426,7 +427,7 @@ class Vault:
                     "catalog (the file was swapped, replaced by an older copy, or edited)."
                 )
 
-    def _data_key(self, row: dict[str, Any]) -> bytes:
+    def _data_key(self, row: BlockRow) -> bytes:
         master = self._require_master()
         try:
             return crypto.open_sealed(
@@ -481,7 +482,7 @@ class Vault:
             row, meta, payload, header.payload_bytes, tokens, (time.perf_counter() - start) * 1e3
         )
 
-    def chain_rows(self, block_id: str) -> list[dict[str, Any]]:
+    def chain_rows(self, block_id: str) -> list[BlockRow]:
         """The block and its ancestors, root first. Each link must start where its parent
         ends; a missing parent or a loop is an IntegrityError."""
         chain = [self.block_row(block_id)]
@@ -490,7 +491,7 @@ class Vault:
             parent_id = chain[-1]["parent_id"]
             if parent_id in seen or len(chain) > MAX_CHAIN:
                 raise IntegrityError(f"The chain of block {block_id} loops; refused.")
-            parent = self.catalog.get("blocks", parent_id)
+            parent = self.records.block(parent_id)
             if parent is None:
                 raise IntegrityError(
                     f"Block {chain[-1]['id']} continues block {parent_id}, which is missing."

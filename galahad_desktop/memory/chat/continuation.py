@@ -12,7 +12,6 @@ The original conversation is never changed.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
@@ -21,6 +20,7 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
+from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.vault import new_id
 
 SUMMARY_TOKENS = 384
@@ -90,14 +90,14 @@ class Continuation:
             - 32,
         )
 
-    def _transcript(self, conv: dict[str, Any]) -> str:
+    def _transcript(self, conv: ConversationRow) -> str:
         lines = []
         for m in self.conversations.messages(conv["id"]):
             who = {"user": "User", "model": "Assistant", "document": "Document"}[m.role]
             lines.append(f"{who}: {m.text}")
         return "\n\n".join(lines)
 
-    def _transcript_tokens(self, conv: dict[str, Any]) -> int:
+    def _transcript_tokens(self, conv: ConversationRow) -> int:
         return len(self.live.engine.encode_text(self._transcript(conv)))
 
     def with_summary(
@@ -129,17 +129,15 @@ class Continuation:
             job.silent(),  # the summary is shown once written, not streamed
         )
         summary = generation.text.strip() or "(the model wrote no summary)"
-        new_id_ = self._start(
-            conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, job
-        )
+        new_id_ = self._start(conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, job)
         return Continued(new_id_, "summary", len(prompt) + len(generation.tokens), 0, summary)
 
     # -- the documents and the last turns ---------------------------------------------------
-    def _recent_plan(self, conv: dict[str, Any], needed: int) -> tuple[int, int] | None:
+    def _recent_plan(self, conv: ConversationRow, needed: int) -> tuple[int, int] | None:
         """(messages kept, tokens re-read) for the most recent whole turns that fit."""
         engine = self.live.engine
         turns = engine.turns
-        base = conv["document_id"] and self.vault.records.get("documents", conv["document_id"])
+        base = conv["document_id"] and self.vault.records.document(conv["document_id"])
         start = (base["n_tokens"] if base else len(turns.start())) + len(turns.probe)
         pairs = self._pairs(conv)
         kept, cost = 0, 0
@@ -151,7 +149,7 @@ class Continuation:
             cost += size
         return (kept, cost) if kept else None
 
-    def _pairs(self, conv: dict[str, Any]) -> list[tuple[str, str, int]]:
+    def _pairs(self, conv: ConversationRow) -> list[tuple[str, str, int]]:
         turns = self.live.engine.turns
         messages = self.conversations.messages(conv["id"])
         rows = self.conversations.message_rows(conv["id"])
@@ -194,7 +192,7 @@ class Continuation:
     # -- the new conversation -----------------------------------------------------------
     def _start(
         self,
-        conv: dict[str, Any],
+        conv: ConversationRow,
         pairs: list[tuple[str, str]],
         document_id: str | None,
         job: Job,

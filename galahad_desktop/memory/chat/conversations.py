@@ -17,7 +17,7 @@ from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, NotFoundError, check_text
+from galahad_desktop.errors import InputError, IntegrityError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
@@ -28,6 +28,7 @@ from galahad_desktop.memory.results import (
     TurnResult,
 )
 from galahad_desktop.settings import SYSTEM_PROMPTS, coerce
+from galahad_desktop.vault.names import BlockRow, ConversationRow, DocumentRow, MessageRow
 from galahad_desktop.vault.vault import new_id
 
 TITLE_CHARS = 60
@@ -44,22 +45,22 @@ class Conversations:
         return self.live.engine
 
     # -- records -------------------------------------------------------------------------
-    def row(self, conversation_id: str) -> dict[str, Any]:
-        row = self.records.get("conversations", conversation_id)
+    def row(self, conversation_id: str) -> ConversationRow:
+        row = self.records.conversation(conversation_id)
         if row is None:
             raise NotFoundError(f"No conversation has the id '{conversation_id}'.")
         return row
 
-    def document_row(self, document_id: str) -> dict[str, Any]:
-        row = self.records.get("documents", document_id)
+    def document_row(self, document_id: str) -> DocumentRow:
+        row = self.records.document(document_id)
         if row is None:
             raise NotFoundError(f"No document has the id '{document_id}'.")
         return row
 
-    def title(self, row: dict[str, Any]) -> str:
+    def title(self, row: ConversationRow) -> str:
         return self.records.decrypt("conversations", "title_enc", row)
 
-    def summary(self, r: dict[str, Any]) -> ConversationSummary:
+    def summary(self, r: ConversationRow) -> ConversationSummary:
         return ConversationSummary(
             r["id"],
             self.title(r),
@@ -73,10 +74,10 @@ class Conversations:
         )
 
     def summaries(self) -> list[ConversationSummary]:
-        return [self.summary(r) for r in self.records.select("conversations", "updated_at desc")]
+        return [self.summary(r) for r in self.records.conversations("updated_at desc")]
 
-    def message_rows(self, conversation_id: str) -> list[dict[str, Any]]:
-        return self.records.select("messages", "seq", conversation_id=conversation_id)
+    def message_rows(self, conversation_id: str) -> list[MessageRow]:
+        return self.records.messages(conversation_id)
 
     def messages(self, conversation_id: str) -> list[Message]:
         """The transcript, checked against the conversation's seal first: an edited,
@@ -97,7 +98,7 @@ class Conversations:
             for r in self.message_rows(conversation_id)
         ]
 
-    def document_content(self, row: dict[str, Any]) -> str:
+    def document_content(self, row: MessageRow) -> str:
         """The text of a document put into the conversation (kept, encrypted, so the turn
         can be re-read under another model or in a continuation)."""
         if not row.get("content_enc"):
@@ -117,7 +118,7 @@ class Conversations:
         """Who may own the links of an owner's chains: itself and, for a conversation on a
         document, that document (its block is the chain's root)."""
         owners = {owner_id}
-        conv = self.records.get("conversations", owner_id)
+        conv = self.records.conversation(owner_id)
         if conv is not None and conv["document_id"]:
             owners.add(conv["document_id"])
         return owners
@@ -198,13 +199,13 @@ class Conversations:
         max_tokens, at most 512 counted here) and the turn's closing and the next opening."""
         return int(min(max(self.live.settings.get("max_tokens"), 8), 512)) + 16
 
-    def system_text(self, conv: dict[str, Any]) -> str:
+    def system_text(self, conv: ConversationRow) -> str:
         return SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
 
     # -- grafting the conversation -------------------------------------------------------
     def ensure_live(
         self,
-        conv: dict[str, Any],
+        conv: ConversationRow,
         counters: Counters,
         job: Job = NO_JOB,
         seal_checked: bool = False,
@@ -327,7 +328,7 @@ class Conversations:
         records = self.records
         now = time.time()
         with self.vault.transaction():
-            branch = {
+            branch: ConversationRow = {
                 "id": branch_id,
                 "document_id": conv["document_id"],
                 "head_block_id": None,
@@ -367,8 +368,8 @@ class Conversations:
 
     def rewind(
         self,
-        conv: dict[str, Any],
-        rows: list[dict[str, Any]],
+        conv: ConversationRow,
+        rows: list[MessageRow],
         seq: int,
         counters: Counters,
         job: Job,
@@ -380,13 +381,17 @@ class Conversations:
         self.records.check("conversations", conv)
         live.drop()
         if seq == 0:
-            start_conv = {**conv, "head_block_id": None}
+            start_conv = conv.copy()
+            start_conv["head_block_id"] = None
             return self.ensure_live(start_conv, counters, job, seal_checked=True), None
         checkpoint = rows[seq - 1]["block_id"]
-        if checkpoint and self.records.get("blocks", checkpoint) is not None:
+        if checkpoint and self.records.block(checkpoint) is not None:
             return live.graft(checkpoint, conv["id"], counters, job), checkpoint
         # The checkpoint was retired (only the latest ones are kept): re-read the prefix.
-        prefix = self.vault.chain_tokens(conv["head_block_id"])[: rows[seq]["tok_start"]]
+        head = conv["head_block_id"]
+        if head is None:
+            raise IntegrityError(f"Conversation {conv['id']} has messages but no checkpoint.")
+        prefix = self.vault.chain_tokens(head)[: rows[seq]["tok_start"]]
         engine.reset()
         counters.prefill_ms += engine.evaluate(prefix, job)
         counters.recomputed_tokens += len(prefix)
@@ -407,7 +412,7 @@ class Conversations:
 
     def turn(
         self,
-        conv: dict[str, Any],
+        conv: ConversationRow,
         text: str,
         counters: Counters,
         graft: GraftReport | None,
@@ -492,7 +497,7 @@ class Conversations:
             reread_tokens=reread,
         )
 
-    def live_parent(self, conv: dict[str, Any], grafted: str | None) -> str | None:
+    def live_parent(self, conv: ConversationRow, grafted: str | None) -> str | None:
         """The block this turn continues (its chain parent): what the context was grafted
         from, when it belongs to this conversation or its document. A branch starts a new
         chain, so forgetting the original never breaks it."""
@@ -507,8 +512,8 @@ class Conversations:
 
     def commit_turn(
         self,
-        conv: dict[str, Any],
-        row: dict[str, Any],
+        conv: ConversationRow,
+        row: BlockRow,
         seq: int,
         text: str,
         reply: str,
@@ -537,7 +542,7 @@ class Conversations:
         )
         if not self.live.settings.get("chain_blocks"):
             # Whole-state turns: keep the newest `checkpoints` of them.
-            owned = records.select("blocks", "generation desc", owner_id=conv["id"])
+            owned = records.blocks("generation desc", owner_id=conv["id"])
             kept = [r["id"] for r in owned if r["id"] not in retired]
             retired += [
                 b

@@ -28,6 +28,7 @@ from galahad_desktop.errors import IntegrityError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
+from galahad_desktop.vault.names import BlockRow
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,11 @@ class Rendered:
     the ids of the owner's blocks made useless by the change, to delete."""
 
     tokens: list[int]
-    apply: Callable[[dict[str, Any]], list[str]] | None = None
+    apply: Callable[[BlockRow], list[str]] | None = None
 
 
 class LedgerSource(Protocol):
-    def __call__(self, row: dict[str, Any]) -> Rendered | None: ...
+    def __call__(self, row: BlockRow) -> Rendered | None: ...
 
 
 @dataclass(frozen=True)
@@ -198,9 +199,7 @@ class LiveContext:
             return self.reread(row, OTHER_MODEL if other else MODEL_CHANGED, counters, job)
         restore_ms, n_tokens, result = self.restore_and_prove(block_id, self.chain_owners(owner_id))
         if result.verdict == "diverged":
-            return self.reread(
-                row, f"the graft proof diverged (KL {result.kl:.2e})", counters, job
-            )
+            return self.reread(row, f"the graft proof diverged (KL {result.kl:.2e})", counters, job)
         counters.restored_tokens += n_tokens
         counters.restore_ms += restore_ms
         counters.proof_ms += result.proof_ms
@@ -212,7 +211,7 @@ class LiveContext:
 
     def reread(
         self,
-        row: dict[str, Any],
+        row: BlockRow,
         reason: str,
         counters: Counters,
         job: Job = NO_JOB,
@@ -278,7 +277,7 @@ class LiveContext:
         generation: int,
         counters: Counters | None = None,
         parent_end: int | None = None,
-    ) -> tuple[dict[str, Any], proofs.ProofRecord]:
+    ) -> tuple[BlockRow, proofs.ProofRecord]:
         """Capture the context at a turn boundary, evaluate the probe, write the block file.
 
         With a parent (the block the context was grafted from), the block holds only the
@@ -373,5 +372,5 @@ class LiveContext:
             return None
 
     def next_generation(self, owner_id: str) -> int:
-        rows = self.vault.records.select("blocks", owner_id=owner_id)
+        rows = self.vault.records.blocks(owner_id=owner_id)
         return 1 + max([int(r["generation"]) for r in rows] or [0])

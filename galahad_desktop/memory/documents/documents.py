@@ -23,6 +23,7 @@ from galahad_desktop.memory.documents.extraction import (
     split_for_parts,
 )
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
+from galahad_desktop.vault.names import BlockRow, DocumentRow, PartRow
 from galahad_desktop.vault.vault import new_id
 
 log = logging.getLogger(__name__)
@@ -51,26 +52,26 @@ class Documents:
         return self.live.engine
 
     # -- records -------------------------------------------------------------------------
-    def row(self, document_id: str) -> dict[str, Any]:
+    def row(self, document_id: str) -> DocumentRow:
         return self.conversations.document_row(document_id)
 
-    def name(self, row: dict[str, Any]) -> str:
+    def name(self, row: DocumentRow) -> str:
         return self.live.records.decrypt("documents", "name_enc", row)
 
     def text(self, document_id: str) -> str:
         row = self.row(document_id)
         return self.live.records.decrypt("documents", "text_enc", row)
 
-    def part_rows(self, document_id: str | None = None) -> list[dict[str, Any]]:
+    def part_rows(self, document_id: str | None = None) -> list[PartRow]:
         if document_id is None:
-            return self.records.select("parts", "document_id, part_no")
-        return self.records.select("parts", "part_no", document_id=document_id)
+            return self.records.parts("document_id, part_no")
+        return self.records.parts("part_no", document_id=document_id)
 
-    def part_text(self, part: dict[str, Any]) -> str:
+    def part_text(self, part: PartRow) -> str:
         return self.live.records.decrypt("parts", "text_enc", part)
 
-    def part_row(self, part_id: str) -> dict[str, Any]:
-        part = self.records.get("parts", part_id)
+    def part_row(self, part_id: str) -> PartRow:
+        part = self.records.part(part_id)
         if part is None:
             raise NotFoundError(f"No document part has the id '{part_id}'.")
         return part
@@ -84,8 +85,8 @@ class Documents:
 
     def summaries(self) -> list[DocumentSummary]:
         out = []
-        for r in self.records.select("documents", "created_at desc"):
-            block = self.records.get("blocks", r["block_id"])
+        for r in self.records.documents("created_at desc"):
+            block = self.records.block(r["block_id"])
             out.append(
                 DocumentSummary(
                     r["id"],
@@ -165,7 +166,7 @@ class Documents:
 
     def rendered_part(self, block_id: str) -> list[int] | None:
         """A stored part's tokens rebuilt for the current model (None: not a part)."""
-        parts = self.records.select("parts", block_id=block_id)
+        parts = self.records.parts(block_id=block_id)
         if not parts:
             return None
         part = parts[0]
@@ -173,8 +174,8 @@ class Documents:
         name = self.name(document)
         overlap = ""
         if part["part_no"] > 1:
-            previous = self.records.select(
-                "parts", document_id=part["document_id"], part_no=part["part_no"] - 1
+            previous = self.records.parts(
+                document_id=part["document_id"], part_no=part["part_no"] - 1
             )
             if previous:
                 overlap = overlap_tail(
@@ -234,7 +235,7 @@ class Documents:
         prefill_ms = capture_ms = 0.0
         persist_start = time.perf_counter()
         persist_ms = 0.0
-        rows: list[dict[str, Any]] = []
+        rows: list[BlockRow] = []
         done = 0
         try:
             for number, part in enumerate(plan, start=1):
@@ -256,7 +257,7 @@ class Documents:
                     self.records.insert("blocks", row)
                 for index, (row, part) in enumerate(zip(rows, plan, strict=True)):
                     piece = part.text
-                    part_row: dict[str, Any] = {
+                    part_row: PartRow = {
                         "id": new_id("p"),
                         "document_id": document_id,
                         "part_no": index + 1,
@@ -268,7 +269,7 @@ class Documents:
                     part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, piece)
                     self.records.insert("parts", part_row)
                     added.append((part_row["id"], document_id, index + 1, len(plan), piece))
-                document: dict[str, Any] = {
+                document: DocumentRow = {
                     "id": document_id,
                     "block_id": rows[0]["id"],
                     "n_tokens": total,

@@ -24,6 +24,7 @@ from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import AskResult
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
+from galahad_desktop.vault.names import PartRow
 from galahad_desktop.vault.vault import Vault, new_id
 
 ROUTING_LOG_KEEP = 1000
@@ -141,7 +142,7 @@ class Routing:
             )
             self._index_model = model
             docs = self.documents
-            by_document: dict[str, list[dict[str, Any]]] = {}
+            by_document: dict[str, list[PartRow]] = {}
             for row in docs.part_rows():
                 by_document.setdefault(row["document_id"], []).append(row)
             for document_id, rows in by_document.items():
@@ -212,9 +213,7 @@ class Routing:
             "part_id": part_id or (decision.best.part_id if decision.best else None),
         }
         with self.vault.transaction():
-            self.vault.records.log(
-                "routing_log", new_id("r"), time.time(), entry, ROUTING_LOG_KEEP
-            )
+            self.vault.records.log("routing_log", new_id("r"), time.time(), entry, ROUTING_LOG_KEEP)
 
     def _entries(self) -> list[tuple[str, float, dict[str, Any]]]:
         return self.vault.records.log_entries("routing_log")
@@ -264,7 +263,7 @@ class Routing:
             part_id = decision.best.part_id
         else:
             self.log(decision, "chosen", part_id)
-        part = self.vault.records.get("parts", part_id)
+        part = self.vault.records.part(part_id)
         if part is None:
             raise NotFoundError(f"No document part has the id '{part_id}'.")
         if document_id is not None and part["document_id"] != document_id:

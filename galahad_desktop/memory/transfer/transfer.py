@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.errors import CancelledError, InputError
@@ -26,6 +25,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.memory.transfer import formats
 from galahad_desktop.system.files import atomic_write_bytes, check_export_destination
+from galahad_desktop.vault.names import BlockRow, ConversationRow
 from galahad_desktop.vault.vault import new_id
 
 
@@ -102,7 +102,7 @@ class Transfer:
         counters = Counters()
         live.drop()
         engine.reset()
-        rows: list[dict[str, Any]] = []
+        rows: list[BlockRow] = []
         boundaries: list[tuple[int, int, int]] = []
         read = 0
         try:
@@ -155,7 +155,7 @@ class Transfer:
         self,
         conversation_id: str,
         conversation: formats.ImportedConversation,
-        rows: list[dict[str, Any]],
+        rows: list[BlockRow],
         boundaries: list[tuple[int, int, int]],
     ) -> None:
         records = self.live.records
@@ -166,7 +166,7 @@ class Transfer:
         with self.vault.transaction():
             for row in rows:
                 records.insert("blocks", row)
-            conv: dict[str, Any] = {
+            conv: ConversationRow = {
                 "id": conversation_id,
                 "document_id": None,
                 "head_block_id": rows[-1]["id"],

@@ -30,6 +30,7 @@ from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import MODEL_CHANGED, LiveContext, Rendered
 from galahad_desktop.memory.results import LibraryUse, TurnResult
 from galahad_desktop.memory.verified.verifiers import Verdict, normalize, verifier_for
+from galahad_desktop.vault.names import BlockRow, ConversationRow
 from galahad_desktop.vault.vault import new_id, tokens_digest
 
 GATE = 0.6  # similarity needed for transfer
@@ -112,8 +113,8 @@ class VerifiedLibrary:
         engine, vault = self.live.engine, self.vault
         records = self.live.records
         lookup = records.lookup_tag(key)
-        for row in records.verified_matching(key):
-            self.remove(row["id"])  # one entry per problem: the newest verified answer
+        for old in records.verified_matching(key):
+            self.remove(old["id"])  # one entry per problem: the newest verified answer
         entry_id = new_id("v")
         tokens, user_start, user_end = self.tokens_for(question, answer)
         if len(tokens) + 64 > engine.n_ctx:
@@ -161,7 +162,7 @@ class VerifiedLibrary:
         tokens = user + self.live.engine.encode_text(answer) + turns.model_close
         return tokens, len(start) - len(turns.probe), len(user)
 
-    def rendered(self, row: dict[str, Any]) -> Rendered | None:
+    def rendered(self, row: BlockRow) -> Rendered | None:
         """An entry's ledger rebuilt for the current model."""
         entries = self.vault.records.select("verified", block_id=row["id"])
         if not entries:
@@ -169,7 +170,7 @@ class VerifiedLibrary:
         entry = self._entry(entries[0])
         tokens, user_start, user_end = self.tokens_for(entry.question, entry.answer)
 
-        def apply(new_row: dict[str, Any]) -> list[str]:
+        def apply(new_row: BlockRow) -> list[str]:
             verdict = {**entry.verdict, "boundaries": [user_start, user_end, len(tokens)]}
             self.vault.records.update(
                 "verified",
@@ -214,7 +215,7 @@ class VerifiedLibrary:
         row = vault.records.get("verified", entry_id)
         if row is None:
             raise NotFoundError(f"No verified answer has the id '{entry_id}'.")
-        blocks = [r["id"] for r in vault.records.select("blocks", owner_id=entry_id)]
+        blocks = [r["id"] for r in vault.records.blocks(owner_id=entry_id)]
         with vault.transaction():
             vault.records.delete("verified", id=entry_id)
             vault.delete_block_rows(blocks)
@@ -327,7 +328,7 @@ class VerifiedLibrary:
         return result
 
     def _recur_fresh(
-        self, conv: dict[str, Any], question: str, entry: Entry, counters: Counters
+        self, conv: ConversationRow, question: str, entry: Entry, counters: Counters
     ) -> TurnResult:
         """Graft the verified block as the conversation's first turn: zero decode tokens,
         zero recomputed; the conversation's checkpoint is the same state, re-keyed."""
@@ -393,7 +394,7 @@ class VerifiedLibrary:
 
     def _recur_append(
         self,
-        conv: dict[str, Any],
+        conv: ConversationRow,
         question: str,
         entry: Entry,
         counters: Counters,
