@@ -73,6 +73,9 @@ class CancelledError(GalahadError):
     exit_code = 130
 
 
+MAX_TITLE_CHARS = 200  # a conversation's title, typed (rename) or imported
+
+
 def check_text(text: str, what: str) -> str:
     """Refuse text the model or the catalog cannot hold faithfully: NUL characters (C
     strings end there, so the model would read less than is stored) and lone surrogates

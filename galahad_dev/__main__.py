@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
             "crashes",
             "hostile",
             "flywheel",
+            "import",
+            "destinations",
         ],
     )
     ev.add_argument("--tokens", type=int, default=200_000, help="memory: tokens to deposit")
@@ -60,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="flywheel: store the verifier's answer when the model fails",
     )
-    ev.add_argument("--mutations", type=int, default=1000, help="tamper, catalog: mutations to try")
+    ev.add_argument(
+        "--mutations", type=int, default=1000, help="tamper, catalog, import: mutations to try"
+    )
     ev.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
     ev.add_argument("--blocks", type=int, default=64)
     ev.add_argument("--block-tokens", type=int, default=2000)
@@ -160,6 +164,14 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             from galahad_dev.catalog_fuzz import catalog_fuzz
 
             result = catalog_fuzz(args.mutations, args.seed, log)
+        elif args.kind == "import":
+            from galahad_dev.import_fuzz import import_fuzz
+
+            result = import_fuzz(args.mutations, args.seed, log)
+        elif args.kind == "destinations":
+            from galahad_dev.destinations import destination_matrix
+
+            result = destination_matrix(log)
         elif args.kind == "crashes":
             result = hardening.crash_trials(args.trials, args.seed, log)
         else:

@@ -14,7 +14,7 @@ import pytest
 from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
-from tests import import_fixtures
+from galahad_dev import import_samples as import_fixtures
 from tests.helpers import story
 
 CoreFactory = Callable[..., Galahad]

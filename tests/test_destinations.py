@@ -177,3 +177,22 @@ def test_a_closed_pipe_ends_the_command_quietly(store: tuple[Path, str]) -> None
         reader.wait()
         assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
         assert proc.returncode in (0, 3, 141)
+
+
+def test_the_destination_matrix_changes_nothing_and_writes_only_where_allowed() -> None:
+    """Export, backup and restore against every kind of place (docs/reliability.md has the
+    table): no internal error, the data directory intact after every cell."""
+    from galahad_dev.destinations import PLACES, destination_matrix
+
+    result = destination_matrix(lambda _line: None)
+    assert result["problems"] == []
+    rows = {row["destination"]: row for row in result["rows"]}
+    assert list(rows) == list(PLACES)
+    for kind in ("inside the data directory", "an existing file", "a symbolic link", "a FIFO"):
+        assert rows[kind]["export"].startswith("refused, exit 4"), rows[kind]
+        assert rows[kind]["backup"].startswith("refused, exit 4"), rows[kind]
+    assert rows["a symbolic link"]["restore"].startswith("refused, exit 5")  # never followed
+    assert rows["a directory"]["restore"] == "written"  # a real backup restores
+    if os.geteuid() == 0:  # a tmpfs can be mounted (CI runs as root)
+        assert rows["a full disk"]["export"].startswith("refused, exit 11")
+        assert rows["a read-only folder"]["backup"].startswith("refused, exit 10")

@@ -21,7 +21,7 @@ from galahad_desktop.memory.results import TurnResult
 from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
-from tests import import_fixtures
+from galahad_dev import import_samples as import_fixtures
 from tests.helpers import story
 
 pytestmark = [

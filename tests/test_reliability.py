@@ -533,6 +533,13 @@ def test_every_error_the_core_raises_is_a_galahad_error(make_fake_core: CoreFact
         flipped = bytes([blob[0], blob[1] ^ 1, *blob[2:]])
         _edit(core.data_dir, (f"UPDATE {table} SET {column} = ? WHERE id = ?", (flipped, row_id)))
         again = make_fake_core()
+        if table == "conversations":  # a damaged title is listed, marked, never shown
+            [listed] = [c for c in again.list_conversations() if c.id == row_id]
+            assert listed.damaged and listed.title == "(damaged record)"
+            assert any(row_id in p for p in again.audit().problems)
+            again.close()
+            _edit(core.data_dir, (f"UPDATE {table} SET {column} = ? WHERE id = ?", (blob, row_id)))
+            continue
         with pytest.raises(GalahadError) as refused:
             again.list_conversations()
             again.messages(conversation)

@@ -264,3 +264,71 @@ def test_a_document_without_spaces_is_stored_routed_and_grafted_exactly(
     part = core.documents.part_text(core.documents.part_row(answer.part_id))
     assert needle in part
     assert answer.graft is not None and answer.graft.proof.verdict == "exact"
+
+
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
+def test_hostile_imports_damaged_restores_and_a_crash_after_a_refused_restore(
+    tmp_path: Path,
+) -> None:
+    """#26 through the command, with the real keyring: a wrong-typed import exits 4 naming
+    the field; a damaged backup is refused (exit 5) and the directory is untouched; a
+    restore refused because `galahad chat` runs, then a SIGKILL of that chat, leaves the
+    directory openable (the refused restore moved no counter)."""
+    import json
+
+    from galahad_dev import import_samples
+
+    data, backup = tmp_path / "data", tmp_path / "backup"
+    conversation = cli_json(
+        "chat", "--message", "Remember: heron.", "--max-tokens", "4", data_dir=data
+    )["conversation_id"]
+    export = import_samples.chatgpt_export(tmp_path / "conversations.json")
+    items = json.loads(export.read_text())
+    items[0]["mapping"] = "not a tree"
+    export.write_text(json.dumps(items))
+    proc = run_cli("import", str(export), data_dir=data, check=False)
+    assert proc.returncode == 4 and "'mapping' should be an object" in proc.stderr
+    _one_clear_line(proc)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for command in (("import", str(fifo)), ("keys", "import", "/dev/zero")):
+        started = time.monotonic()
+        proc = run_cli(*command, data_dir=data, check=False, timeout=60)
+        assert proc.returncode == 4 and time.monotonic() - started < 30, proc.stderr
+        _one_clear_line(proc)
+
+    cli_json("backup", str(backup), data_dir=data)
+    conn = sqlite3.connect(backup / "catalog.sqlite")
+    with conn:
+        conn.execute("UPDATE conversations SET n_messages = n_messages + 2")
+    conn.close()
+    shown = run_cli("show", conversation, data_dir=data).stdout
+    proc = run_cli("restore", str(backup), data_dir=data, check=False)
+    assert proc.returncode == 5 and "did not pass the audit" in proc.stderr, proc.stderr
+    _one_clear_line(proc)
+    assert run_cli("show", conversation, data_dir=data).stdout == shown
+    assert not list(tmp_path.glob("data.before-restore-*"))
+
+    good = tmp_path / "good-backup"
+    cli_json("backup", str(good), data_dir=data)
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "galahad_desktop.cli", "--data-dir", str(data), "chat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the chat holds the directory once it is open
+            busy = run_cli("list", data_dir=data, check=False)
+            if busy.returncode == 8:
+                break
+            time.sleep(0.5)
+        proc = run_cli("restore", str(good), data_dir=data, check=False)
+        assert proc.returncode == 8, proc.stderr
+    finally:
+        chat.send_signal(signal.SIGKILL)
+        chat.communicate(timeout=30)
+    assert run_cli("show", conversation, data_dir=data).stdout == shown  # opens: no lock-out

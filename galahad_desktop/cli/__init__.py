@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from galahad_desktop import __version__
 from galahad_desktop.cli import chat, documents, measure, models, store, verified
-from galahad_desktop.cli.common import Output, add_common, open_core
+from galahad_desktop.cli.common import Output, add_common, open_core, printable
 from galahad_desktop.errors import CancelledError, GalahadError, as_user_error
 
 INTERNAL_ERROR_EXIT = 70
@@ -67,7 +67,7 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
 
 
 def _fail(out: Output, message: str, kind: str, code: int) -> int:
-    print(f"galahad: {message}", file=sys.stderr)
+    print(f"galahad: {printable(message)}", file=sys.stderr)
     if out.as_json:
         print(json.dumps({"error": message, "kind": kind, "exit_code": code}))
     return code

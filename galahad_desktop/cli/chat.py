@@ -70,6 +70,7 @@ def run_turn(
 
 
 def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
+    info = core.info()  # the model loads first: one that does not leaves nothing behind
     conversation_id = args.conversation or core.new_conversation(
         document_id=args.document, system_prompt=args.system, thinking=args.thinking
     )
@@ -80,7 +81,6 @@ def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         if out.as_json:
             out.result(result, "")
         return 0
-    info = core.info()
     if info.model.kind != "chat":
         out.info(f"Model: {info.model.name} — a {info.model.label}.")
     if args.conversation:
@@ -116,7 +116,11 @@ def cmd_resume(core: Galahad, out: Output, args: argparse.Namespace) -> int:
 def cmd_list(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     conversations = core.list_conversations()
     documents = core.list_documents()
-    lines = [f"{c.id}  {c.n_tokens:>7,} tok  {c.title or '(untitled)'}" for c in conversations]
+    lines = [
+        f"{c.id}  {c.n_tokens:>7,} tok  {c.title or '(untitled)'}"
+        + (f"  [damaged: {c.damaged}; run galahad audit]" if c.damaged else "")
+        for c in conversations
+    ]
     lines += [
         f"{d.id}  {d.n_tokens:>7,} tok  {d.name}"
         + (f"  ({d.n_parts} parts)" if d.n_parts > 1 else "")

@@ -24,13 +24,21 @@ from galahad_desktop.paths import DATA_DIR_ENV, default_data_dir
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
 
-# Terminal control sequences a file name or a model's text could carry: never print them raw.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Terminal control sequences a file name or a model's text could carry, and the bidirectional
+# overrides that make a terminal show text in another order (U+202E): never printed raw.
+_CONTROL = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def printable(text: str) -> str:
-    """Text safe for a terminal: control characters (escape sequences) shown as codes."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Text safe for a terminal: control and text-direction characters shown as codes."""
+    return _CONTROL.sub(lambda m: _code(m.group()), text)
+
+
+def _code(char: str) -> str:
+    value = ord(char)
+    return f"\\x{value:02x}" if value < 0x100 else f"\\u{value:04x}"
 
 
 class Output:

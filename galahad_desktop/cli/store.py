@@ -72,7 +72,10 @@ def cmd_keys(args: argparse.Namespace, out: Output) -> int:
             raise InputError("Give the recovery kit to import: galahad keys import KIT.")
         data_dir = data_dir_of(args)
         imported = Galahad.import_recovery_kit(
-            data_dir, args.file, recovery_passphrase(False), passphrase_for(args, data_dir)
+            data_dir,
+            args.file,
+            lambda: recovery_passphrase(False),  # asked once the kit was read and checked
+            passphrase_for(args, data_dir),
         )
         out.result(
             {"imported": imported},

@@ -504,17 +504,23 @@ class Galahad:
         (accepting its older generation) and audited before what was there is set aside."""
 
         def check(path: Path) -> AuditReport:
-            vault = Vault(path, open_keystore(path, passphrase), accept_older=True)
+            vault = Vault(path, open_keystore(path, passphrase), inspect_only=True)
             try:
                 return vault.audit()
             finally:
                 vault.close()
 
-        return custody.restore(Path(backup_dir), Path(data_dir), check)
+        def accept(path: Path) -> None:
+            Vault(path, open_keystore(path, passphrase), accept_older=True).close()
+
+        return custody.restore(Path(backup_dir), Path(data_dir), check, accept)
 
     @staticmethod
     def import_recovery_kit(
-        data_dir: Path, kit: Path, kit_passphrase: str, passphrase: str | None = None
+        data_dir: Path,
+        kit: Path,
+        kit_passphrase: str | Callable[[], str],
+        passphrase: str | None = None,
     ) -> list[str]:
         keystore = open_keystore(Path(data_dir), passphrase)
         return custody.import_kit(Path(data_dir), keystore, Path(kit), kit_passphrase)

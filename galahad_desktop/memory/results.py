@@ -173,6 +173,7 @@ class ConversationSummary:
     created_at: float = 0.0
     thinking: bool = False
     model_sha256: str = ""
+    damaged: str = ""  # why its record does not open (it is listed, marked, never hidden)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,24 @@ def read_regular_file(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
+def open_plain_file(path: Path) -> BinaryIO | None:
+    """`path` opened for reading if it is a regular file itself, else None: a symbolic link
+    is never followed (O_NOFOLLOW; an lstat check where there is none), and a FIFO or a
+    device is never opened for reading (the open does not block, the type is checked)."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    nonblocking = getattr(os, "O_NONBLOCK", 0)
+    try:
+        if not nofollow and stat.S_ISLNK(os.lstat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | O_BINARY | nofollow | nonblocking)
+    except OSError:
+        return None  # missing, a link (ELOOP), unreadable
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 def check_export_destination(path: Path, protected: Path, force: bool) -> Path:
     """Where an export may be written: a new file (or, with `force`, an existing regular
     file), never through a symbolic link, never a device or a FIFO, never inside

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from galahad_desktop.errors import (
+    DiskFullError,
     GalahadError,
     InputError,
     IntegrityError,
@@ -42,9 +43,11 @@ from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import (
     atomic_write_bytes,
     fsync_dir,
+    open_plain_file,
     open_private,
     read_regular_file,
 )
+from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.keys import (
     KeyStore,
@@ -52,7 +55,7 @@ from galahad_desktop.vault.keys import (
     check_scrypt_params,
     entry_name,
 )
-from galahad_desktop.vault.names import block_file_of, new_id
+from galahad_desktop.vault.names import AuditReport, block_file_of, new_id
 
 if TYPE_CHECKING:
     from galahad_desktop.vault.vault import Vault
@@ -60,6 +63,10 @@ if TYPE_CHECKING:
 KIT_FORMAT = "galahad-recovery-kit/1"
 KIT_SCRYPT = (2**16, 8, 1)
 MIN_RECOVERY_PASSPHRASE = 12
+MIN_RECOVERY_SCORE = 3  # zxcvbn: 0 (too guessable) … 4 (very unguessable)
+# A kit's scrypt may cost at most twice what Galahad writes: an edited kit asking for the
+# allowed maximum would make every wrong passphrase take many seconds to reject.
+KIT_SCRYPT_MAX = (2**17, 8, 1)
 COPIED_FILES = ("catalog.sqlite", "settings.json", "passphrase-keys.json")
 
 
@@ -104,6 +111,11 @@ def _advance(vault: Vault, generation: int) -> None:
     vault.keystore.put(_generation_entry(vault.vault_id), value)
 
 
+def peek_generation(vault: Vault) -> int:
+    """The catalog's generation, authenticated, without advancing anything."""
+    return _catalog_generation(vault)
+
+
 def open_generation(vault: Vault, accept_older: bool) -> int:
     mine, known = _catalog_generation(vault), _keystore_generation(vault)
     if mine < known and not accept_older:
@@ -142,6 +154,10 @@ class BackupResult:
 
 def _empty_target(dest: Path, what: str) -> Path:
     dest = dest.expanduser()
+    if dest.is_symlink():
+        raise InputError(
+            f"{dest} is a symbolic link; choose a new {what} (links are not followed)."
+        )
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputError(f"{dest} already exists and is not an empty folder; choose a new {what}.")
     if not dest.parent.is_dir():
@@ -150,7 +166,15 @@ def _empty_target(dest: Path, what: str) -> Path:
 
 
 def _copy_file(source: Path, target: Path) -> int:
-    with source.open("rb") as src:
+    """Copy a regular file, never through a link: anything else is an IntegrityError naming
+    it (a backup holding a link could copy /etc/shadow into the data directory)."""
+    src = open_plain_file(source)
+    if src is None:
+        raise IntegrityError(
+            f"{source} is not a regular file (a link, a device or unreadable); refused. "
+            "Nothing was changed."
+        )
+    with src:
         fd = open_private(target)
         with os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(src, out, 4 * 1024 * 1024)
@@ -202,10 +226,16 @@ def backup(vault: Vault, dest: Path) -> BackupResult:
             dest.rmdir()  # the empty folder the user named
         os.replace(tmp, dest)
         fsync_dir(dest.parent)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         with vault.catalog.transaction():
             vault.catalog.delete("backups", id=row["id"])
+        if isinstance(exc, sqlite3.Error):  # SQLite's copy hit a full or read-only disk
+            kind = DiskFullError if "full" in str(exc).lower() else StorageError
+            raise kind(
+                f"The backup could not be written to {dest.parent} ({exc}); nothing was kept "
+                "there and the data directory is unchanged."
+            ) from None
         raise
     return BackupResult(str(dest), files, size, vault.key_id, vault.generation)
 
@@ -233,43 +263,60 @@ class RestoreResult:
 
 
 def restore(
-    backup_dir: Path, data_dir: Path, check: Callable[[Path], Any]
-) -> tuple[RestoreResult, Any]:
-    """Make a backup (or an older copy) the data directory, on purpose. The copy is opened
-    and audited by `check` (which accepts its older generation) before anything is moved:
-    a backup whose key is missing changes nothing. What was there is moved aside, never
-    deleted."""
-    from galahad_desktop.system.lock import DataDirLock
+    backup_dir: Path,
+    data_dir: Path,
+    check: Callable[[Path], AuditReport],
+    accept: Callable[[Path], None],
+) -> tuple[RestoreResult, AuditReport]:
+    """Make a backup (or an older copy) the data directory, on purpose.
 
+    The data directory is locked first (a busy one changes nothing). The backup's regular
+    files are copied into a temporary directory — a link, a device or a FIFO anywhere in it
+    is refused — and `check` audits the copy without touching the rollback counter. Only a
+    copy the audit passes is installed; what was there is moved aside, never deleted; then
+    `accept` opens the new directory as the current generation. A refusal at any step
+    (exit 5 for a damaged backup) leaves the data directory and the counter as they were.
+    """
     backup_dir, data_dir = Path(backup_dir).expanduser(), Path(data_dir).expanduser()
-    if not (backup_dir / "catalog.sqlite").is_file() or not (backup_dir / "blocks").is_dir():
+    catalog = backup_dir / "catalog.sqlite"
+    if backup_dir.is_symlink() or catalog.is_symlink() or (backup_dir / "blocks").is_symlink():
+        raise IntegrityError(f"{backup_dir} holds links where a backup holds files; refused.")
+    if not catalog.is_file() or not (backup_dir / "blocks").is_dir():
         raise InputError(f"{backup_dir} is not a Galahad backup (no catalog and blocks).")
     if backup_dir.resolve() == data_dir.resolve():  # in place: accept it as it is
-        return RestoreResult(str(data_dir), str(backup_dir), None), check(data_dir)
+        report = check(data_dir)
+        accept(data_dir)
+        return RestoreResult(str(data_dir), str(backup_dir), None), report
+    lock: DataDirLock | None = None
+    if data_dir.is_dir() and any(data_dir.iterdir()):
+        lock = DataDirLock(data_dir, 2.0)
+        lock.acquire()  # never replace a directory another Galahad is using
     data_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = data_dir.parent / f".tmp-galahad-restore-{secrets.token_hex(4)}"
     aside: Path | None = None
     try:
         ensure_private_dir(tmp / "blocks")
         for name in COPIED_FILES:
-            if (backup_dir / name).is_file():
+            if (backup_dir / name).exists() or (backup_dir / name).is_symlink():
                 _copy_file(backup_dir / name, tmp / name)
         for path in (backup_dir / "blocks").iterdir():
-            if path.is_file() and not path.is_symlink():
-                _copy_file(path, tmp / "blocks" / path.name)
+            _copy_file(path, tmp / "blocks" / path.name)
         fsync_dir(tmp / "blocks")
         report = check(tmp)
-        if data_dir.exists() and any(data_dir.iterdir()):
-            lock = DataDirLock(data_dir, 2.0)
-            lock.acquire()  # never move a directory another Galahad is using
-            lock.release()
+        if report.problems:
+            more = f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else ""
+            raise IntegrityError(
+                f"The backup did not pass the audit: {report.problems[0]}{more}. It was not "
+                "restored; the data directory is as it was."
+            )
+        if data_dir.exists() and any(p.name != LOCK_NAME for p in data_dir.iterdir()):
             stamp = time.strftime("%Y%m%d-%H%M%S")
             aside = data_dir.with_name(f"{data_dir.name}.before-restore-{stamp}")
             if aside.exists():
                 aside = aside.with_name(f"{aside.name}-{secrets.token_hex(2)}")
             os.replace(data_dir, aside)
         elif data_dir.exists():
-            data_dir.rmdir()
+            shutil.rmtree(data_dir)
         os.replace(tmp, data_dir)
         fsync_dir(data_dir.parent)
     except OSError as exc:
@@ -278,6 +325,10 @@ def restore(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            lock.release()
+    accept(data_dir)
     return RestoreResult(str(data_dir), str(backup_dir), str(aside) if aside else None), report
 
 
@@ -321,10 +372,21 @@ def _kit_kek(passphrase: str, params: dict[str, Any]) -> bytes:
 
 
 def check_recovery_passphrase(passphrase: str) -> None:
+    """At least 12 characters, 6 different ones, and not guessable: zxcvbn's estimate (words,
+    names, keyboard runs, repeats, dates) must reach 3 of 4 ("safely unguessable")."""
     if len(passphrase) < MIN_RECOVERY_PASSPHRASE or len(set(passphrase)) < 6:
         raise InputError(
             f"A recovery passphrase needs at least {MIN_RECOVERY_PASSPHRASE} characters and "
             "6 different ones: it alone protects every key in the kit."
+        )
+    from zxcvbn import zxcvbn
+
+    estimate = zxcvbn(passphrase[:100])  # its time grows with length; 100 is plenty
+    if estimate["score"] < MIN_RECOVERY_SCORE:
+        hint = (estimate.get("feedback") or {}).get("warning") or "it is too easy to guess"
+        raise InputError(
+            f"That recovery passphrase is too easy to guess ({hint.rstrip('.')}); use a few "
+            "unrelated words or a longer phrase: it alone protects every key in the kit."
         )
 
 
@@ -365,7 +427,14 @@ def _read_kit(path: Path) -> dict[str, Any]:
     )
     if not ok:
         raise InputError(f"{path} is not a Galahad recovery kit.")
+    if not kit["keys"]:
+        raise InputError(f"{path} holds no keys: it cannot open anything. Nothing was changed.")
     check_scrypt_params(kit["scrypt"], str(path))
+    if any(kit["scrypt"][k] > most for k, most in zip("nrp", KIT_SCRYPT_MAX, strict=True)):
+        raise KeyAccessError(
+            f"The key-derivation parameters in {path} ask for more work than a Galahad kit "
+            "uses; refused (the file was edited)."
+        )
     return dict(kit)
 
 
@@ -387,10 +456,15 @@ def catalog_identity(data_dir: Path) -> tuple[str, str]:
         ) from None
 
 
-def import_kit(data_dir: Path, keystore: KeyStore, kit_path: Path, passphrase: str) -> list[str]:
-    """Put the kit's keys into this machine's keystore for `data_dir`; return their ids."""
+def import_kit(
+    data_dir: Path, keystore: KeyStore, kit_path: Path, passphrase: str | Callable[[], str]
+) -> list[str]:
+    """Put the kit's keys into this machine's keystore for `data_dir`; return their ids.
+    A callable `passphrase` is asked only once the kit was read and checked."""
     vault_id, active = catalog_identity(data_dir)
     kit = _read_kit(kit_path)
+    if callable(passphrase):
+        passphrase = passphrase()
     if kit["vault_id"] != vault_id:
         raise InputError(
             f"This recovery kit belongs to another data directory (vault {kit['vault_id']}, "

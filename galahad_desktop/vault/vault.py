@@ -68,7 +68,13 @@ class Vault:
         keystore: KeyStore | None = None,
         lock_timeout_s: float = 10.0,
         accept_older: bool = False,
+        inspect_only: bool = False,
     ) -> None:
+        """`accept_older`: open a copy older than the keystore's counter on purpose (a
+        restore). `inspect_only`: open to audit, leaving the rollback counter alone (in the
+        catalog and the keystore), and refusing nothing for its age: a check that is refused
+        afterwards must not make the live directory look older than the keystore."""
+        self.inspect_only = inspect_only
         made = _missing_paths(Path(data_dir))
         self.data_dir = ensure_private_dir(Path(data_dir))
         self.blocks_dir = ensure_private_dir(self.data_dir / "blocks")
@@ -98,7 +104,11 @@ class Vault:
                     )
             self._unlock()
             self._upgrade_schema()
-            self.generation = custody.open_generation(self, accept_older)
+            self.generation = (
+                custody.peek_generation(self)
+                if inspect_only
+                else custody.open_generation(self, accept_older)
+            )
         except BaseException:
             if hasattr(self, "catalog"):
                 self.catalog.close()
@@ -150,7 +160,7 @@ class Vault:
             self._lock = None
 
     def close(self) -> None:
-        if hasattr(self, "catalog") and not self.locked:
+        if hasattr(self, "catalog") and not self.locked and not self.inspect_only:
             custody.close_generation(self)
         self.lock()
         if hasattr(self, "catalog"):

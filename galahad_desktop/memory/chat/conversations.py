@@ -17,7 +17,13 @@ from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, IntegrityError, NotFoundError, check_text
+from galahad_desktop.errors import (
+    MAX_TITLE_CHARS,
+    InputError,
+    IntegrityError,
+    NotFoundError,
+    check_text,
+)
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
@@ -61,9 +67,15 @@ class Conversations:
         return self.records.decrypt("conversations", "title_enc", row)
 
     def summary(self, r: ConversationRow) -> ConversationSummary:
+        try:
+            title, damaged = self.title(r), ""
+        except IntegrityError:
+            # One damaged title must not hide every other conversation: listed and marked
+            # (opening it is still refused; `galahad audit` names the problem).
+            title, damaged = "(damaged record)", "its title failed authentication"
         return ConversationSummary(
             r["id"],
-            self.title(r),
+            title,
             r["document_id"],
             r["n_tokens"] or 0,
             r["n_messages"] or 0,
@@ -71,6 +83,7 @@ class Conversations:
             r["created_at"] or 0.0,
             bool(r.get("thinking")),
             r.get("model_sha256") or "",
+            damaged,
         )
 
     def summaries(self) -> list[ConversationSummary]:
@@ -156,11 +169,11 @@ class Conversations:
         return conversation_id
 
     def rename(self, conversation_id: str, title: str) -> ConversationSummary:
-        title = " ".join(title.split())
+        title = " ".join(check_text(title, "The title").split())
         if not title:
             raise InputError("A conversation's title cannot be empty.")
-        if len(title) > 200:
-            raise InputError("A conversation's title can be at most 200 characters.")
+        if len(title) > MAX_TITLE_CHARS:
+            raise InputError(f"A conversation's title can be at most {MAX_TITLE_CHARS} characters.")
         self.row(conversation_id)
         with self.vault.transaction():
             self.records.update(

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import MAX_TITLE_CHARS, InputError
 from galahad_desktop.system.files import read_regular_file
 
 MAX_IMPORT_BYTES = 512 * 1024 * 1024
@@ -46,15 +48,27 @@ class ImportedConversation:
     dropped: list[str] = field(default_factory=list)  # what was left out, and why
 
 
+# The times an import may carry: after 1970 and before 2200 (anything else is a damaged or
+# hostile value, and would make an export fail: ignored and said so).
+_EARLIEST, _LATEST = 0.0, 7_258_118_400.0
+
+
 def _time(value: Any) -> float | None:
-    """Seconds since the epoch from a number (s or ms) or an ISO date; None if unreadable."""
+    """Seconds since the epoch from a number (s or ms) or an ISO date; None if unreadable or
+    impossible (nan, inf, negative, past 2200)."""
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        seconds = float(value)
-        return seconds / 1000 if seconds > 1e11 else seconds
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer too large for a float
+            return None
+        if not math.isfinite(seconds):
+            return None
+        seconds = seconds / 1000 if seconds > 1e11 else seconds
+        return seconds if _EARLIEST <= seconds <= _LATEST else None
     if isinstance(value, str):
-        text = value.strip()
+        text = value.strip()[:64]
         try:
             return _time(float(text))
         except ValueError:
@@ -65,8 +79,87 @@ def _time(value: Any) -> float | None:
             return None
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=UTC)
-        return parsed.timestamp()
+        try:
+            seconds = parsed.timestamp()
+        except (OverflowError, OSError, ValueError):
+            return None
+        return seconds if _EARLIEST <= seconds <= _LATEST else None
     return None
+
+
+class Obj:
+    """A JSON object from an import file, read field by field: a field of the wrong type is
+    refused with where it is ("conversations.json: conversation 3 ('Rivers'), node a4:
+    'content' should be an object"); a missing or null one reads as absent."""
+
+    def __init__(self, value: Any, where: str, what: str = "") -> None:
+        if not isinstance(value, dict):
+            raise InputError(f"{where}: {what or 'this'} should be an object.")
+        self.value: dict[str, Any] = value
+        self.where = where
+
+    def _wrong(self, key: str, kind: str) -> InputError:
+        return InputError(f"{self.where}: '{key}' should be {kind}.")
+
+    def has(self, key: str) -> bool:
+        return self.value.get(key) is not None
+
+    def obj(self, key: str) -> Obj | None:
+        value = self.value.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self._wrong(key, "an object")
+        return Obj(value, self.where)
+
+    def objects(self, key: str) -> dict[str, Any]:
+        """A mapping (id -> object): the objects themselves are read by the caller."""
+        value = self.value.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self._wrong(key, "an object")
+        return value
+
+    def items(self, key: str) -> list[Any]:
+        value = self.value.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._wrong(key, "a list")
+        return value
+
+    def text(self, key: str) -> str:
+        value = self.value.get(key)
+        if value is None:
+            return ""
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise self._wrong(key, "text")
+        return str(value)
+
+    def ident(self, key: str) -> str | None:
+        """An id (text or a number), or None."""
+        value = self.value.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise self._wrong(key, "an id (text)")
+        return str(value)
+
+    def index(self, key: str) -> int | None:
+        value = self.value.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def time(self, *keys: str) -> float | None:
+        """The first of `keys` that holds a readable, possible time."""
+        for key in keys:
+            found = _time(self.value.get(key))
+            if found is not None:
+                return found
+        return None
+
+    def content(self, key: str) -> str:
+        return _text_of(self.value.get(key))
 
 
 _ROLES = {
@@ -88,28 +181,30 @@ def _role(value: Any) -> str | None:
     return _ROLES.get(str(value or "").strip().lower())
 
 
-def _text_of(content: Any) -> str:
+def _text_of(content: Any, depth: int = 0) -> str:
     """Text from the content shapes the formats use: a string, a list of strings or parts
-    ({"type": "text", "text": ...}, {"text": {"value": ...}}), or {"parts": [...]}."""
-    if content is None:
+    ({"type": "text", "text": ...}, {"text": {"value": ...}}), or {"parts": [...]}. Anything
+    else (numbers, images, shapes nested deeper than any app writes) holds no text."""
+    if content is None or depth > 8:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(t for t in (_text_of(item) for item in content) if t)
+        return "\n".join(t for t in (_text_of(item, depth + 1) for item in content) if t)
     if isinstance(content, dict):
         if "parts" in content:
-            return _text_of(content["parts"])
+            return _text_of(content["parts"], depth + 1)
         kind = content.get("type")
         if kind not in (None, "text", "input_text", "output_text"):
             return ""
         text = content.get("text")
         if isinstance(text, dict):
-            return str(text.get("value", ""))
+            value = text.get("value")
+            return value if isinstance(value, str) else ""
         if isinstance(text, str):
             return text
         if "content" in content:
-            return _text_of(content["content"])
+            return _text_of(content["content"], depth + 1)
     return ""
 
 
@@ -122,14 +217,35 @@ def _clean(text: str, dropped: list[str]) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        dropped.append("broken characters (unpaired surrogates) replaced")
-        text = text.encode("utf-8", "replace").decode("utf-8")
+        dropped.append("broken characters (unpaired surrogates) replaced by U+FFFD")
+        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
     return text.strip()
+
+
+# Bidirectional overrides and isolates: in a title they can make a list show another name.
+_BIDI = dict.fromkeys(
+    map(ord, "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+)
+
+
+def _clean_title(title: str, dropped: list[str]) -> str:
+    """A title as one line of plain text: control and bidirectional-override characters
+    removed, broken characters replaced, at most MAX_TITLE_CHARS; each change said."""
+    text = _clean(title, dropped)
+    plain = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
+    plain = " ".join(plain.translate(_BIDI).split())
+    if plain != " ".join(text.split()):
+        dropped.append("control or text-direction characters removed from the title")
+    if len(plain) > MAX_TITLE_CHARS:
+        dropped.append(f"the title shortened to {MAX_TITLE_CHARS} characters")
+        plain = plain[: MAX_TITLE_CHARS - 1] + "…"
+    return plain
 
 
 def normalize(conversation: ImportedConversation) -> ImportedConversation:
     """User and model turns alternating, starting with the user: consecutive messages of
     one role are joined; what cannot be placed is listed in `dropped`."""
+    conversation.title = _clean_title(conversation.title, conversation.dropped)
     merged: list[ImportedMessage] = []
     for message in conversation.messages:
         text = _clean(message.text, conversation.dropped)
@@ -152,145 +268,177 @@ def normalize(conversation: ImportedConversation) -> ImportedConversation:
 # -- the formats ---------------------------------------------------------------------------
 
 
-def _chatgpt(data: list[Any]) -> list[ImportedConversation]:
+def _label(name: str, number: int, title: Any) -> str:
+    """'conversations.json: conversation 3 ('Rivers')' for error messages."""
+    shown = f" ('{_short(title)}')" if isinstance(title, str) and title.strip() else ""
+    return f"{name}: conversation {number}{shown}"
+
+
+def _short(text: str, limit: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _chatgpt(data: list[Any], name: str) -> list[ImportedConversation]:
     out = []
-    for item in data:
-        mapping = item.get("mapping") or {}
-        node_id = item.get("current_node")
-        chain: list[dict[str, Any]] = []
+    for number, raw in enumerate(data, start=1):
+        where = _label(name, number, raw.get("title") if isinstance(raw, dict) else None)
+        item = Obj(raw, where, "the conversation")
+        mapping = item.objects("mapping")
+        node_id = item.ident("current_node")
+        chain: list[Obj] = []
         seen: set[str] = set()
-        while isinstance(node_id, str) and node_id in mapping and node_id not in seen:
+        while node_id is not None and node_id in mapping and node_id not in seen:
             seen.add(node_id)
-            node = mapping[node_id] or {}
-            if node.get("message"):
-                chain.append(node["message"])
-            node_id = node.get("parent")
+            node = Obj(mapping[node_id] or {}, f"{where}, node {_short(node_id)}", "the node")
+            message = node.obj("message")
+            if message is not None:
+                chain.append(message)
+            node_id = node.ident("parent")
         messages = []
         for message in reversed(chain):
-            role = _role((message.get("author") or {}).get("role"))
-            metadata = message.get("metadata") or {}
-            if role is None or metadata.get("is_visually_hidden_from_conversation"):
+            author = message.obj("author")
+            role = _role(author.text("role") if author else "")
+            metadata = message.obj("metadata")
+            if role is None or (
+                metadata and metadata.value.get("is_visually_hidden_from_conversation")
+            ):
                 continue
-            content = message.get("content") or {}
-            if content.get("content_type") not in (None, "text", "multimodal_text"):
+            content = message.obj("content")
+            if content is None:
+                continue
+            if content.text("content_type") not in ("", "text", "multimodal_text"):
                 continue
             messages.append(
-                ImportedMessage(role, _text_of(content), _time(message.get("create_time")))
+                ImportedMessage(role, _text_of(content.value), message.time("create_time"))
             )
         out.append(
             ImportedConversation(
-                str(item.get("title") or ""),
+                item.text("title"),
                 messages,
-                _time(item.get("create_time")),
-                _time(item.get("update_time")),
+                item.time("create_time"),
+                item.time("update_time"),
                 "ChatGPT",
             )
         )
     return out
 
 
-def _open_webui(data: list[Any]) -> list[ImportedConversation]:
+def _open_webui(data: list[Any], name: str) -> list[ImportedConversation]:
     out = []
-    for item in data:
-        chat = item.get("chat") or {}
-        history = chat.get("history") or {}
-        nodes = history.get("messages") or {}
-        current = history.get("currentId")
-        raw: list[dict[str, Any]] = []
-        if isinstance(nodes, dict) and current in nodes:
+    for number, raw in enumerate(data, start=1):
+        where = _label(name, number, raw.get("title") if isinstance(raw, dict) else None)
+        item = Obj(raw, where, "the conversation")
+        chat = item.obj("chat") or Obj({}, where)
+        history = chat.obj("history") or Obj({}, where)
+        nodes = history.objects("messages")
+        current = history.ident("currentId")
+        raw_messages: list[Obj] = []
+        if nodes and current is not None and current in nodes:
             seen: set[str] = set()
-            while current in nodes and current not in seen:
-                seen.add(str(current))
-                raw.append(nodes[current])
-                current = nodes[current].get("parentId")
-            raw.reverse()
+            while current is not None and current in nodes and current not in seen:
+                seen.add(current)
+                node = Obj(nodes[current], f"{where}, message {_short(current)}", "the message")
+                raw_messages.append(node)
+                current = node.ident("parentId")
+            raw_messages.reverse()
         else:
-            raw = list(chat.get("messages") or [])
+            raw_messages = [
+                Obj(m, f"{where}, message {i}", "the message")
+                for i, m in enumerate(chat.items("messages"), start=1)
+            ]
         messages = [
-            ImportedMessage(role, _text_of(m.get("content")), _time(m.get("timestamp")))
-            for m in raw
-            if (role := _role(m.get("role"))) is not None
+            ImportedMessage(role, m.content("content"), m.time("timestamp"))
+            for m in raw_messages
+            if (role := _role(m.text("role"))) is not None
         ]
         out.append(
             ImportedConversation(
-                str(item.get("title") or chat.get("title") or ""),
+                item.text("title") or chat.text("title"),
                 messages,
-                _time(item.get("created_at")),
-                _time(item.get("updated_at")),
+                item.time("created_at"),
+                item.time("updated_at"),
                 "Open WebUI",
             )
         )
     return out
 
 
-def _lm_studio(item: dict[str, Any]) -> ImportedConversation:
+def _lm_studio(raw: Any, where: str) -> ImportedConversation:
+    item = Obj(raw, where, "the conversation")
     messages = []
-    for message in item.get("messages") or []:
-        versions = message.get("versions") or []
+    for number, raw_message in enumerate(item.items("messages"), start=1):
+        message = Obj(raw_message, f"{where}, message {number}", "the message")
+        versions = message.items("versions")
         if not versions:
             continue
-        selected = message.get("currentlySelected", 0)
-        version = versions[
-            selected if isinstance(selected, int) and 0 <= selected < len(versions) else 0
-        ]
-        role = _role(version.get("role"))
+        selected = message.index("currentlySelected") or 0
+        version = Obj(
+            versions[selected if 0 <= selected < len(versions) else 0],
+            f"{where}, message {number}",
+            "the selected version",
+        )
+        role = _role(version.text("role"))
         if role is None:
             continue
-        if version.get("type") == "multiStep":
+        if version.text("type") == "multiStep":
+            steps = [
+                Obj(step, f"{where}, message {number}", "a step") for step in version.items("steps")
+            ]
             text = "\n".join(
-                _text_of(step.get("content"))
-                for step in version.get("steps") or []
-                if step.get("type") == "contentBlock"
+                step.content("content") for step in steps if step.text("type") == "contentBlock"
             )
         else:
-            text = _text_of(version.get("content"))
+            text = version.content("content")
         messages.append(ImportedMessage(role, text))
     return ImportedConversation(
-        str(item.get("name") or ""),
+        item.text("name"),
         messages,
-        _time(item.get("createdAt")),
-        _time(item.get("updatedAt") or item.get("createdAt")),
+        item.time("createdAt"),
+        item.time("updatedAt", "createdAt"),
         "LM Studio",
     )
 
 
-def _galahad(item: dict[str, Any]) -> ImportedConversation:
+def _galahad(raw: Any, where: str) -> ImportedConversation:
+    item = Obj(raw, where, "the conversation")
     messages = []
-    for m in item.get("messages") or []:
-        role = _role(m.get("role"))
+    for number, raw_message in enumerate(item.items("messages"), start=1):
+        m = Obj(raw_message, f"{where}, message {number}", "the message")
+        role = _role(m.text("role"))
         if role is None:
             continue
-        messages.append(ImportedMessage(role, str(m.get("text", "")), _time(m.get("created_at"))))
+        messages.append(ImportedMessage(role, m.text("text"), m.time("created_at")))
     return ImportedConversation(
-        str(item.get("title") or ""),
+        item.text("title"),
         messages,
-        _time(item.get("created_at")),
-        _time(item.get("updated_at")),
+        item.time("created_at"),
+        item.time("updated_at"),
         "Galahad",
     )
 
 
-def _jan_thread(thread: dict[str, Any], lines: list[str]) -> ImportedConversation:
+def _jan_thread(raw: Any, lines: list[str], where: str) -> ImportedConversation:
+    thread = Obj(raw, where, "thread.json")
     messages = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            m = json.loads(line)
-        except ValueError:
-            raise InputError("A Jan messages.jsonl line is not JSON.") from None
-        role = _role(m.get("role"))
+            decoded = json.loads(line)
+        except (ValueError, RecursionError):
+            raise InputError(f"{where}: line {number} of messages.jsonl is not JSON.") from None
+        m = Obj(decoded, f"{where}, messages.jsonl line {number}", "the message")
+        role = _role(m.text("role"))
         if role is not None:
             messages.append(
-                ImportedMessage(
-                    role, _text_of(m.get("content")), _time(m.get("created_at") or m.get("created"))
-                )
+                ImportedMessage(role, m.content("content"), m.time("created_at", "created"))
             )
     return ImportedConversation(
-        str(thread.get("title") or ""),
+        thread.text("title"),
         messages,
-        _time(thread.get("created") or thread.get("created_at")),
-        _time(thread.get("updated") or thread.get("updated_at")),
+        thread.time("created", "created_at"),
+        thread.time("updated", "updated_at"),
         "Jan",
     )
 
@@ -319,11 +467,10 @@ def _markdown(text: str) -> ImportedConversation:
         stamp = re.search(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?)", line)
         # "**User:** text" keeps its text on the speaker line
         inline = line.split(":**", 1)[1].strip() if line.startswith("**") and ":**" in line else ""
+        said = (inline + "\n\n" + body).strip() if inline else body
         messages.append(
             ImportedMessage(
-                role,
-                (inline + "\n\n" + body).strip() if inline else body,
-                _time(stamp.group(1)) if stamp else None,
+                role, _unescape_headings(said), _time(stamp.group(1)) if stamp else None
             )
         )
     return ImportedConversation(title, messages, None, None, "Markdown")
@@ -344,25 +491,26 @@ def _is_lm_studio(item: Any) -> bool:
     )
 
 
-def parse_json(data: Any) -> list[ImportedConversation]:
+def parse_json(data: Any, name: str = "the file") -> list[ImportedConversation]:
     if isinstance(data, dict) and data.get("format") == GALAHAD_FORMAT:
-        return [_galahad(data)]
+        return [_galahad(data, name)]
     if isinstance(data, dict) and data.get("format") == f"{GALAHAD_FORMAT}s":
-        return [_galahad(c) for c in data.get("conversations") or [] if isinstance(c, dict)]
+        items = Obj(data, name).items("conversations")
+        return [_galahad(c, _label(name, n, None)) for n, c in enumerate(items, start=1)]
     items = data if isinstance(data, list) else [data]
     if items and all(_is_chatgpt(i) for i in items):
-        return _chatgpt(items)
+        return _chatgpt(items, name)
     if items and all(_is_open_webui(i) for i in items):
-        return _open_webui(items)
+        return _open_webui(items, name)
     if items and all(_is_lm_studio(i) for i in items):
-        return [_lm_studio(i) for i in items]
+        return [_lm_studio(i, _label(name, n, None)) for n, i in enumerate(items, start=1)]
     if isinstance(data, dict) and "title" in data and ("created" in data or "object" in data):
         raise InputError(
             "This is a Jan thread.json; import its folder (threads/<id>/) so its "
             "messages.jsonl is read too."
         )
     raise InputError(
-        "The file's format was not recognised: expected a ChatGPT conversations.json, a Jan "
+        f"{name}: the format was not recognised: expected a ChatGPT conversations.json, a Jan "
         "thread folder, an LM Studio .conversation.json, an Open WebUI export, a Markdown "
         "transcript or a Galahad export."
     )
@@ -390,11 +538,11 @@ def _jan_folder(folder: Path) -> list[ImportedConversation]:
     for thread_dir in threads:
         try:
             thread = json.loads(_read(thread_dir / "thread.json"))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise InputError(f"{thread_dir / 'thread.json'} is not JSON.") from None
         lines_path = thread_dir / "messages.jsonl"
         lines = _read(lines_path).splitlines() if lines_path.exists() else []
-        out.append(_jan_thread(thread if isinstance(thread, dict) else {}, lines))
+        out.append(_jan_thread(thread, lines, f"Jan thread {thread_dir.name}"))
     return out
 
 
@@ -418,7 +566,7 @@ def read_file(path: Path) -> list[ImportedConversation]:
             if path.name == "thread.json" and (path.parent / "messages.jsonl").exists():
                 conversations = _jan_folder(path.parent)
             else:
-                conversations = parse_json(data)
+                conversations = parse_json(data, path.name)
         elif path.name.endswith(".jsonl") and (path.parent / "thread.json").exists():
             conversations = _jan_folder(path.parent)
         else:
@@ -440,7 +588,25 @@ class ExportedMessage:
 
 
 def _stamp(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+    """A stored time for people; any value a damaged or old record holds is shown, not fatal."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return "an unknown time"
+
+
+# A message line that would read as a speaker heading ("## You", "**User:**") is written with
+# one more leading backslash, and read back with one less: a message cannot forge a turn.
+_HEADING_LIKE = re.compile(r"^(\\*)(#|\*\*)", re.MULTILINE)
+_ESCAPED = re.compile(r"^\\(\\*)(#|\*\*)", re.MULTILINE)
+
+
+def _escape_headings(text: str) -> str:
+    return _HEADING_LIKE.sub(lambda m: "\\" + m.group(0), text)
+
+
+def _unescape_headings(text: str) -> str:
+    return _ESCAPED.sub(lambda m: m.group(1) + m.group(2), text)
 
 
 def to_json(title: str, created: float, updated: float, messages: list[ExportedMessage]) -> str:
@@ -471,7 +637,8 @@ def to_markdown(title: str, created: float, updated: float, messages: list[Expor
         "",
     ]
     for m in messages:
-        lines += [f"## {_WHO.get(m.role, m.role)} — {_stamp(m.created_at)}", "", m.text, ""]
+        who = _WHO.get(m.role, m.role)
+        lines += [f"## {who} — {_stamp(m.created_at)}", "", _escape_headings(m.text), ""]
     return "\n".join(lines)
 
 
