@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from galahad_desktop.engine.engine import Engine
@@ -220,22 +221,35 @@ def floor_ms(n_bytes: int, tmp: Path) -> float:
     return elapsed
 
 
+def use_kv_type(bench: Bench, kv_type: str) -> None:
+    """Switch the bench's core to another KV cache type (a fresh engine)."""
+    bench.core.settings.override({"kv_type": kv_type})
+    bench.fresh_engine()
+
+
 def bench_resume(
-    sizes: list[int], reps: int, model_path: Path | None, overrides: dict[str, Any], log: Log
+    sizes: list[int],
+    reps: int,
+    model_path: Path | None,
+    overrides: dict[str, Any],
+    log: Log,
+    kv_types: tuple[str, ...] = ("f16",),
 ) -> dict[str, Any]:
     """Restore a stored document block into a new context against re-reading it and
-    against llama.cpp's plain sequence file, with the floor (read + decrypt)."""
+    against llama.cpp's plain sequence file, with the floor (read + decrypt); once per KV
+    cache type, side by side."""
     bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
     rows = []
     try:
         core = bench.core
-        for size in sizes:
+        for size, kv_type in [(s, k) for s in sizes for k in kv_types]:
+            use_kv_type(bench, kv_type)
             text = bench.text_of_tokens(size)
             deposited = core.deposit_text("bench.txt", text)
             row_block = core.vault.block_row(deposited.block_id)
             tokens = core.vault.block_tokens(row_block)
             n = len(tokens)
-            log(f"resume: {n:,} tokens")
+            log(f"resume: {n:,} tokens, {kv_type} cache")
             prefill, restore, proof_ms, verdicts, seq_load = [], [], [], [], []
             for _ in range(reps):
                 bench.fresh_engine()
@@ -270,6 +284,7 @@ def bench_resume(
             floors = [floor_ms(row_block["payload_bytes"], bench.tmp) for _ in range(reps)]
             out: dict[str, Any] = {
                 "tokens": n,
+                "kv_type": kv_type,
                 "prefill_ms": median(prefill),
                 "restore_ms": median(restore),
                 "restore_first_ms": restore[0],
@@ -288,6 +303,7 @@ def bench_resume(
             out["ratio_to_floor"] = out["restore_ms"] / out["floor_ms"]
             out["ratio_to_seq_file"] = out["restore_ms"] / out["seq_file_ms"]
             out["bytes_per_token"] = out["block_bytes"] / n
+            core.forget(deposited.document_id)
             rows.append(out)
         return bench.report("bench resume", rows)
     finally:
@@ -326,23 +342,33 @@ def warm_up(engine: Engine, tokens: list[int]) -> None:
 
 
 def bench_deposit(
-    sizes: list[int], reps: int, model_path: Path | None, overrides: dict[str, Any], log: Log
+    sizes: list[int],
+    reps: int,
+    model_path: Path | None,
+    overrides: dict[str, Any],
+    log: Log,
+    kv_types: tuple[str, ...] = ("f16",),
 ) -> dict[str, Any]:
     """A deposit (read, capture, encrypt, write) against plain llama.cpp reading the same
-    tokens with the previous defaults and with its fastest configuration here; then an ask
-    on the deposited block, whose proof must be exact."""
+    tokens with an f16 cache (the previous defaults, and its fastest configuration here) and
+    with the row's cache type; then an ask on the deposited block, whose proof must be
+    exact, and a reply decoded on it (tokens/s). Once per KV cache type, side by side."""
     bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
     rows = []
     try:
         core = bench.core
-        for size in sizes:
+        for size, kv_type in [(s, k) for s in sizes for k in kv_types]:
+            use_kv_type(bench, kv_type)
             text = bench.text_of_tokens(size)
             tokens = core.documents.document_tokens("bench.txt", text)
-            default, best, deposit, peaks = [], [], [], []
+            default, best, native, deposit, peaks, decode = [], [], [], [], [], []
             verdicts = []
             for _ in range(reps):
-                default.append(raw_prefill_ms(core, tokens, PREVIOUS_DEFAULTS))
-                best.append(raw_prefill_ms(core, tokens, BEST_RAW))
+                default.append(
+                    raw_prefill_ms(core, tokens, {**PREVIOUS_DEFAULTS, "kv_type": "f16"})
+                )
+                best.append(raw_prefill_ms(core, tokens, {**BEST_RAW, "kv_type": "f16"}))
+                native.append(raw_prefill_ms(core, tokens, {**BEST_RAW, "kv_type": kv_type}))
                 core.reload_engine()
                 warm_up(llama_engine(core), tokens)
                 with PeakRss() as peak:
@@ -358,13 +384,22 @@ def bench_deposit(
                     params=core.sampling(max_tokens=4, temperature=0.0),
                 )
                 verdicts.append(turn.proof.verdict)
+                reply = core.send(
+                    conversation,
+                    "Now write a long story about it.",
+                    params=core.sampling(max_tokens=64, temperature=0.0),
+                )
+                decode.append(reply.tokens_per_s)
                 core.forget(deposited.document_id)
-            log(f"deposit: {len(tokens):,} tokens")
+            log(f"deposit: {len(tokens):,} tokens, {kv_type} cache")
             row: dict[str, Any] = {
                 "tokens": len(tokens),
+                "kv_type": kv_type,
                 "raw_prefill_default_ms": median(default),
                 "raw_prefill_best_ms": median(best),
+                "raw_prefill_same_kv_ms": median(native),
                 "deposit_ms": median(deposit),
+                "decode_tokens_per_s": median(decode),
                 "peak_rss_mb": max(peaks),
                 "config": config_of(core),
                 "ask_proof": "exact"
@@ -380,17 +415,114 @@ def bench_deposit(
         bench.close()
 
 
+QUALITY_RUNS = (
+    ("f16", {"kv_type": "f16"}),
+    ("q8_0 (llama.cpp reads)", {"kv_type": "q8_0", "read_in_f16": False}),
+    ("q8_0 (read in f16, converted)", {"kv_type": "q8_0", "read_in_f16": True}),
+)
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - float(logits.max())
+    result: np.ndarray = shifted - np.log(np.exp(shifted).sum())
+    return result
+
+
+def bench_kv_quality(
+    n_tokens: int,
+    window: int,
+    model_path: Path | None,
+    overrides: dict[str, Any],
+    log: Log,
+    text: str | None = None,
+) -> dict[str, Any]:
+    """The same tokens at the same positions through an f16 cache and through q8_0 caches
+    (llama.cpp's own, and Galahad's f16 read converted to q8_0): the first `n_tokens` are
+    read into the cache, then each of the next `window` tokens is predicted from it. Reports
+    the KL divergence of each q8_0 run's next-token distribution from f16's (mean, 99th
+    percentile), top-1 agreement and every run's perplexity on the window."""
+    bench = Bench(model_path, {**overrides, "n_ctx": context_for(n_tokens + window)}, log)
+    engines: list[Engine] = []
+    try:
+        core = bench.core
+        source = text if text is not None else bench.text_of_tokens(n_tokens + window + 64)
+        base = llama_engine(core)
+        tokens = (base.bos() + base.encode_text(source))[: n_tokens + window]
+        if len(tokens) < n_tokens + window:
+            raise InputError(
+                f"The text has {len(tokens):,} tokens; {n_tokens + window:,} are needed."
+            )
+        context, scored = tokens[:n_tokens], tokens[n_tokens:]
+        config = engine_config(core.settings, core.model_path)
+        core.live.close()  # the runs below own the engines
+        for name, changes in QUALITY_RUNS:
+            engine = Engine(replace(config, **changes))
+            engines.append(engine)
+            start = time.perf_counter()
+            engine.evaluate(context)
+            log(f"kv-quality: {name} read {len(context):,} tokens in {ms_since(start):,.0f} ms")
+        kl: dict[str, list[float]] = {name: [] for name, _c in QUALITY_RUNS[1:]}
+        agree: dict[str, int] = dict.fromkeys(kl, 0)
+        nll: dict[str, float] = {name: 0.0 for name, _c in QUALITY_RUNS}
+        for token in scored:
+            probs = [_log_softmax(engine.last_logits()) for engine in engines]
+            reference = probs[0]
+            for (name, _c), logp in zip(QUALITY_RUNS, probs, strict=True):
+                nll[name] -= float(logp[token])
+                if name in kl:
+                    kl[name].append(float(np.sum(np.exp(reference) * (reference - logp))))
+                    agree[name] += int(np.argmax(logp) == np.argmax(reference))
+            for engine in engines:
+                engine.evaluate([token])
+        rows: list[dict[str, Any]] = []
+        for name, _c in QUALITY_RUNS:
+            row: dict[str, Any] = {
+                "run": name,
+                "perplexity": float(np.exp(nll[name] / len(scored))),
+            }
+            if name in kl:
+                values = np.array(kl[name])
+                row["kl_mean"] = float(values.mean())
+                row["kl_p99"] = float(np.percentile(values, 99))
+                row["top1_agreement"] = agree[name] / len(scored)
+            rows.append(row)
+        report = bench.report("bench kv-quality", rows)
+        report.update({"context_tokens": len(context), "scored_tokens": len(scored)})
+        return report
+    finally:
+        for engine in engines:
+            engine.close()
+        bench.close()
+
+
+def quality_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['context_tokens']:,} tokens read, {result['scored_tokens']:,} predicted",
+        f"{'run':<30} {'KL mean':>9} {'KL p99':>9} {'top-1':>7} {'perplexity':>11}",
+    ]
+    for r in result["results"]:
+        if "kl_mean" in r:
+            lines.append(
+                f"{r['run']:<30} {r['kl_mean']:>9.5f} {r['kl_p99']:>9.5f} "
+                f"{r['top1_agreement']:>6.1%} {r['perplexity']:>11.3f}"
+            )
+        else:
+            lines.append(f"{r['run']:<30} {'-':>9} {'-':>9} {'-':>7} {r['perplexity']:>11.3f}")
+    return "\n".join(lines)
+
+
 def resume_table(result: dict[str, Any]) -> str:
     head = (
-        f"{'tokens':>7} {'prefill':>9} {'restore':>8} {'proof':>6} {'floor':>7} "
-        f"{'seqfile':>8} {'block MB':>9} {'seq MB':>7} {'×prefill':>9} {'×seqfile':>9}"
+        f"{'tokens':>7} {'KV':>5} {'prefill':>9} {'restore':>8} {'proof':>6} {'floor':>7} "
+        f"{'seqfile':>8} {'block MB':>9} {'B/token':>8} {'×prefill':>9} {'×seqfile':>9}"
     )
     lines = [head]
     for r in result["results"]:
         lines.append(
-            f"{r['tokens']:>7,} {r['prefill_ms']:>8.0f}ms {r['restore_ms']:>6.1f}ms "
+            f"{r['tokens']:>7,} {r.get('kv_type', 'f16'):>5} {r['prefill_ms']:>8.0f}ms "
+            f"{r['restore_ms']:>6.1f}ms "
             f"{r['proof_ms']:>4.0f}ms {r['floor_ms']:>5.1f}ms {r['seq_file_ms']:>6.1f}ms "
-            f"{r['block_bytes'] / 1e6:>9.1f} {r['seq_file_bytes'] / 1e6:>7.1f} "
+            f"{r['block_bytes'] / 1e6:>9.1f} {r['bytes_per_token']:>8,.0f} "
             f"{r['speedup_vs_prefill']:>8.0f}× {r['ratio_to_seq_file']:>8.2f}×  {r['proof']}"
         )
     return "\n".join(lines)
@@ -398,14 +530,17 @@ def resume_table(result: dict[str, Any]) -> str:
 
 def deposit_table(result: dict[str, Any]) -> str:
     lines = [
-        f"{'tokens':>7} {'llama.cpp prev':>15} {'llama.cpp best':>15} {'deposit':>9} "
-        f"{'÷best':>6} {'×prev':>6} {'peak RSS':>9}  ask"
+        f"{'tokens':>7} {'KV':>5} {'llama.cpp prev':>15} {'llama.cpp best':>15} "
+        f"{'same KV':>9} {'deposit':>9} {'÷best':>6} {'×prev':>6} {'decode':>9} "
+        f"{'peak RSS':>9}  ask"
     ]
     for r in result["results"]:
         lines.append(
-            f"{r['tokens']:>7,} {r['raw_prefill_default_ms']:>13.0f}ms "
-            f"{r['raw_prefill_best_ms']:>13.0f}ms {r['deposit_ms']:>7.0f}ms "
+            f"{r['tokens']:>7,} {r.get('kv_type', 'f16'):>5} "
+            f"{r['raw_prefill_default_ms']:>13.0f}ms {r['raw_prefill_best_ms']:>13.0f}ms "
+            f"{r.get('raw_prefill_same_kv_ms', 0):>7.0f}ms {r['deposit_ms']:>7.0f}ms "
             f"{r['deposit_over_best']:>5.2f} {r['speedup_vs_default']:>5.2f} "
-            f"{r['peak_rss_mb']:>7.0f}MB  {r['ask_proof']}"
+            f"{r.get('decode_tokens_per_s', 0):>5.1f}t/s {r['peak_rss_mb']:>7.0f}MB  "
+            f"{r['ask_proof']}"
         )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,15 +23,17 @@ from tests.helpers import story
 pytestmark = pytest.mark.model
 
 # The runtime configurations every core test runs under: flash attention off with the
-# full-size sliding-window cache, and on with the ring buffer.
-RUNTIMES = {
+# full-size sliding-window cache, on with the ring buffer, and the q8_0 cache (read in f16
+# and converted: engine/kvquant.py).
+RUNTIMES: dict[str, dict[str, Any]] = {
     "flash-off": {"flash_attn": False, "swa_full": True},
     "flash-on": {"flash_attn": True, "swa_full": False},
+    "q8_0": {"flash_attn": True, "swa_full": False, "kv_type": "q8_0"},
 }
 
 
 @pytest.fixture(params=sorted(RUNTIMES))
-def runtime(request: pytest.FixtureRequest) -> dict[str, bool]:
+def runtime(request: pytest.FixtureRequest) -> dict[str, Any]:
     return RUNTIMES[str(request.param)]
 
 
@@ -41,7 +44,7 @@ def _doc(tmp_path: Path, text: str, name: str = "notes.txt") -> Path:
 
 
 def test_ask_on_a_document_recomputes_nothing(
-    tmp_path: Path, make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
+    tmp_path: Path, make_core: Callable[..., Galahad], family: str, runtime: dict[str, Any]
 ) -> None:
     first = make_core(**runtime)
     deposited = first.deposit(_doc(tmp_path, story(60)))
@@ -63,7 +66,7 @@ def test_ask_on_a_document_recomputes_nothing(
 
 
 def test_conversation_resumes_exactly_in_a_fresh_engine(
-    tmp_path: Path, make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
+    tmp_path: Path, make_core: Callable[..., Galahad], family: str, runtime: dict[str, Any]
 ) -> None:
     first = make_core(**runtime)
     conversation = first.new_conversation()
@@ -241,7 +244,7 @@ def test_canary_is_nowhere_in_the_data_directory(
 
 
 def test_regenerate_restores_the_turn_checkpoint(
-    make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
+    make_core: Callable[..., Galahad], family: str, runtime: dict[str, Any]
 ) -> None:
     core = make_core(**runtime)
     conversation = core.new_conversation()
@@ -264,7 +267,7 @@ def test_regenerate_restores_the_turn_checkpoint(
 
 
 def test_branch_from_an_edited_message(
-    make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
+    make_core: Callable[..., Galahad], family: str, runtime: dict[str, Any]
 ) -> None:
     core = make_core(**runtime)
     conversation = core.new_conversation()

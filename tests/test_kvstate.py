@@ -180,3 +180,100 @@ def test_to_ranges_and_back() -> None:
     assert kvstate.to_ranges(positions) == [(0, 3), (5, 7), (9, 10)]
     assert kvstate.from_ranges([(0, 3), (5, 7), (9, 10)]).tolist() == positions.tolist()
     assert kvstate.to_ranges(np.array([], dtype=np.int64)) == []
+
+
+# -- q8_0 conversion (engine/kvquant.py) ------------------------------------------------------
+def test_the_hadamard_matrix_is_ggmls_and_orthonormal() -> None:
+    from galahad_desktop.engine import kvquant
+
+    for n in (64, 256, 512):
+        h = kvquant.hadamard(n)
+        assert h.dtype == np.float32 and np.allclose(h @ h, np.eye(n), atol=1e-5)
+        assert np.allclose(np.abs(h), 1 / np.sqrt(n))
+    h4 = kvquant.hadamard(4) * 2
+    assert h4.tolist() == [[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]]
+    assert [kvquant.k_rotation_size(n) for n in (64, 128, 256, 512, 80, 96)] == [
+        64,
+        128,
+        256,
+        512,
+        0,
+        0,  # 80 and 96: llama.cpp does not rotate (not % 64)
+    ]
+
+
+def test_q8_0_blocks_round_trip_within_half_a_step() -> None:
+    from galahad_desktop.engine import kvquant
+
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((5, 256)) * rng.uniform(0.01, 10, (5, 1))).astype(np.float32)
+    rows[2, :32] = 0.0  # an all-zero block: scale 0, quants 0
+    packed = kvquant.quantize_q8_0(rows)
+    assert packed.shape == (5, 256 // 32 * 34)
+    back = kvquant.dequantize_q8_0(packed)
+    step = np.abs(rows).reshape(5, 8, 32).max(axis=2, keepdims=True) / 127
+    # half a step, plus what rounding the scale to f16 moves the largest value (127 × 2^-11)
+    assert np.all(np.abs(back - rows).reshape(5, 8, 32) <= step * (0.5 + 127 / 2048) + 1e-6)
+    assert np.all(back[2, :32] == 0)
+
+
+def test_rotations_are_read_from_llama_cpps_log() -> None:
+    from galahad_desktop.engine.kvquant import Rotation, rotations_from_log
+
+    log = [
+        "llama_kv_cache_iswa: creating non-SWA KV cache, size = 2048 cells\n",
+        "llama_kv_cache: attn_rot_k = 1, n_embd_head_k_all = 512\n",
+        "llama_kv_cache: attn_rot_v = 1, n_embd_head_k_all = 512\n",
+        "llama_kv_cache_iswa: creating     SWA KV cache, size = 1024 cells\n",
+        "llama_kv_cache: attn_rot_k = 0, n_embd_head_k_all = 256\n",
+        "llama_kv_cache: attn_rot_v = 0, n_embd_head_k_all = 256\n",
+    ]
+    assert rotations_from_log(log) == [Rotation(512, 64), Rotation(0, 0)]
+
+
+def f16_state(positions: list[int], width: int, seed: int) -> bytes:
+    """A one-section state with row-major f16 K and V rows (flash attention's layout)."""
+    rng = np.random.default_rng(seed)
+    out = struct.pack("<Ii", kvstate.STATE_MAGIC, 0) + struct.pack("<II", 1, len(positions))
+    for pos in positions:
+        out += struct.pack("<iIi", pos, 1, 0)
+    out += struct.pack("<II", 0, 1)
+    k = rng.standard_normal((len(positions), width)).astype(np.float16)
+    v = rng.standard_normal((len(positions), width)).astype(np.float16)
+    out += struct.pack("<iQ", 1, width * 2) + k.tobytes()
+    out += struct.pack("<iQ", 1, width * 2) + v.tobytes()
+    return out
+
+
+def test_an_f16_state_converts_to_q8_0_rows_in_the_same_cell_order() -> None:
+    from galahad_desktop.engine import kvquant
+
+    positions = [8, 9, 10, 11, 4, 5, 6, 7]  # a sliding window kept as a ring buffer
+    data = f16_state(positions, 256, seed=1)
+    source = kvstate.parse(data)
+    for rotation in (kvquant.Rotation(0, 0), kvquant.Rotation(256, 64)):
+        buffer, size = kvquant.to_q8_0(data, len(data), [rotation])
+        converted = kvstate.parse(buffer, size)
+        [section] = converted.sections
+        assert section.pos.tolist() == positions  # the cache order is kept
+        layer = section.layers[0]
+        assert (layer.k_type, layer.k_row, layer.v_type, layer.v_elem) == (8, 272, 8, 272)
+        k = kvquant.dequantize_q8_0(layer.k)
+        expected = kvquant.rotate(
+            source.sections[0].layers[0].k.copy().view(np.float16).astype(np.float32),
+            rotation.k,
+        )
+        assert np.allclose(k, expected, atol=np.abs(expected).max() / 127)
+        assert size < len(data) * 0.56  # 34 bytes per 32 values against 64
+    with pytest.raises(KVLayoutError, match="sections"):
+        kvquant.to_q8_0(data, len(data), [])
+    with pytest.raises(KVLayoutError, match="not f16"):
+        converted_again = kvquant.to_q8_0(data, len(data), [kvquant.Rotation(0, 0)])
+        kvquant.to_q8_0(converted_again[0], converted_again[1], [kvquant.Rotation(0, 0)])
+
+
+def test_write_is_the_inverse_of_parse() -> None:
+    for v_trans in (0, 1):
+        data = state(list(range(10)), [8, 9, 6, 7], v_trans)
+        buffer, size = kvstate.write(kvstate.parse(data))
+        assert bytes(buffer)[:size] == data

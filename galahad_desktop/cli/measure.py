@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.cli.common import Output, parse_pairs
-from galahad_desktop.system.files import atomic_write_bytes
+from galahad_desktop.errors import InputError
+from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 
 def cmd_bench(args: argparse.Namespace, out: Output) -> int:
@@ -18,12 +19,23 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
 
     overrides = parse_pairs(args.set)
     sizes = bench.parse_sizes(args.sizes)
+    kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
+    if any(k not in ("f16", "q8_0") for k in kv_types) or not kv_types:
+        raise InputError("--kv-types takes f16, q8_0 or both (comma-separated).")
     if args.kind == "resume":
-        result = bench.bench_resume(sizes, args.reps, args.model, overrides, out.info)
+        result = bench.bench_resume(sizes, args.reps, args.model, overrides, out.info, kv_types)
         text = bench.resume_table(result)
-    else:
-        result = bench.bench_deposit(sizes, args.reps, args.model, overrides, out.info)
+    elif args.kind == "deposit":
+        result = bench.bench_deposit(sizes, args.reps, args.model, overrides, out.info, kv_types)
         text = bench.deposit_table(result)
+    else:
+        source = None
+        if args.text is not None:
+            source = read_regular_file(args.text, 64 * 2**20, "a text").decode("utf-8", "replace")
+        result = bench.bench_kv_quality(
+            sizes[0], args.window, args.model, overrides, out.info, source
+        )
+        text = bench.quality_table(result)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         # One file per benchmark, replaced by each run (git keeps the history).
@@ -111,7 +123,16 @@ def register(add: Any) -> None:
         cmd_bench,
         core=False,
     )
-    p.add_argument("kind", choices=["resume", "deposit"])
-    p.add_argument("--sizes", default="1000,4000,16000", help="token counts, comma-separated")
+    p.add_argument("kind", choices=["resume", "deposit", "kv-quality"])
+    p.add_argument(
+        "--sizes",
+        default="1000,4000,16000",
+        help="token counts, comma-separated (kv-quality: the first is the tokens read)",
+    )
+    p.add_argument(
+        "--kv-types", default="f16,q8_0", help="resume, deposit: KV cache types, side by side"
+    )
+    p.add_argument("--window", type=int, default=256, help="kv-quality: tokens predicted")
+    p.add_argument("--text", type=Path, help="kv-quality: a held-out text (default: generated)")
     p.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
     p.add_argument("--out", type=Path, help="also save the JSON here (a directory)")

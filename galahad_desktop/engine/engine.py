@@ -12,6 +12,7 @@ import codecs
 import contextlib
 import ctypes
 import dataclasses
+import os
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from galahad_desktop.engine import devices, kvstate
+from galahad_desktop.engine import devices, kvquant, kvstate
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine.chat_format import (
     GEMMA3_TURNS,
@@ -32,6 +33,7 @@ from galahad_desktop.engine.chat_format import (
 )
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, describe
+from galahad_desktop.engine.reader import F16Reader
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import InputError, ModelError
@@ -96,6 +98,9 @@ class EngineConfig:
     n_ubatch: int = 512
     flash_attn: bool = False
     kv_type: str = "f16"
+    # With a quantized cache, read long texts from an empty context in an f16 context and
+    # convert (engine/kvquant.py): reading at f16's speed, storing q8_0's bytes.
+    read_in_f16: bool = True
     swa_full: bool = True
     embedded: bool = False  # the demo model that ships with the app
 
@@ -178,6 +183,9 @@ class Engine:
         self.decoded_tokens = 0
         self._held: int | None = None
         self._count_decodes()
+        self._rotations = kvquant.rotations_from_log(log)
+        self._reader: F16Reader | None = None
+        self.reads_in_f16 = config.read_in_f16 and config.kv_type == "q8_0" and config.flash_attn
 
     @staticmethod
     def _plan_offload(config: EngineConfig) -> devices.OffloadPlan:
@@ -229,6 +237,8 @@ class Engine:
             "n_threads": c.n_threads,
             "flash_attn": c.flash_attn,
             "kv_type": c.kv_type,
+            # Quantized caches store K and V rotated unless this is set (not in the state).
+            "attn_rot_disabled": os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"),
             "swa_full": c.swa_full,
             "kv_unified": True,
             "n_seq_max": SCRATCH_SEQ + 1,
@@ -350,6 +360,8 @@ class Engine:
                 f"That needs {len(tokens)} more tokens but only {self.room()} of the "
                 f"{self.n_ctx}-token context are left."
             )
+        if self.reads_in_f16 and not self.tokens and len(tokens) >= READ_IN_F16_MIN:
+            return self._read_in_f16(tokens, job)
         start = time.perf_counter()
         step = self.config.n_batch
         for offset in range(0, len(tokens), step):
@@ -552,10 +564,44 @@ class Engine:
         self.tokens = list(tokens)
         return (time.perf_counter() - start) * 1e3
 
+    def _read_in_f16(self, tokens: Sequence[int], job: Job) -> float:
+        """Read from an empty context in the f16 reader, convert its state to q8_0 and
+        graft that here: the context then holds what reading here would (each value
+        rounded twice instead of once); the caller's proof is computed from it. The last
+        token is evaluated here, so its logits are there for whatever comes next."""
+        start = time.perf_counter()
+        if self._reader is None:
+            self._reader = F16Reader(
+                self.llm._model.model,
+                self.llm.context_params,
+                self.config.n_batch,
+                self._counted,
+            )
+        head, last = list(tokens[:-1]), list(tokens[-1:])
+        f16, size = self._reader.read(head, job)
+        try:
+            q8, q8_size = kvquant.to_q8_0(f16, size, self._rotations)
+        finally:
+            ctypes.memset(f16, 0, size)
+        try:
+            self.restore(q8, head, q8_size)
+        finally:
+            ctypes.memset(q8, 0, q8_size)
+        self.llm.eval(last)
+        self.tokens.extend(last)
+        return (time.perf_counter() - start) * 1e3
+
+    def _counted(self, n: int) -> None:
+        self.decoded_tokens += n
+
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self.llm.close()
 
 
+READ_IN_F16_MIN = 64  # shorter reads from empty run in the q8_0 context itself
 SCRATCH_SEQ = 1  # a second sequence: serializes a range of sequence 0, or holds a state
 
 
@@ -597,4 +643,3 @@ def _first_int(value: Any, default: int) -> int:
     """A GGUF number, or the first of a per-layer array (stored as text in the metadata)."""
     found = re.search(r"\d+", str(value)) if value is not None else None
     return int(found.group()) if found else default
-

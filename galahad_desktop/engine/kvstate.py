@@ -324,6 +324,44 @@ def assemble(
     return buffer, total
 
 
+def write(
+    state: SeqState, buffer_for: Callable[[int], ctypes.Array[ctypes.c_uint8]] | None = None
+) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+    """Serialize `state` as it is, cells in their cache order (a sliding window kept as a
+    ring buffer is not in position order): the inverse of parse. Returns (buffer, bytes)."""
+    sizes = [_section_size(section, section.n_cells) for section in state.sections]
+    total = 8 + sum(sizes)
+    buffer = (buffer_for or bytes_buffer)(total)
+    out = _as_uint8(buffer, total)
+    at = 0
+
+    def put(raw: bytes | np.ndarray) -> None:
+        nonlocal at
+        data = np.frombuffer(raw, dtype=np.uint8) if isinstance(raw, bytes) else raw.reshape(-1)
+        out[at : at + data.size] = data
+        at += data.size
+
+    put(struct.pack("<Ii", STATE_MAGIC, 0))
+    for section in state.sections:
+        put(struct.pack("<II", 1, section.n_cells))
+        if section.n_cells == 0:
+            continue
+        put(np.ascontiguousarray(section.meta).view(np.uint8))
+        put(struct.pack("<II", section.v_trans, len(section.layers)))
+        for layer in section.layers:
+            put(struct.pack("<iQ", layer.k_type, layer.k_row))
+            put(np.ascontiguousarray(layer.k))
+        for layer in section.layers:
+            if section.v_trans:
+                put(struct.pack("<iII", layer.v_type, layer.v_elem, layer.v_embd))
+            else:
+                put(struct.pack("<iQ", layer.v_type, layer.v_elem))
+            put(np.ascontiguousarray(layer.v))
+    if at != total:
+        raise KVLayoutError(f"wrote {at} bytes where {total} were computed")
+    return buffer, total
+
+
 def _is_run(cells: np.ndarray) -> bool:
     return bool(cells[-1] - cells[0] + 1 == len(cells))
 

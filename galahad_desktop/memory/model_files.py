@@ -37,6 +37,7 @@ def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
         n_ubatch=settings.get("n_ubatch"),
         flash_attn=flash_attention(settings.get("flash_attn")),
         kv_type=settings.get("kv_type"),
+        read_in_f16=settings.get("read_in_f16"),
         swa_full=settings.get("swa_full"),
         embedded=same_file(path, embedded),
     )
