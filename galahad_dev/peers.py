@@ -182,12 +182,16 @@ def plot_resume(result: dict[str, Any], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     title, series = PLOTS.get(str(result.get("command")), PLOTS["bench resume"])
-    rows = result["results"]
-    tokens = [r["tokens"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label in series:
-        if all(key in r for r in rows):
-            ax.plot(tokens, [r[key] for r in rows], marker="o", label=label)
+    kv_types = sorted({str(r.get("kv_type", "f16")) for r in result["results"]})
+    for kv_type in kv_types:  # f16 and q8_0 side by side: solid and dashed
+        rows = [r for r in result["results"] if str(r.get("kv_type", "f16")) == kv_type]
+        tokens = [r["tokens"] for r in rows]
+        style = "-" if kv_type == "f16" else "--"
+        for key, label in series:
+            if all(key in r for r in rows):
+                shown = f"{label}, {kv_type}" if len(kv_types) > 1 else label
+                ax.plot(tokens, [r[key] for r in rows], style, marker="o", label=shown)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("tokens")

@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 source .venv/bin/activate
 out=benchmarks/results
 declare -A commands=(
-  [bench-resume]="galahad bench resume --sizes 1000,4000,16000 --out $out"
-  [bench-deposit]="galahad bench deposit --sizes 1000,4000,16000 --out $out"
+  [bench-resume]="galahad bench resume --sizes 1000,4000,16000 --reps 2 --out $out"
+  [bench-deposit]="galahad bench deposit --sizes 1000,4000,16000 --reps 1 --out $out"
+  [bench-kv-quality]="galahad bench kv-quality --sizes 4000 --window 256 --text benchmarks/routing/documents/gpl-3.txt --out $out"
   [bench-persist]="python -m galahad_dev bench persist --sizes 1000,4000,16000 --turns 3"
+  [eval-import]="python -m galahad_dev eval import --mutations 1000 --seed 0"
+  [eval-destinations]="python -m galahad_dev eval destinations"
   [eval-tamper]="python -m galahad_dev eval tamper --mutations 1000 --seed 0"
   [eval-crashes]="python -m galahad_dev eval crashes --trials 30"
   [eval-hostile]="python -m galahad_dev eval hostile"

@@ -42,8 +42,11 @@ def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
         str(out),
         data_dir=tmp_path / "unused",
     )
-    sizes = (150, 300)
+    sizes = (150, 150, 300, 300)  # each size with an f16 and a q8_0 cache, side by side
     assert all(r["tokens"] <= s for r, s in zip(result["results"], sizes, strict=True))
+    assert [r["kv_type"] for r in result["results"]] == ["f16", "q8_0"] * 2
+    f16, q8 = result["results"][2:]
+    assert q8["bytes_per_token"] < 0.6 * f16["bytes_per_token"]
     for row in result["results"]:
         for key in (
             "tokens",
@@ -68,12 +71,37 @@ def test_bench_deposit_rows(tmp_path: Path) -> None:
     deposit = cli_json(
         "bench", "deposit", "--sizes", "200", "--reps", "1", data_dir=tmp_path / "unused"
     )
-    row = deposit["results"][0]
-    assert row["tokens"] <= 200
-    for key in ("raw_prefill_default_ms", "raw_prefill_best_ms", "deposit_ms", "peak_rss_mb"):
-        assert row[key] > 0, key
-    assert row["ask_proof"] == "exact"
-    assert row["config"]["flash_attn"] in (True, False)
+    assert [r["kv_type"] for r in deposit["results"]] == ["f16", "q8_0"]
+    for row in deposit["results"]:
+        assert row["tokens"] <= 200
+        for key in (
+            "raw_prefill_default_ms",
+            "raw_prefill_best_ms",
+            "raw_prefill_same_kv_ms",
+            "deposit_ms",
+            "decode_tokens_per_s",
+            "peak_rss_mb",
+        ):
+            assert row[key] > 0, key
+        assert row["ask_proof"] == "exact"
+        assert row["config"]["flash_attn"] in (True, False)
+        assert row["config"]["kv_type"] == row["kv_type"]
+
+
+def test_bench_kv_quality_compares_both_q8_0_routes_with_f16(tmp_path: Path) -> None:
+    result = cli_json(
+        "bench", "kv-quality", "--sizes", "300", "--window", "24", data_dir=tmp_path / "unused"
+    )
+    assert [r["run"] for r in result["results"]] == [
+        "f16",
+        "q8_0 (llama.cpp reads)",
+        "q8_0 (read in f16, converted)",
+    ]
+    assert result["context_tokens"] == 300 and result["scored_tokens"] == 24
+    for row in result["results"][1:]:
+        assert 0 <= row["kl_mean"] <= row["kl_p99"] < 5  # close to f16, never unrelated
+        assert 0.5 <= row["top1_agreement"] <= 1
+    assert all(r["perplexity"] > 1 for r in result["results"])
 
 
 def test_dev_bench_persist_and_pickle(tmp_path: Path) -> None:

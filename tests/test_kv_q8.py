@@ -86,3 +86,14 @@ def test_an_import_and_a_long_document_in_parts_under_q8_0(
     assert answer.graft is None or answer.graft.proof.verdict == "exact"
     assert {r.proof for r in core.verify()} == {"exact"}
     core.close()
+
+
+def test_kv_quality_runs_on_the_gemma4_test_model(gemma4_path: Path) -> None:
+    """Mechanics only (random weights): every run reads the same tokens and is compared."""
+    from galahad_desktop import bench
+
+    result = bench.bench_kv_quality(256, 16, gemma4_path, {"n_threads": 2}, lambda _l: None)
+    assert [r["run"] for r in result["results"]] == [name for name, _c in bench.QUALITY_RUNS]
+    for row in result["results"][1:]:
+        assert row["kl_mean"] >= 0 and 0 <= row["top1_agreement"] <= 1
+    assert result["fingerprint_details"]["kv_type"] == "f16"  # the core's own engine

@@ -80,7 +80,8 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
             lines.append(
                 f"  {'*' if c.size == rec.recommended else ' '} Gemma 4 {c.size:<8} "
                 f"{c.bytes / 1e9:5.1f} GB file · needs {c.memory_needed / GIB:5.1f} GiB · "
-                f"KV {c.kv_bytes_per_token / 1024:4.0f} KiB/token + "
+                f"KV {c.kv_bytes_per_token / 1024:4.0f} KiB/token f16, "
+                f"{c.kv_bytes_per_token_q8_0 / 1024:4.1f} q8_0 + "
                 f"{c.window_bytes / 2**20:4.0f} MiB window · "
                 f"~{c.decode_tps:5.1f} tok/s replies, ~{c.prefill_tps:6,.0f} tok/s reading · "
                 + ("fits" if c.fits and c.quick else "fits, slow here" if c.fits else "too big")

@@ -19,6 +19,8 @@ from typing import Any
 from galahad_desktop.errors import InputError
 
 F16 = 2
+# Bytes per stored K or V value: q8_0 keeps 32 values in 34 bytes (an f16 scale, 32 bytes).
+ELEMENT_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 GIB = 1024**3
 HEAD_SLIDING, HEAD_GLOBAL = 256, 512
 OVERHEAD_BYTES = 768 * 1024**2  # compute buffers, the runtime itself
@@ -53,14 +55,23 @@ class Gemma4Model:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token_as("f16")
+
+    def kv_bytes_per_token_as(self, kv_type: str) -> int:
+        """Bytes per token of the global layers' K and V, in a cache of `kv_type`."""
         _sliding, global_layers = self._owning()
-        return global_layers * 2 * self.kv_heads_global * HEAD_GLOBAL * F16
+        values = global_layers * 2 * self.kv_heads_global * HEAD_GLOBAL
+        return int(values * ELEMENT_BYTES[kv_type])
 
     @property
     def window_bytes(self) -> int:
+        return self.window_bytes_as("f16")
+
+    def window_bytes_as(self, kv_type: str) -> int:
         """The sliding layers' cells as a stored block holds them (the last window)."""
         sliding, _global = self._owning()
-        return sliding * self.window * 2 * self.kv_heads_sliding * HEAD_SLIDING * F16
+        values = sliding * self.window * 2 * self.kv_heads_sliding * HEAD_SLIDING
+        return int(values * ELEMENT_BYTES[kv_type])
 
     def window_cells(self, n_ubatch: int = 512) -> int:
         """What llama.cpp allocates for a sliding layer: the window plus one micro-batch,
@@ -260,6 +271,8 @@ class Candidate:
     memory_needed: int
     kv_bytes_per_token: int
     window_bytes: int
+    kv_bytes_per_token_q8_0: int  # the same with the q8_0 cache (setting kv_type)
+    window_bytes_q8_0: int
     context: int
     active_params: str
     fits: bool
@@ -302,6 +315,8 @@ def recommend(
                 m.memory_needed(n_ctx),
                 m.kv_bytes_per_token,
                 m.window_bytes,
+                m.kv_bytes_per_token_as("q8_0"),
+                m.window_bytes_as("q8_0"),
                 m.context,
                 m.active_params,
                 m.memory_needed(n_ctx) <= machine.memory_bytes,
