@@ -87,8 +87,7 @@ def check_text(text: str, what: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InputError(
-            f"{what} is not valid Unicode text (an unpaired surrogate at character "
-            f"{exc.start:,})."
+            f"{what} is not valid Unicode text (an unpaired surrogate at character {exc.start:,})."
         ) from None
     return text
 

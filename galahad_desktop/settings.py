@@ -38,6 +38,13 @@ class Setting:
     optional: bool = False  # None means "the model's recommendation"
 
 
+# The model-checked gate's defaults, calibrated by `python -m galahad_dev eval routing` on
+# the calibration half of its questions (docs/evaluations.md).
+RERANK_MIN_PMI = 6.0
+RERANK_MARGIN = 30.0
+RERANK_ALONE = 30.0
+
+
 def _default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -57,8 +64,7 @@ SETTINGS: tuple[Setting, ...] = (
         "n_gpu_layers",
         int,
         -1,
-        "Layers offloaded to the GPU; -1 means as many as fit in its free memory, 0 the CPU "
-        "alone.",
+        "Layers offloaded to the GPU; -1 means as many as fit in its free memory, 0 the CPU alone.",
         runtime=True,
         minimum=-1,
         maximum=1024,
@@ -245,6 +251,55 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0.0,
         maximum=1.01,
+    ),
+    Setting(
+        "rerank",
+        bool,
+        True,
+        "Router: the chat model checks the best candidate parts itself, by how much more "
+        "likely each makes the question (their stored blocks grafted, the question read once "
+        "on each: a fraction of a second) and answers from the best.",
+        runtime=False,
+    ),
+    Setting(
+        "rerank_candidates",
+        int,
+        5,
+        "Router: how many candidate parts the chat model checks.",
+        runtime=False,
+        minimum=1,
+        maximum=20,
+    ),
+    Setting(
+        "route_min_pmi",
+        float,
+        RERANK_MIN_PMI,
+        "Router, checked by the model: how many nats (natural-log units) more likely the best "
+        "part must make the question than no part does, to answer without asking (-100: "
+        "always answer from the model's best part).",
+        runtime=False,
+        minimum=-100.0,
+        maximum=100.0,
+    ),
+    Setting(
+        "route_pmi_margin",
+        float,
+        RERANK_MARGIN,
+        "Router, checked by the model: how many nats the best part must lead the best part of "
+        "any other document by (asking one document: its next part).",
+        runtime=False,
+        minimum=0.0,
+        maximum=100.0,
+    ),
+    Setting(
+        "route_pmi_alone",
+        float,
+        RERANK_ALONE,
+        "Router, checked by the model: how many nats the model's best part needs when the "
+        "word (and meaning) match ranked another part first (100: never overrule them).",
+        runtime=False,
+        minimum=-100.0,
+        maximum=100.0,
     ),
     Setting(
         "system_prompt",

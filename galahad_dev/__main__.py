@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev = sub.add_parser("eval", help="evaluations (throwaway data dirs)")
     ev.add_argument(
-        "kind", choices=[
+        "kind",
+        choices=[
             "needles",
             "memory",
             "routing",
@@ -75,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="routing: GGUF embedding model (default: the suite's all-MiniLM-L6-v2)",
+    )
+    ev.add_argument(
+        "--no-rerank",
+        action="store_true",
+        help="routing: retrieval alone (the model reranker reads every document first)",
+    )
+    ev.add_argument("--ledgers", type=int, default=4, help="routing: generated ledger documents")
+    ev.add_argument(
+        "--documents",
+        default="",
+        help="routing: only these documents (comma-separated names) and their questions",
     )
     return parser
 
@@ -131,7 +143,13 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
         from galahad_dev.routing_eval import eval_routing
 
         result = eval_routing(
-            args.model, overrides, log, embedding_model=args.embedding_model
+            args.model,
+            overrides,
+            log,
+            embedding_model=args.embedding_model,
+            rerank=not args.no_rerank,
+            only=[d for d in args.documents.split(",") if d],
+            ledgers=args.ledgers,
         )
     elif args.kind == "flywheel":
         from galahad_dev.flywheel import eval_flywheel
@@ -182,8 +200,10 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "eval" and args.kind == "crashes" and not os.environ.get(
-        "GALAHAD_KEYRING_READY"
+    if (
+        args.command == "eval"
+        and args.kind == "crashes"
+        and not os.environ.get("GALAHAD_KEYRING_READY")
     ):
         # Crash trials create, rotate and abandon master keys: never in the user's own
         # keyring. Run again inside a throwaway one (a private D-Bus and gnome-keyring).

@@ -33,6 +33,7 @@ from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
@@ -241,6 +242,30 @@ class FakeEngine:
         if end % 23 == 0:  # end the turn now and then
             logits[self.turns.model_close[0]] = 50.0
         return logits
+
+    def score(self, tokens: Sequence[int], job: Job = NO_JOB) -> tuple[np.ndarray, float]:
+        """A copy model stands in for the language model: a token continuing three tokens
+        seen together anywhere earlier in the context is likely (log p = -1), any other is
+        not (-5), so what a part holds makes a question more likely, as with a real model."""
+        if not self.tokens:
+            raise ModelError("Nothing to score against: the context is empty.")
+        seen = {tuple(self.tokens[i : i + 3]) for i in range(len(self.tokens) - 2)}
+        out = np.zeros(len(tokens), dtype=np.float64)
+        start = time.perf_counter()
+        for i, token in enumerate(tokens):
+            job.check()
+            gram = (*self.tokens[-2:], int(token))
+            out[i] = -1.0 if gram in seen else -5.0
+            self._append(int(token))
+            seen.add(tuple(self.tokens[-3:]))
+        return out, (time.perf_counter() - start) * 1e3
+
+    def snapshot(self) -> Snapshot:
+        state, size, _ms = self.capture()
+        return Snapshot(state, size, list(self.tokens), self.last_logits())
+
+    def resume(self, snapshot: Snapshot) -> float:
+        return self.restore(snapshot.state, snapshot.tokens, snapshot.size)
 
     def generate(
         self,

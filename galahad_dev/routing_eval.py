@@ -16,6 +16,13 @@ halves by a hash of their text. Each method's gate thresholds are chosen on the 
 half (most questions routed right, with at most 3% routed wrong and at least 95% of absent
 things refused), keeping generated ledgers like `eval memory`'s perfect, and reported on
 the held-out half.
+
+With the model reranker (the default; `--no-rerank` leaves it out), every document is also
+deposited for real (read by the chat model and stored as encrypted blocks), and each
+retrieval method's best candidates are checked by the model on their grafted blocks
+(memory/retrieval/rerank.py): two more methods, "words + model" and "hybrid + model", with
+their own gate calibrated the same way, and their cost per question (retrieval, checking the
+candidates, resuming the best to answer).
 """
 
 from __future__ import annotations
@@ -24,14 +31,18 @@ import hashlib
 import itertools
 import json
 import re
+import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.bench import Bench, Log, machine
 from galahad_desktop.engine.embedder import Embedder
+from galahad_desktop.engine.engine import Counters
 from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
+from galahad_desktop.memory.retrieval.rerank import Reranking, decide_reranked
 from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"
@@ -45,6 +56,12 @@ SIMILARITIES = [0.25, 0.3, 0.35, 0.4, 0.45, 0.5]
 COVERAGES = [0.0, 0.1, 0.15, 0.2, 0.25, 0.3]
 HYBRID_MARGINS = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5]
 STRONG_COVERAGES = [0.6, 0.7, 0.8, 0.9, 1.01]
+# The model-checked gate: least PMI of the best part, least lead over another document's,
+# least PMI to overrule retrieval's first part (100: never).
+PMIS = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 15.0, 20.0, 25.0, 30.0, 40.0]
+PMI_MARGINS = [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0]
+PMI_ALONE = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 100.0]
+RERANKED = "+rerank"
 # The generated ledgers of `eval memory` (names and access codes), routed alongside as a
 # second calibration set: exact lookups where meaning says little, which a gate tuned on
 # paraphrases alone could stop answering. A gate is only eligible if it routes every
@@ -57,6 +74,13 @@ _SPACE = re.compile(r"\s+")
 
 def _flat(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
+
+
+_JAPANESE = re.compile("[\u3040-\u30ff\u4e00-\u9fff]")
+
+
+def language_of(question: str) -> str:
+    return "ja" if _JAPANESE.search(question) else "en"
 
 
 def half_of(question: str) -> str:
@@ -106,6 +130,13 @@ Gate = tuple[float, ...]
 
 def _decide(method: str, item: dict[str, Any], gate: Gate) -> RouteDecision:
     terms, candidates = item["terms"], item["candidates"]
+    if method.endswith(RERANKED):
+        # As the app does: retrieval's shipped gate first; the model checks what it refuses.
+        retrieved: RouteDecision = item["retrieved"]
+        if retrieved.confident or "reranking" not in item:
+            return retrieved
+        min_pmi, pmi_margin, alone = gate
+        return decide_reranked(retrieved, item["reranking"], min_pmi, pmi_margin, alone)
     if method == "hybrid":
         similarity, coverage, margin, strong = gate
         return decide_hybrid(terms, candidates, similarity, coverage, margin, strong, "library")
@@ -137,12 +168,24 @@ def _decide_all(
                 "answered": decision.confident,
                 "right": best is not None and best.part_id in item["expected"],
                 "why": decision.explain() if explain else "",
+                "language": language_of(item["question"]),
             }
         )
+        if "reranking" in item:
+            rows[-1]["pmi"] = decision.best_score if decision.best else None
+            rows[-1]["scores"] = [[x.part_id, x.pmi] for x in item["reranking"].scores]
+            rows[-1]["retrieved"] = [c.part_id for c in item["candidates"][:5]]
+            rows[-1]["rerank_ms"] = item["reranking"].ms
+            rows[-1]["answer_start_ms"] = item["answer_start_ms"]
+            rows[-1]["checked"] = item["reranking"].checked
+            rows[-1]["recomputed_tokens"] = item["recomputed_tokens"]
+            rows[-1]["proof"] = item["proof"]
     return rows
 
 
 def _grid(method: str) -> list[Gate]:
+    if method.endswith(RERANKED):
+        return list(itertools.product(PMIS, PMI_MARGINS, PMI_ALONE))
     if method == "hybrid":
         return list(itertools.product(SIMILARITIES, COVERAGES, HYBRID_MARGINS, STRONG_COVERAGES))
     return list(itertools.product(STRENGTHS, MARGINS))
@@ -179,7 +222,9 @@ def calibrate(
     return best[1], True
 
 
-def ledger_library(bench: Bench) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+def ledger_library(
+    bench: Bench, n_documents: int = LEDGER_DOCUMENTS
+) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
     """Generated ledger documents (as `eval memory` writes them) and their questions: one
     probe per record, and controls that name people recorded nowhere."""
     from galahad_dev.corpus import Corpus
@@ -188,7 +233,7 @@ def ledger_library(bench: Bench) -> tuple[list[tuple[str, str]], list[dict[str, 
     corpus = Corpus(0)
     documents: list[tuple[str, str]] = []
     planted: dict[str, list[Any]] = {}
-    for index in range(LEDGER_DOCUMENTS):
+    for index in range(n_documents):
         sections = []
         name = f"ledger-{index:03d}.txt"
         for section in range(LEDGER_SECTIONS):
@@ -254,14 +299,35 @@ def _method_report(
     }
     for name, gate in (("default_gate", default_gate), ("calibrated_gate", chosen_gate)):
         rows = _decide_all(method, routed, gate)
+        held_out = [r for r in rows if r["half"] == "held_out"]
         report[name] = {
             "gate": list(gate),
             "calibration": score([r for r in rows if r["half"] == "calibration"]),
-            "held_out": score([r for r in rows if r["half"] == "held_out"]),
+            "held_out": score(held_out),
+            "held_out_by_language": {
+                lang: score([r for r in held_out if r["language"] == lang]) for lang in ("en", "ja")
+            },
             "all": score(rows),
             "ledgers": score(_decide_all(method, ledger, gate, explain=False)),
         }
     report["results"] = _decide_all(method, routed, chosen_gate)
+    if method.endswith(RERANKED):
+        checked = [r for r in [*routed, *ledger] if "reranking" in r] or [
+            {"reranking": Reranking([], 0.0, 0, 0.0), "answer_start_ms": 0.0}
+            | {"recomputed_tokens": 0, "proof": "none"}
+        ]
+        report["median_rerank_ms"] = statistics.median(r["reranking"].ms for r in checked)
+        report["median_answer_start_ms"] = statistics.median(r["answer_start_ms"] for r in checked)
+        report["median_question_ms"] = statistics.median(
+            q + (r["reranking"].ms + r["answer_start_ms"] if "reranking" in r else 0.0)
+            for q, r in zip(query_ms, routed, strict=True)
+        )
+        report["questions_checked"] = sum(1 for r in routed if "reranking" in r)
+        report["mean_candidates_checked"] = statistics.mean(r["reranking"].checked for r in checked)
+        report["recomputed_tokens"] = sum(r["recomputed_tokens"] for r in checked)
+        report["proofs"] = {
+            v: sum(1 for r in checked if r["proof"] == v) for v in {r["proof"] for r in checked}
+        }
     return report
 
 
@@ -290,16 +356,80 @@ def _search_all(
     return out
 
 
+def _deposit(bench: Bench, documents: list[tuple[str, str]], log: Log) -> dict[str, str]:
+    """Read and store each document for real; the eval's part ids ("name#n") -> the store's."""
+    core = bench.core
+    ids: dict[str, str] = {}
+    for name, text in documents:
+        result = core.deposit_text(name, text)
+        for row in core.documents.part_rows(result.document_id):
+            ids[f"{name}#{row['part_no']}"] = row["id"]
+        log(f"routing: read {name} ({result.tokens:,} tokens, {result.n_parts} parts)")
+    return ids
+
+
+def _rerank(
+    bench: Bench,
+    items: list[dict[str, Any]],
+    ids: dict[str, str],
+    method: str,
+    default_gate: Gate,
+) -> list[dict[str, Any]]:
+    """As the app does it: the questions retrieval's shipped gate refuses are checked by the
+    model on their candidates' grafted blocks, and the best one resumed, as an answer would
+    start (nothing generated)."""
+    routing = bench.core.routing
+    limit = int(bench.core.settings.get("rerank_candidates"))
+    back = {real: ours for ours, real in ids.items()}
+    out = []
+    for item in items:
+        retrieved = _decide(method, item, default_gate)
+        if retrieved.confident or not item["candidates"]:
+            out.append({**item, "retrieved": retrieved})
+            continue
+        candidates = [replace(c, part_id=ids[c.part_id]) for c in item["candidates"][:limit]]
+        counters = Counters()
+        scored = routing.reranker.rerank(item["question"], candidates, counters)
+        start = time.perf_counter()
+        routing.reranker.continue_from_best(scored)
+        answer_start_ms = (time.perf_counter() - start) * 1e3
+        reranking: Reranking = scored.reranking
+        reranking.scores = [replace(x, part_id=back[x.part_id]) for x in reranking.scores]
+        graft = scored.graft
+        out.append(
+            {
+                **item,
+                "reranking": reranking,
+                "answer_start_ms": answer_start_ms,
+                "recomputed_tokens": counters.recomputed_tokens,
+                "proof": graft.proof.verdict if graft is not None else "none",
+                "retrieved": retrieved,
+            }
+        )
+    return out
+
+
 def eval_routing(
     model_path: Path | None,
     overrides: dict[str, Any],
     log: Log,
     root: Path = ROOT,
     embedding_model: Path | None = None,
+    rerank: bool = True,
+    only: list[str] | None = None,
+    ledgers: int = LEDGER_DOCUMENTS,
 ) -> dict[str, Any]:
-    """Both methods on the real documents (the hybrid when an embedding model is given or
-    the suite's test embedding model is installed), and on generated ledgers."""
+    """Every method on the real documents (the hybrid when an embedding model is given or
+    the suite's test embedding model is installed; the model reranker on both unless
+    `rerank` is off), and on generated ledgers. `only`: a subset of the documents."""
     questions = load_questions(root)
+    paths = sorted((root / "documents").iterdir())
+    if only:
+        missing = set(only) - {p.name for p in paths}
+        if missing:
+            raise ValueError(f"routing eval: no document named {', '.join(sorted(missing))}")
+        paths = [p for p in paths if p.name in only]
+        questions = [q for q in questions if q.get("absent") or q["document"] in only]
     embedding_model = embedding_model or test_embedding_model()
     bench = Bench(model_path, overrides, log)
     embedder = Embedder(embedding_model) if embedding_model is not None else None
@@ -318,10 +448,12 @@ def eval_routing(
         index_s = dict.fromkeys(indexes, 0.0)
         parts: dict[str, str] = {}  # part id -> its text, flattened
         doc_rows = []
+        texts: list[tuple[str, str]] = []
         plan_s = 0.0
         tokens = 0
-        for path in sorted((root / "documents").iterdir()):
+        for path in paths:
             text = extract_text(path)
+            texts.append((path.name, text))
             start = time.perf_counter()
             plan = documents.plan_parts(path.name, text)
             plan_s += time.perf_counter() - start
@@ -354,7 +486,7 @@ def eval_routing(
         # The generated ledgers: a library of their own.
         ledger_indexes = new_indexes()
         opened += ledger_indexes.values()
-        ledger_documents, ledger_items = ledger_library(bench)
+        ledger_documents, ledger_items = ledger_library(bench, ledgers)
         for name, text in ledger_documents:
             plan = documents.plan_parts(name, text)
             _index_all(
@@ -377,11 +509,32 @@ def eval_routing(
                 settings.get("route_strong_coverage"),
             ),
         }
+        read_s = 0.0
+        if rerank:
+            start = time.perf_counter()
+            ids = _deposit(bench, texts + ledger_documents, log)
+            read_s = time.perf_counter() - start
+            for method in list(indexes):
+                log(f"routing: the model checks {method}'s candidates")
+                gate = defaults[method]
+                routed[method + RERANKED] = _rerank(bench, routed[method], ids, method, gate)
+                ledger[method + RERANKED] = _rerank(bench, ledger[method], ids, method, gate)
+                query_ms[method + RERANKED] = query_ms[method]
+                index_s[method + RERANKED] = index_s[method]
+                defaults[method + RERANKED] = (
+                    settings.get("route_min_pmi"),
+                    settings.get("route_pmi_margin"),
+                    settings.get("route_pmi_alone"),
+                )
         methods = {
             m: _method_report(m, routed[m], ledger[m], defaults[m], index_s[m], tokens, query_ms[m])
-            for m in indexes
+            for m in routed
         }
-        main = "hybrid" if "hybrid" in methods else "lexical"
+        main = next(
+            m
+            for m in ("hybrid" + RERANKED, "lexical" + RERANKED, "hybrid", "lexical")
+            if m in methods
+        )
         chosen = methods[main]
         return {
             "command": "eval routing",
@@ -394,6 +547,7 @@ def eval_routing(
             "questions": len(questions),
             "ledger_questions": len(ledger_items),
             "plan_s": plan_s,
+            "read_s": read_s,
             "methods": {
                 m: {k: v for k, v in r.items() if k != "results"} for m, r in methods.items()
             },

@@ -18,6 +18,8 @@ declare -A commands=(
   [eval-hostile]="python -m galahad_dev eval hostile"
   [eval-needles]="python -m galahad_dev eval needles --blocks 64 --block-tokens 2000 --controls 16"
   [eval-memory]="python -m galahad_dev eval memory"
+  [eval-routing]="python -m galahad_dev eval routing"
+  [eval-routing-gemma4-test]="python -m galahad_dev --model MODEL --out OUT eval routing --documents dpkg-triggers.txt,gpl-3.txt,emacs-tutorial-ja.txt,man-db-manual.txt --ledgers 1"
   [eval-flywheel]="python -m galahad_dev eval flywheel --problems 30 --attempts 5"
   [ui-stall]="python -m benchmarks.ui_stall --json"
 )
@@ -27,5 +29,17 @@ for name in "${names[@]}"; do
   command=${commands[$name]:-}
   [[ -n $command ]] || { echo "refresh-results: unknown result '$name'" >&2; exit 2; }
   echo "== $name: $command"
-  if [[ $name == ui-stall ]]; then $command > "$out/ui-stall.json"; else $command; fi
+  if [[ $name == ui-stall ]]; then
+    $command > "$out/ui-stall.json"
+  elif [[ $name == eval-routing-gemma4-test ]]; then
+    # The Gemma 4 test model's mechanics: its own file, so eval-routing.json stays.
+    model=$(python -c 'from galahad_desktop.paths import default_model_path as d
+from galahad_dev.gemma4_model import build; print(build(d()))')
+    tmp=$(mktemp -d)
+    command=${command/MODEL/$model}
+    ${command/OUT/$tmp}
+    mv "$tmp/eval-routing.json" "$out/eval-routing-gemma4-test.json" && rmdir "$tmp"
+  else
+    $command
+  fi
 done

@@ -173,7 +173,7 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
 
 
 def test_eval_routing_on_real_documents(tmp_path: Path) -> None:
-    result = dev("eval", "routing", tmp_path=tmp_path)
+    result = dev("eval", "routing", "--no-rerank", tmp_path=tmp_path)
     assert result["questions"] == len(result["results"]) >= 60
     assert result["retrieval"] == "hybrid" and "MiniLM" in result["embedding_model"]
     assert {d["document"] for d in result["documents"]} >= {"libtasn1.pdf", "gpl-3.txt"}
@@ -208,3 +208,27 @@ def test_eval_routing_on_real_documents(tmp_path: Path) -> None:
         assert ledgers["absent_refused"] == ledgers["absent"] == 20
     assert all(r["why"].startswith(("Answered", "Not answered")) for r in result["results"])
     assert hybrid["index_ms_per_10k_tokens"] > 0 and hybrid["median_query_ms"] > 0
+
+
+def test_eval_routing_with_the_model_reranker(tmp_path: Path) -> None:
+    """The reranked methods on one real document (read for real) and one generated ledger:
+    the path, its costs and its invariants; the figures come from the whole evaluation."""
+    result = dev(
+        "eval", "routing", "--documents", "dpkg-triggers.txt", "--ledgers", "1", tmp_path=tmp_path
+    )
+    assert {d["document"] for d in result["documents"]} == {"dpkg-triggers.txt"}
+    assert result["read_s"] > 0 and result["retrieval"] == "hybrid+rerank"
+    methods = result["methods"]
+    assert set(methods) == {"lexical", "hybrid", "lexical+rerank", "hybrid+rerank"}
+    for method in ("lexical+rerank", "hybrid+rerank"):
+        report = methods[method]
+        assert report["questions_checked"] > 0 and report["mean_candidates_checked"] >= 1
+        assert report["median_rerank_ms"] > 0 and report["median_answer_start_ms"] >= 0
+        assert report["recomputed_tokens"] == 0 and set(report["proofs"]) <= {"exact"}
+        for gate in ("default_gate", "calibrated_gate"):
+            held_out = report[gate]["held_out"]
+            assert held_out["answerable"] + held_out["absent"] >= 10
+            assert set(report[gate]["held_out_by_language"]) == {"en", "ja"}
+    checked = [r for r in result["results"] if "scores" in r]
+    assert checked and all(r["checked"] == len(r["scores"]) for r in checked)
+    assert all(r["why"].startswith(("Answered", "Not answered")) for r in result["results"])

@@ -518,6 +518,8 @@ def test_ask_a_long_document_and_choose_when_the_router_is_unsure(  # type: igno
     with qtbot.waitSignal(dialog.answered, timeout=WAIT_MS) as asked:
         dialog.ask()
     assert not asked.args[0].answered
+    assert "the model checked" in asked.args[0].why  # the words were unsure: the model read it
+    assert "the model:" in dialog.candidates.item(0).text()  # each candidate's score, shown
     assert not dialog.candidates.isHidden() and dialog.candidates.count() >= 1
     assert asked.args[0].why in dialog.answer.toPlainText()  # escaped, whole
     dialog.candidates.setCurrentRow(0)

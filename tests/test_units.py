@@ -140,8 +140,12 @@ def test_the_device_is_named_from_where_llama_cpp_put_the_model() -> None:
     info = EngineInfo(*([None] * 13))  # type: ignore[arg-type]
     on_cpu = {"gpu_layers": 0, "cpu_variant": "haswell", "kv_devices": ["CPU"]}
     assert dataclasses.replace(info, placement=on_cpu).device_note() == "CPU (haswell kernels)"
-    on_gpu = {"gpu_layers": 43, "total_layers": 43, "device": "Vulkan0: Radeon 780M",
-              "kv_devices": ["Vulkan0"]}
+    on_gpu = {
+        "gpu_layers": 43,
+        "total_layers": 43,
+        "device": "Vulkan0: Radeon 780M",
+        "kv_devices": ["Vulkan0"],
+    }
     assert (
         dataclasses.replace(info, placement=on_gpu).device_note()
         == "Vulkan0: Radeon 780M (43/43 layers, KV cache there)"

@@ -59,6 +59,9 @@ def cmd_ask(core: Galahad, out: Output, args: argparse.Namespace) -> int:
                 if c.similarity is None
                 else f"meaning {c.similarity:.0%}  words {c.coverage:.0%}"
             )
+            pmi = d.pmi_of(c.part_id)
+            if pmi is not None:
+                scores += f"  model {pmi:+.1f} nats"
             lines.append(f"  {c.part_id}  {cited}  {scores}")
         if not d.candidates:
             lines.append("  (none)")
@@ -95,6 +98,11 @@ def cmd_routing_log(core: Galahad, out: Output, args: argparse.Namespace) -> int
         "\n".join(
             f"{e.decision:>8}  best {e.best_score:.2f}  margin {e.margin:.2f}  {e.scope}  -> "
             f"{e.part_id}"
+            + (
+                f"  (model checked {len(e.rerank)} parts in {e.rerank_ms or 0:.0f} ms)"
+                if e.rerank is not None
+                else ""
+            )
             for e in entries
         )
         or "No routing decisions yet.",

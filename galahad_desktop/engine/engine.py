@@ -35,6 +35,7 @@ from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, describe
 from galahad_desktop.engine.reader import F16Reader
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.engine.scoring import Snapshot, log_softmax_at
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
@@ -185,6 +186,7 @@ class Engine:
         self._count_decodes()
         self._rotations = kvquant.rotations_from_log(log)
         self._reader: F16Reader | None = None
+        self._resumed_logits: np.ndarray | None = None  # after resume(), until the next eval
         self.reads_in_f16 = config.read_in_f16 and config.kv_type == "q8_0" and config.flash_attn
 
     @staticmethod
@@ -345,6 +347,7 @@ class Engine:
         """Empty the context. `wipe` also zeroes the KV buffers (lock uses it to drop
         decrypted state); a restore skips it: masked cells contribute exact zeros."""
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), wipe)
+        self._resumed_logits = None
         self.llm.n_tokens = 0
         self.tokens = []
         self._held = None
@@ -360,6 +363,7 @@ class Engine:
                 f"That needs {len(tokens)} more tokens but only {self.room()} of the "
                 f"{self.n_ctx}-token context are left."
             )
+        self._resumed_logits = None
         if self.reads_in_f16 and not self.tokens and len(tokens) >= READ_IN_F16_MIN:
             return self._read_in_f16(tokens, job)
         start = time.perf_counter()
@@ -394,8 +398,58 @@ class Engine:
         return (time.perf_counter() - start) * 1e3
 
     def last_logits(self) -> np.ndarray:
+        if self._resumed_logits is not None:
+            return self._resumed_logits.copy()
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def score(self, tokens: Sequence[int], job: Job = NO_JOB) -> tuple[np.ndarray, float]:
+        """Evaluate tokens after what the context holds (as evaluate() does) and return each
+        one's log-probability given everything before it, with ms. The first token's comes
+        from the logits the context already has, so the context must hold something."""
+        if not self.tokens:
+            raise ModelError("Nothing to score against: the context is empty.")
+        if len(tokens) > self.room():
+            raise InputError(
+                f"That needs {len(tokens)} more tokens but only {self.room()} of the "
+                f"{self.n_ctx}-token context are left."
+            )
+        start = time.perf_counter()
+        out = np.zeros(len(tokens), dtype=np.float64)
+        if not tokens:
+            return out, 0.0
+        out[0] = log_softmax_at(self.last_logits()[None, :], tokens[:1])[0]
+        self._resumed_logits = None
+        step = self.config.n_batch
+        llm = self.llm
+        for offset in range(0, len(tokens), step):
+            job.check()
+            piece = [int(t) for t in tokens[offset : offset + step]]
+            n_past = llm.n_tokens
+            llm._batch.set_batch(batch=piece, n_past=n_past, logits_all=True)
+            llm._ctx.decode(llm._batch)  # counted by _count_decodes
+            llm.input_ids[n_past : n_past + len(piece)] = piece
+            llm.n_tokens += len(piece)
+            self.tokens.extend(piece)
+            following = list(tokens[offset + 1 : offset + len(piece) + 1])
+            if following:
+                ptr = llama_cpp.llama_get_logits(self._ctx)
+                rows = np.ctypeslib.as_array(ptr, shape=(len(piece), self.n_vocab))
+                out[offset + 1 : offset + 1 + len(following)] = log_softmax_at(
+                    rows[: len(following)], following
+                )
+        return out, (time.perf_counter() - start) * 1e3
+
+    def snapshot(self) -> Snapshot:
+        """The context as it is now, in memory (to resume() from later)."""
+        state, size, _ms = self.capture()
+        return Snapshot(state, size, list(self.tokens), self.last_logits())
+
+    def resume(self, snapshot: Snapshot) -> float:
+        """Put the context back to a snapshot exactly (nothing re-read); returns ms."""
+        elapsed = self.restore(snapshot.state, snapshot.tokens, snapshot.size)
+        self._resumed_logits = snapshot.logits.copy()
+        return elapsed
 
     def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
         """Sample a reply token by token; stop at any end-of-generation token, max_tokens,
@@ -437,6 +491,7 @@ class Engine:
                 stop_reason = "end"
                 break
             self.llm.eval([token])
+            self._resumed_logits = None
             self.tokens.append(token)
             generated.append(token)
             if t_open is not None and token == t_open:

@@ -585,8 +585,10 @@ class AskDialog(QDialog):
             )
             self.candidates.clear()
             for candidate, cited in zip(candidates, result.candidates_cited, strict=True):
+                pmi = result.decision.pmi_of(candidate.part_id)
                 item = QListWidgetItem(
                     f"{cited} · matches {candidate.coverage:.0%} of the question"
+                    + (f" · the model: {pmi:+.1f} nats" if pmi is not None else "")
                 )
                 item.setData(Qt.ItemDataRole.UserRole, candidate.part_id)
                 self.candidates.addItem(item)
@@ -596,8 +598,10 @@ class AskDialog(QDialog):
             proof = ""
             if graft is not None:
                 proof = "byte-exact ✓" if graft.proof.verdict == "exact" else graft.proof.verdict
+            checked = result.decision.checked
             self.source.setText(
-                f"From {result.citation} · restored "
+                (f"{checked[0].upper()}{checked[1:]} · " if checked else "")
+                + f"From {result.citation} · restored "
                 f"{graft.restored_tokens if graft else 0:,} tokens, re-read "
                 f"{graft.recomputed_tokens if graft else 0:,}"
                 + (f" · {proof}" if proof else "")

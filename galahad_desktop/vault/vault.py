@@ -128,8 +128,7 @@ class Vault:
             version = int((raw or b"").decode())
         except (UnicodeDecodeError, ValueError):
             raise IntegrityError(
-                "The catalog's schema version is missing or damaged; refused. Nothing was "
-                "changed."
+                "The catalog's schema version is missing or damaged; refused. Nothing was changed."
             ) from None
         if version > SCHEMA_VERSION:
             raise StorageError(

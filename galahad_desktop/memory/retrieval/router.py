@@ -52,7 +52,8 @@ class RouteDecision:
     strength: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     cited: list[Candidate] = field(default_factory=list)  # the parts an answer comes from
-    method: str = "lexical"  # lexical | hybrid (with an embedding model's similarity)
+    # lexical | hybrid (with an embedding model's similarity), "+rerank" when the model chose
+    method: str = "lexical"
 
     @property
     def best(self) -> Candidate | None:
@@ -63,6 +64,9 @@ class RouteDecision:
         if not self.candidates:
             return "Not answered: no stored document holds any of the question's words."
         best = self.candidates[0]
+        rerank = self.extra.get("rerank")
+        if rerank is not None:
+            return self._explain_reranked(best, rerank)
         if self.confident:
             hybrid = self.method == "hybrid"
             if self.margin == float("inf"):
@@ -90,6 +94,41 @@ class RouteDecision:
             return f"Answered from part {best.part_no} of {best.n_parts}: {holds}, {lead}{also}."
         return f"Not answered: {self.reason}."
 
+    def pmi_of(self, part_id: str) -> float | None:
+        """The model's score of a candidate (nats), when the model checked it."""
+        rerank = self.extra.get("rerank")
+        if rerank is None:
+            return None
+        return next((float(x["pmi"]) for x in rerank["scores"] if x["part_id"] == part_id), None)
+
+    @property
+    def checked(self) -> str:
+        """ "checked 5 parts in 180 ms" when the model checked the candidates, else ""."""
+        rerank = self.extra.get("rerank")
+        if rerank is None:
+            return ""
+        n = rerank["checked"]
+        return f"checked {n} part{'s' if n != 1 else ''} in {rerank['ms']:.0f} ms"
+
+    def _explain_reranked(self, best: Candidate, rerank: dict[str, Any]) -> str:
+        checked = f"the model {self.checked}"
+        if not self.confident:
+            return f"Not answered: {self.reason} ({checked})."
+        lead = (
+            "no other document was a candidate"
+            if self.margin == float("inf")
+            else f"{self.margin:.1f} nats ahead of any other document"
+        )
+        also = "".join(
+            f"; part {c.part_no} of the same document explains it almost as well and is cited too"
+            for c in self.cited[1:]
+        )
+        return (
+            f"Answered from part {best.part_no} of {best.n_parts}: with it the model finds the "
+            f"question {self.best_score:.1f} nats more likely than with no part, {lead} "
+            f"({checked}){also}."
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "why": self.explain(),
@@ -103,6 +142,7 @@ class RouteDecision:
             "reason": self.reason,
             "scope": self.scope,
             "method": self.method,
+            "rerank": self.extra.get("rerank"),
         }
 
 

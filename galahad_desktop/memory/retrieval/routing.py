@@ -23,7 +23,13 @@ from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import AskResult
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
-from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
+from galahad_desktop.memory.retrieval.rerank import (
+    Reranker,
+    Scored,
+    candidates_to_check,
+    decide_reranked,
+)
+from galahad_desktop.memory.retrieval.router import Candidate, PartIndex, RouteDecision, decide
 from galahad_desktop.vault.names import PartRow
 from galahad_desktop.vault.vault import Vault, new_id
 
@@ -86,6 +92,9 @@ class RoutingLogEntry:
     margin: float
     decision: str
     part_id: str | None
+    method: str = ""  # lexical | hybrid, "+rerank" when the model checked the candidates
+    rerank: list[list[Any]] | None = None  # [part id, PMI in nats], best first
+    rerank_ms: float | None = None
 
 
 class Routing:
@@ -96,6 +105,7 @@ class Routing:
         self._index: PartIndex | HybridIndex | None = None
         self._index_model = ""  # the embedding model the index's vectors came from
         self._embedder: Embedder | None = None
+        self.reranker = Reranker(live)
         documents.on_parts_added = self._parts_added
 
     # -- the index -----------------------------------------------------------------------
@@ -173,16 +183,17 @@ class Routing:
             self._index.remove_document(document_id)
 
     # -- routing -------------------------------------------------------------------------
-    def route(self, question: str, document_id: str | None = None) -> RouteDecision:
-        """Score every part (of one document, or of the whole library) and apply the gate.
-        The decision (scores and margin, not the question) goes to the routing log."""
+    def retrieve(self, question: str, document_id: str | None = None) -> RouteDecision:
+        """Score every part (of one document, or of the whole library) by words (and meaning,
+        with an embedding model) and apply that gate; nothing is logged."""
         if document_id is not None:
             self.documents.row(document_id)
         index = self.index()
-        terms, candidates = index.search(question, document_id)
+        limit = max(8, int(self.live.settings.get("rerank_candidates")))
+        terms, candidates = index.search(question, document_id, limit=limit)
         settings = self.live.settings
         if isinstance(index, HybridIndex):
-            decision = decide_hybrid(
+            return decide_hybrid(
                 terms,
                 candidates,
                 settings.get("route_min_similarity"),
@@ -191,16 +202,55 @@ class Routing:
                 settings.get("route_strong_coverage"),
                 document_id or "library",
             )
-        else:
-            decision = decide(
-                terms,
-                candidates,
-                settings.get("route_min_strength"),
-                settings.get("route_min_margin"),
-                document_id or "library",
-            )
+        return decide(
+            terms,
+            candidates,
+            settings.get("route_min_strength"),
+            settings.get("route_min_margin"),
+            document_id or "library",
+        )
+
+    def route(self, question: str, document_id: str | None = None) -> RouteDecision:
+        """Retrieval's decision, logged (scores and margin, not the question)."""
+        decision = self.retrieve(question, document_id)
         self.log(decision, "answered" if decision.confident else "gated", None)
         return decision
+
+    def _scope_parts(self, document_id: str | None, limit: int) -> list[Candidate]:
+        """Every part in scope as a candidate, when there are no more than `limit`."""
+        if self.index().count(document_id) > limit:
+            return []
+        rows = self.documents.part_rows()
+        return [
+            Candidate(r["id"], r["document_id"], r["part_no"], r["n_parts"], 0.0, 0.0)
+            for r in rows
+            if document_id is None or r["document_id"] == document_id
+        ]
+
+    def rerank(
+        self, question: str, decision: RouteDecision, counters: Counters, job: Job = NO_JOB
+    ) -> tuple[RouteDecision, Scored | None]:
+        """The chat model checks retrieval's best candidates on their grafted blocks; the
+        gate decides on its evidence. The best candidate's context is kept."""
+        settings = self.live.settings
+        limit = int(settings.get("rerank_candidates"))
+        scope = None if decision.scope == "library" else decision.scope
+        candidates = candidates_to_check(
+            decision.candidates, self._scope_parts(scope, limit), limit
+        )
+        if not candidates:
+            return decision, None
+        known = {c.part_id for c in decision.candidates}
+        decision.candidates += [c for c in candidates if c.part_id not in known]
+        scored = self.reranker.rerank(question, candidates, counters, job)
+        reranked = decide_reranked(
+            decision,
+            scored.reranking,
+            settings.get("route_min_pmi"),
+            settings.get("route_pmi_margin"),
+            settings.get("route_pmi_alone"),
+        )
+        return reranked, scored
 
     def log(self, decision: RouteDecision, outcome: str, part_id: str | None) -> None:
         entry = {
@@ -211,7 +261,12 @@ class Routing:
             "margin": decision.margin if decision.margin != float("inf") else -1.0,
             "decision": outcome,
             "part_id": part_id or (decision.best.part_id if decision.best else None),
+            "method": decision.method,
         }
+        rerank = decision.extra.get("rerank")
+        if rerank is not None:  # the model's scores, never the question
+            entry["rerank"] = [[s["part_id"], s["pmi"]] for s in rerank["scores"]]
+            entry["rerank_ms"] = rerank["ms"]
         with self.vault.transaction():
             self.vault.records.log("routing_log", new_id("r"), time.time(), entry, ROUTING_LOG_KEEP)
 
@@ -228,6 +283,9 @@ class Routing:
                 float(e.get("margin", 0.0)),
                 str(e.get("decision", "")),
                 e.get("part_id"),
+                str(e.get("method", "")),
+                e.get("rerank"),
+                e.get("rerank_ms"),
             )
             for _id, at, e in self._entries()[: max(0, limit)]
         ]
@@ -255,31 +313,51 @@ class Routing:
         carries the candidates instead. Nothing is stored but the routing log."""
         if not question.strip():
             raise InputError("The question is empty.")
-        decision = self.route(question, document_id)
-        cited = [self.citation(c.part_id) for c in decision.candidates]
-        if part_id is None:
-            if not decision.confident or decision.best is None:
-                return AskResult(question, decision, False, candidates_cited=cited)
-            part_id = decision.best.part_id
-        else:
-            self.log(decision, "chosen", part_id)
-        part = self.vault.records.part(part_id)
-        if part is None:
-            raise NotFoundError(f"No document part has the id '{part_id}'.")
-        if document_id is not None and part["document_id"] != document_id:
-            raise InputError(f"Part {part_id} is not a part of document {document_id}.")
-        self.live.records.check("parts", part)
+        decision = self.retrieve(question, document_id)
         counters = Counters()
-        graft = None
-        if not self.live.holds(part["document_id"], part["block_id"]):
-            graft = self.live.graft(part["block_id"], part["document_id"], counters, job)
-        engine = self.live.engine
-        question_tokens = engine.turns.question(question)
-        if len(question_tokens) + 64 > engine.room():
-            raise InputError("The question is too long for the room left after the document.")
-        self.live.drop()  # the context now holds this one-off question
-        counters.prefill_ms += engine.evaluate(question_tokens)
-        counters.new_tokens += len(question_tokens)
+        scored: Scored | None = None
+        try:
+            # Retrieval answers what it is sure of; the model checks what it is not.
+            if part_id is None and not decision.confident and self.live.settings.get("rerank"):
+                decision, scored = self.rerank(question, decision, counters, job)
+            self.log(
+                decision,
+                "chosen" if part_id else "answered" if decision.confident else "gated",
+                part_id,
+            )
+            cited = [self.citation(c.part_id) for c in decision.candidates]
+            if part_id is None:
+                if not decision.confident or decision.best is None:
+                    self.live.drop()
+                    return AskResult(question, decision, False, candidates_cited=cited)
+                part_id = decision.best.part_id
+            part = self.vault.records.part(part_id)
+            if part is None:
+                raise NotFoundError(f"No document part has the id '{part_id}'.")
+            if document_id is not None and part["document_id"] != document_id:
+                raise InputError(f"Part {part_id} is not a part of document {document_id}.")
+            self.live.records.check("parts", part)
+            engine = self.live.engine
+            if scored is not None:
+                # The question was evaluated on this part while checking it: answer from
+                # there (nothing re-read).
+                counters.restore_ms += self.reranker.continue_from_best(scored)
+                graft = scored.graft
+            else:
+                graft = None
+                if not self.live.holds(part["document_id"], part["block_id"]):
+                    graft = self.live.graft(part["block_id"], part["document_id"], counters, job)
+                question_tokens = engine.turns.question(question)
+                if len(question_tokens) + 64 > engine.room():
+                    raise InputError(
+                        "The question is too long for the room left after the document."
+                    )
+                self.live.drop()  # the context now holds this one-off question
+                counters.prefill_ms += engine.evaluate(question_tokens)
+                counters.new_tokens += len(question_tokens)
+        finally:
+            if scored is not None:
+                scored.release()
         generation = engine.generate(params, job)
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
