@@ -75,6 +75,10 @@ def test_asking_one_document_its_parts_are_the_alternatives() -> None:
     apart = _reranking(("p1", "d1", 5.0), ("p2", "d1", 1.0))
     clear = decide_reranked(scoped, apart, 2.0, 1.0, 100.0)
     assert clear.confident and clear.cited == [a] and clear.margin == pytest.approx(4.0)
+    # A library of one document: the same (its parts are all there is to compare).
+    library = decide_reranked(_decision(a, b), scores, 2.0, 1.0, 100.0, one_document=True)
+    assert not library.confident and "two parts explain" in library.reason
+    assert decide_reranked(_decision(a, b), scores, 2.0, 1.0, 100.0).confident  # neighbours
 
 
 def test_the_gate_refuses_weak_evidence_and_two_documents_alike() -> None:
@@ -197,3 +201,18 @@ def test_a_snapshot_resumes_the_context_exactly(make_fake_core: CoreFactory) -> 
     assert engine.tokens == tokens and np.array_equal(engine.last_logits(), logits)
     snapshot.wipe()
     assert not any(bytes(snapshot.state)) and not snapshot.logits.any()
+
+
+def test_parts_stored_under_other_settings_are_not_re_read_to_be_checked(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core(route_min_strength=1.0, route_min_pmi=60.0, route_pmi_margin=20.0)
+    _library(core)
+    blocks = sorted(b["id"] for b in core.vault.records.blocks())
+    core.update_settings({"n_batch": 256})  # a runtime setting: another fingerprint
+    before = core.engine.decoded_tokens
+    refused = core.ask("Who gladly prunes the old pear trees before the frost?")
+    assert not refused.answered
+    assert "3 stored under other settings or another model" in refused.why
+    assert sorted(b["id"] for b in core.vault.records.blocks()) == blocks  # nothing re-read
+    assert core.engine.decoded_tokens - before < 100  # the question, never a part

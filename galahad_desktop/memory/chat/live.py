@@ -178,6 +178,12 @@ class LiveContext:
         return restore_ms, n_tokens, self.prove(record)
 
     # -- grafting ------------------------------------------------------------------------
+    def graftable(self, block_id: str) -> bool:
+        """Whether the block's whole chain was captured under this runtime (a graft, not a
+        re-read)."""
+        fingerprint = self.engine.fingerprint
+        return all(link["fingerprint"] == fingerprint for link in self.vault.chain_rows(block_id))
+
     def graft(
         self,
         block_id: str,

@@ -149,6 +149,11 @@ class Reranker:
                 begin = time.perf_counter()
                 try:
                     self.live.records.check("parts", part)
+                    if not self.live.graftable(part["block_id"]):
+                        # Stored under other settings or another model: checking it would
+                        # mean re-reading it (asked directly, it is re-read, with the reason).
+                        reranking.not_checked.append(candidate.part_id)
+                        continue
                     graft = self.live.graft(part["block_id"], part["document_id"], counters, job)
                 except IntegrityError as exc:
                     log.warning("a candidate part was not checked: %s", exc)
@@ -210,13 +215,15 @@ def decide_reranked(
     min_pmi: float,
     min_margin: float,
     alone_pmi: float,
+    one_document: bool | None = None,
 ) -> RouteDecision:
     """The gate on the model's evidence: the best part must make the question at least
     `min_pmi` nats more likely than no part does, and lead the best part of any other
-    document by `min_margin` nats (asking within one document, its next part: the only
-    alternative there). When retrieval ranked another part first, the model's choice alone
-    must reach `alone_pmi`: two rankers agreeing is evidence, one overruling the other
-    needs more. A neighbour (same document) about as good is cited too."""
+    document by `min_margin` nats (asking within one document, or a library of one, its
+    next part: the only alternative there). When retrieval ranked another part first, the
+    model's choice alone must reach `alone_pmi`: two rankers agreeing is evidence, one
+    overruling the other needs more. A neighbour (same document) about as good is cited
+    too. `one_document` defaults to whether the question was asked of one document."""
     by_id = {c.part_id: c for c in decision.candidates}
     retrieval_best = decision.candidates[0].part_id if decision.candidates else None
     scores = reranking.scores
@@ -234,9 +241,16 @@ def decide_reranked(
         reason="",
     )
     if not scores:
-        return replace(base, reason="no candidate part could be checked by the model")
+        unread = len(reranking.not_checked)
+        why = (
+            f" ({unread} stored under other settings or another model, to be re-read first)"
+            if unread
+            else ""
+        )
+        return replace(base, reason=f"no candidate part could be checked by the model{why}")
     first = scores[0]
-    one_document = decision.scope != "library"
+    if one_document is None:
+        one_document = decision.scope != "library"
     rival = next(
         (s for s in scores[1:] if one_document or s.document_id != first.document_id), None
     )

@@ -249,6 +249,7 @@ class Routing:
             settings.get("route_min_pmi"),
             settings.get("route_pmi_margin"),
             settings.get("route_pmi_alone"),
+            one_document=scope is not None or self.vault.records.count("documents") == 1,
         )
         return reranked, scored
 
