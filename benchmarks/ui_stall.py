@@ -64,9 +64,14 @@ def main() -> int:
     app = QApplication(sys.argv)
     data = Path(tempfile.mkdtemp()) / "data"
     data.mkdir(mode=0o700)
-    Settings(data).update({"n_ctx": args.tokens + 1024, "max_tokens": 24})
+    Settings(data).update({"n_ctx": args.tokens + 3072, "max_tokens": 24})
     bridge = CoreBridge(default_core_factory(data, None))
     window = MainWindow(bridge, data)
+
+    def failed(_title: str, message: str) -> None:  # a modal box would wait forever here
+        raise SystemExit(f"ui_stall: {message}")
+
+    window.prompts.warn = failed  # type: ignore[method-assign]
     window.show()
     meter = StallMeter()
     idle = lambda: bridge.pending() == 0  # noqa: E731
@@ -86,9 +91,11 @@ def main() -> int:
     results["save_turn_ms"] = meter.measure(window.send, idle)
     conversation = window.conversation_id
     window.new_chat()
-    bridge.call("lock")  # drop the live state so the resume really grafts from disk
+    # Drop the live state so the resume really grafts from disk.
+    bridge.run(lambda core, _job: core.lock())
     meter.measure(lambda: None, idle)
-    bridge.call("unlock")
+    bridge.run(lambda core, _job: core.unlock())
+    meter.measure(lambda: None, idle)
     results["resume_ms"] = meter.measure(lambda: window.open_conversation(conversation), idle)
     graft = window.graft_label.text()
     # A document added to the open conversation (a chain link), then a routed question.

@@ -36,6 +36,16 @@ class Setting:
     minimum: int | float | None = None
     maximum: int | float | None = None
     optional: bool = False  # None means "the model's recommendation"
+    # How the Settings dialog shows it: its section, a plain name, the unit, and whether it
+    # is folded under "Advanced" (most people never need it).
+    group: str = "Advanced"
+    label: str = ""
+    unit: str = ""
+    advanced: bool = False
+
+
+# The Settings dialog's sections, in order.
+GROUPS = ("Model", "Performance", "Memory and documents", "Answers", "Privacy")
 
 
 # The model-checked gate's defaults, calibrated by `python -m galahad_dev eval routing` on
@@ -56,18 +66,34 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "GGUF model file; empty means the embedded Gemma 3 270M demo model.",
         runtime=True,
+        group="Model",
+        label="Model file",
     ),
     Setting(
-        "n_ctx", int, 8192, "Context size in tokens.", runtime=True, minimum=512, maximum=262_144
+        "n_ctx",
+        int,
+        8192,
+        "How much text the model can hold at once (a conversation, or a document and its "
+        "questions); more needs more memory.",
+        runtime=True,
+        minimum=512,
+        maximum=262_144,
+        group="Model",
+        label="Context length",
+        unit="tokens",
     ),
     Setting(
         "n_gpu_layers",
         int,
         -1,
-        "Layers offloaded to the GPU; -1 means as many as fit in its free memory, 0 the CPU alone.",
+        "How much of the model runs on the graphics card: -1 as much as fits in its free "
+        "memory, 0 none (the CPU alone).",
         runtime=True,
         minimum=-1,
         maximum=1024,
+        group="Performance",
+        label="GPU offload",
+        unit="layers",
     ),
     Setting(
         "rpc_servers",
@@ -76,15 +102,21 @@ SETTINGS: tuple[Setting, ...] = (
         "llama.cpp device servers on this computer (HOST:PORT, comma-separated, e.g. "
         "127.0.0.1:50052 from `galahad serve-device`): used like a GPU; empty: none.",
         runtime=True,
+        group="Performance",
+        label="Device servers",
+        advanced=True,
     ),
     Setting(
         "n_threads",
         int,
         _default_threads(),
-        "CPU threads for evaluation.",
+        "Processor threads the model uses.",
         runtime=True,
         minimum=1,
         maximum=max(1, (os.cpu_count() or 1) * 2),
+        group="Performance",
+        label="CPU threads",
+        unit="threads",
     ),
     Setting(
         "n_batch",
@@ -94,6 +126,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=True,
         minimum=32,
         maximum=8192,
+        group="Performance",
+        label="Reading batch",
+        unit="tokens",
+        advanced=True,
     ),
     Setting(
         "n_ubatch",
@@ -103,6 +139,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=True,
         minimum=32,
         maximum=8192,
+        group="Performance",
+        label="Reading micro-batch",
+        unit="tokens",
+        advanced=True,
     ),
     Setting(
         "flash_attn",
@@ -112,6 +152,9 @@ SETTINGS: tuple[Setting, ...] = (
         "a GPU), on or off.",
         runtime=True,
         choices=("auto", "on", "off"),
+        group="Performance",
+        label="Flash attention",
+        advanced=True,
     ),
     Setting(
         "kv_type",
@@ -121,6 +164,8 @@ SETTINGS: tuple[Setting, ...] = (
         "attention), f16 is exact to the model's own arithmetic.",
         runtime=True,
         choices=("f16", "f32", "q8_0"),
+        group="Memory and documents",
+        label="Memory precision",
     ),
     Setting(
         "read_in_f16",
@@ -129,6 +174,9 @@ SETTINGS: tuple[Setting, ...] = (
         "With a q8_0 cache, read long texts in an f16 context and convert the result to "
         "q8_0: reading at f16's speed (llama.cpp reads about 2x slower over a q8_0 cache).",
         runtime=True,
+        group="Memory and documents",
+        label="Read in f16, keep in q8_0",
+        advanced=True,
     ),
     Setting(
         "swa_full",
@@ -137,6 +185,9 @@ SETTINGS: tuple[Setting, ...] = (
         "Full-size sliding-window cache; off (the default) keeps only the window in a ring "
         "buffer, which reads faster with flash attention and grafts just as exactly.",
         runtime=True,
+        group="Performance",
+        label="Full sliding-window cache",
+        advanced=True,
     ),
     Setting(
         "chain_blocks",
@@ -145,6 +196,9 @@ SETTINGS: tuple[Setting, ...] = (
         "Store each turn as a child block holding only its new tokens (a chain); off stores "
         "the whole state every turn.",
         runtime=False,
+        group="Memory and documents",
+        label="Store turns as a chain",
+        advanced=True,
     ),
     Setting(
         "compact_after",
@@ -155,6 +209,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=4,
         maximum=10_000,
+        group="Memory and documents",
+        label="Merge a chain after",
+        unit="links",
+        advanced=True,
     ),
     Setting(
         "checkpoints",
@@ -165,6 +223,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=2,
         maximum=10_000,
+        group="Memory and documents",
+        label="Turns kept apart when merging",
+        unit="turns",
+        advanced=True,
     ),
     Setting(
         "part_tokens",
@@ -175,6 +237,9 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0,
         maximum=262_144,
+        group="Memory and documents",
+        label="Document part size",
+        unit="tokens",
     ),
     Setting(
         "part_overlap",
@@ -184,6 +249,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0,
         maximum=4096,
+        group="Memory and documents",
+        label="Part overlap",
+        unit="tokens",
+        advanced=True,
     ),
     Setting(
         "route_min_strength",
@@ -194,6 +263,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0.0,
         maximum=1.0,
+        group="Memory and documents",
+        label="Least word match to answer",
+        unit="share",
+        advanced=True,
     ),
     Setting(
         "route_min_margin",
@@ -203,6 +276,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=1.0,
         maximum=100.0,
+        group="Memory and documents",
+        label="Word match lead over the runner-up",
+        unit="×",
+        advanced=True,
     ),
     Setting(
         "embedding_model",
@@ -211,6 +288,8 @@ SETTINGS: tuple[Setting, ...] = (
         "GGUF embedding model (e.g. EmbeddingGemma: galahad models get embeddinggemma) that "
         "adds meaning to the router's word matching; empty routes by words alone.",
         runtime=False,
+        group="Memory and documents",
+        label="Meaning model (embeddings)",
     ),
     Setting(
         "route_min_similarity",
@@ -221,6 +300,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0.0,
         maximum=1.0,
+        group="Memory and documents",
+        label="Least meaning match to answer",
+        unit="cosine",
+        advanced=True,
     ),
     Setting(
         "route_min_coverage",
@@ -231,6 +314,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0.0,
         maximum=1.0,
+        group="Memory and documents",
+        label="Least word share with meaning",
+        unit="share",
+        advanced=True,
     ),
     Setting(
         "route_hybrid_margin",
@@ -241,6 +328,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=1.0,
         maximum=100.0,
+        group="Memory and documents",
+        label="Lead over another document",
+        unit="×",
+        advanced=True,
     ),
     Setting(
         "route_strong_coverage",
@@ -251,6 +342,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0.0,
         maximum=1.01,
+        group="Memory and documents",
+        label="Word share that answers alone",
+        unit="share",
+        advanced=True,
     ),
     Setting(
         "rerank",
@@ -260,6 +355,8 @@ SETTINGS: tuple[Setting, ...] = (
         "likely each makes the question (their stored blocks grafted, the question read once "
         "on each: a fraction of a second) and answers from the best.",
         runtime=False,
+        group="Memory and documents",
+        label="Let the model check candidates",
     ),
     Setting(
         "rerank_candidates",
@@ -269,6 +366,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=1,
         maximum=20,
+        group="Memory and documents",
+        label="Candidates the model checks",
+        unit="parts",
+        advanced=True,
     ),
     Setting(
         "route_min_pmi",
@@ -280,6 +381,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=-100.0,
         maximum=100.0,
+        group="Memory and documents",
+        label="Least model evidence to answer",
+        unit="nats",
+        advanced=True,
     ),
     Setting(
         "route_pmi_margin",
@@ -290,6 +395,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=0.0,
         maximum=100.0,
+        group="Memory and documents",
+        label="Model evidence lead over another document",
+        unit="nats",
+        advanced=True,
     ),
     Setting(
         "route_pmi_alone",
@@ -300,6 +409,10 @@ SETTINGS: tuple[Setting, ...] = (
         runtime=False,
         minimum=-100.0,
         maximum=100.0,
+        group="Memory and documents",
+        label="Model evidence to overrule the words",
+        unit="nats",
+        advanced=True,
     ),
     Setting(
         "system_prompt",
@@ -309,6 +422,8 @@ SETTINGS: tuple[Setting, ...] = (
         "into the first turn when the model has none).",
         runtime=False,
         choices=("none", "concise", "coder", "tutor", "translator"),
+        group="Answers",
+        label="Assistant style",
     ),
     Setting(
         "thinking",
@@ -317,16 +432,21 @@ SETTINGS: tuple[Setting, ...] = (
         "Let the model think before it answers (Gemma 4) in new conversations; the thoughts "
         "are shown, never kept in the conversation.",
         runtime=False,
+        group="Answers",
+        label="Think before answering",
     ),
     Setting(
         "temperature",
         float,
         None,
-        "Sampling temperature; 0 is greedy; empty uses the model publisher's recommendation.",
+        "How adventurous replies are: 0 always picks the likeliest word; empty uses the "
+        "model publisher's recommendation.",
         runtime=False,
         minimum=0.0,
         maximum=5.0,
         optional=True,
+        group="Answers",
+        label="Creativity (temperature)",
     ),
     Setting(
         "top_p",
@@ -337,6 +457,10 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0.0,
         maximum=1.0,
         optional=True,
+        group="Answers",
+        label="Top P",
+        unit="share",
+        advanced=True,
     ),
     Setting(
         "top_k",
@@ -348,18 +472,34 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         maximum=262_144,
         optional=True,
+        group="Answers",
+        label="Top K",
+        unit="tokens",
+        advanced=True,
     ),
     Setting(
         "max_tokens",
         int,
         1024,
-        "Most tokens generated per reply (thoughts included).",
+        "The longest a reply may be (thoughts included).",
         runtime=False,
         minimum=1,
         maximum=131_072,
+        group="Answers",
+        label="Longest reply",
+        unit="tokens",
     ),
     Setting(
-        "seed", int, 0, "Random seed for sampling.", runtime=False, minimum=0, maximum=2**32 - 1
+        "seed",
+        int,
+        0,
+        "Random seed for sampling.",
+        runtime=False,
+        minimum=0,
+        maximum=2**32 - 1,
+        group="Answers",
+        label="Random seed",
+        advanced=True,
     ),
 )
 

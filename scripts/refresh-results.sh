@@ -22,6 +22,7 @@ declare -A commands=(
   [eval-routing-gemma4-test]="python -m galahad_dev --model MODEL --out OUT eval routing --documents dpkg-triggers.txt,gpl-3.txt,emacs-tutorial-ja.txt,man-db-manual.txt --ledgers 1"
   [eval-flywheel]="python -m galahad_dev eval flywheel --problems 30 --attempts 5"
   [ui-stall]="python -m benchmarks.ui_stall --json"
+  [ui-render]="python -m benchmarks.ui_render --json"
 )
 names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=("${!commands[@]}")
@@ -29,8 +30,8 @@ for name in "${names[@]}"; do
   command=${commands[$name]:-}
   [[ -n $command ]] || { echo "refresh-results: unknown result '$name'" >&2; exit 2; }
   echo "== $name: $command"
-  if [[ $name == ui-stall ]]; then
-    $command > "$out/ui-stall.json"
+  if [[ $name == ui-stall || $name == ui-render ]]; then
+    $command > "$out/$name.json"
   elif [[ $name == eval-routing-gemma4-test ]]; then
     # The Gemma 4 test model's mechanics: its own file, so eval-routing.json stays.
     model=$(python -c 'from galahad_desktop.paths import default_model_path as d

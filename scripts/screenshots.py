@@ -1,209 +1,186 @@
-"""Take the README's screenshots from real windows with the real engine.
+"""Take the README's screenshots from real windows with the real engine, in the light and the
+dark theme, at 1x and 2x (HiDPI).
 
 Run: scripts/with-keyring.sh scripts/with-x.sh .venv/bin/python scripts/screenshots.py
 (under a real X server and window manager, so dialogs get their frames), or with
-QT_QPA_PLATFORM=offscreen. Writes docs/screenshots/*.png.
+QT_QPA_PLATFORM=offscreen. Each theme and scale runs in its own process (the scale factor
+must be set before Qt starts) and writes docs/screenshots/<theme>/<name>[@2x].png.
+`--theme dark --scale 2` takes one set.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QTimer
-from PySide6.QtWidgets import QApplication, QWidget
-
-from galahad_desktop.settings import Settings
-from galahad_desktop.ui.dialogs import (
-    ContextFullDialog,
-    MemoryDialog,
-    SecurityDialog,
-    SettingsDialog,
-)
-from galahad_desktop.ui.main_window import MainWindow
-from galahad_desktop.ui.worker import CoreBridge, default_core_factory
-from galahad_dev.corpus import Corpus
-
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
+sys.path.insert(0, str(ROOT))  # galahad_dev (the test corpus) lives beside the package
+
+# An imported conversation (a Markdown transcript): what a reply with a heading, a list and
+# code looks like, whatever the embedded demo model would have written.
+TRANSCRIPT = """## You
+
+How do I read a file line by line in Python, and count the lines that mention a knight?
+
+## Gemma
+
+# Reading a file line by line
+
+Open the file in a `with` block, so it is closed even if something fails, and iterate
+over it — Python reads one line at a time, however large the file is:
+
+```python
+count = 0
+with open("chronicle.txt", encoding="utf-8") as chronicle:
+    for line in chronicle:
+        if "knight" in line.lower():
+            count += 1
+print(count)
+```
+
+- `encoding="utf-8"` avoids surprises on systems with another default.
+- `line.lower()` makes the match case-insensitive.
+
+## You
+
+And only the first ten matches?
+
+## Gemma
+
+Stop the loop once you have them: keep a list and `break` when it holds ten lines.
+"""
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 300.0) -> None:
-    waited = 0.0
-    while not predicate():
-        loop = QEventLoop()
-        QTimer.singleShot(20, loop.quit)
-        loop.exec()
-        waited += 0.02
-        if waited > timeout_s:
-            raise TimeoutError("screenshot step timed out")
-
-
-def settle(ms: int = 400) -> None:
-    loop = QEventLoop()
-    QTimer.singleShot(ms, loop.quit)
-    loop.exec()
-
-
-def shot(widget: QWidget, name: str) -> None:
-    settle()
-    widget.grab().save(str(OUT / f"{name}.png"))
-    print("wrote", OUT / f"{name}.png")
-
-
-def idle(window: MainWindow) -> Callable[[], bool]:
-    return lambda: window.generating is None and window.bridge.pending() == 0
-
-
-def chatgpt_export(path: Path, conversations: int) -> Path:
-    """A ChatGPT data export (conversations.json) with a few longer conversations."""
-    items = []
-    for c in range(conversations):
-        mapping: dict[str, dict[str, object]] = {"root": {"message": None, "children": ["m0"]}}
-        previous = "root"
-        for m in range(8):
-            role = "user" if m % 2 == 0 else "assistant"
-            text = (
-                f"Question {m // 2 + 1} about the castle's {['walls', 'towers', 'moat'][c % 3]}?"
-                if role == "user"
-                else "The chronicles describe it at length. " * 12
-            )
-            mapping[f"m{m}"] = {
-                "parent": previous,
-                "children": [f"m{m + 1}"] if m < 7 else [],
-                "message": {
-                    "author": {"role": role},
-                    "content": {"content_type": "text", "parts": [text]},
-                    "create_time": 1_760_000_000 + c * 3600 + m * 60,
-                },
-            }
-            previous = f"m{m}"
-        items.append(
-            {
-                "title": f"Castle notes {c + 1}",
-                "create_time": 1_760_000_000 + c * 3600,
-                "current_node": "m7",
-                "mapping": mapping,
-            }
-        )
-    path.write_text(json.dumps(items))
-    return path
-
-
-def main() -> int:
+def shoot(theme: str, scale: int) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    OUT.mkdir(parents=True, exist_ok=True)
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
+
+    from galahad_desktop.settings import Settings
+    from galahad_desktop.ui.dialogs import AskDialog, MemoryDialog, SecurityDialog
+    from galahad_desktop.ui.format import proof_words
+    from galahad_desktop.ui.main_window import MainWindow
+    from galahad_desktop.ui.settings_dialog import SettingsDialog
+    from galahad_desktop.ui.worker import CoreBridge, default_core_factory
+    from galahad_dev.corpus import Corpus
+
+    out = OUT / theme
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "" if scale == 1 else f"@{scale}x"
     app = QApplication(sys.argv)
+
+    def wait_until(predicate: Callable[[], bool], timeout_s: float = 300.0) -> None:
+        waited = 0.0
+        while not predicate():
+            loop = QEventLoop()
+            QTimer.singleShot(20, loop.quit)
+            loop.exec()
+            waited += 0.02
+            if waited > timeout_s:
+                raise TimeoutError("screenshot step timed out")
+
+    def settle(ms: int = 400) -> None:
+        loop = QEventLoop()
+        QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+
+    def shot(widget: QWidget, name: str) -> None:
+        settle()
+        path = out / f"{name}{suffix}.png"
+        widget.grab().save(str(path))
+        print("wrote", path.relative_to(ROOT))
+
     data = Path(tempfile.mkdtemp()) / "data"
     data.mkdir(mode=0o700)
     Settings(data).update({"n_ctx": 8192, "max_tokens": 60})
-    bridges: list[CoreBridge] = []
-
-    def new_window() -> MainWindow:
-        bridge = CoreBridge(default_core_factory(data, None))
-        bridges.append(bridge)
-        window = MainWindow(bridge, data, show_dialogs=False)
-        window.resize(1180, 760)
-        window.show()
-        wait_until(lambda: bridge.pending() == 0)
-        return window
-
-    window = new_window()
+    bridge = CoreBridge(default_core_factory(data, None))
+    window = MainWindow(bridge, data)
+    window.prompts.inform = lambda title, message: None  # type: ignore[method-assign]
+    window.set_theme(theme)
+    window.resize(1180, 760)
+    window.show()
+    idle = lambda: window.generating is None and bridge.pending() == 0  # noqa: E731
+    wait_until(idle)
     wait_until(lambda: window.welcome.offer.isVisible(), 30)
     shot(window, "first-screen")
 
-    window.input.setPlainText("Write a short poem about the knights of the round table.")
-    pieces: list[str] = []
-    window.bridge.worker.streamed.connect(lambda _r, p: pieces.append(p))
-    window.send()
-    wait_until(lambda: len(pieces) >= 25)
-    shot(window, "chat-streaming")
-    wait_until(idle(window))
-    window.input.setPlainText("Give it a title.")
-    window.send()
-    wait_until(idle(window))
-    window.close()
-    window.bridge.stop()
-
-    window = new_window()
-    bar = window.sidebar.deposit_bar
-    first = window.sidebar.conversations[0].id
-    window.open_conversation(first)
-    wait_until(lambda: "Resumed" in window.graft_label.text())
-    shot(window, "resume-status")
-
-    export = chatgpt_export(Path(tempfile.mkdtemp()) / "conversations.json", 6)
-    window.import_conversations(export)
-    wait_until(lambda: 0 < bar.value() < bar.maximum())
-    shot(window, "import-progress")
-    wait_until(lambda: window.working is None and window.bridge.pending() == 0, 600)
-
+    # History: an imported conversation, a document read once, a chat of our own.
+    transcript = Path(tempfile.mkdtemp()) / "reading-files.md"
+    transcript.write_text(TRANSCRIPT)
+    window.import_conversations(transcript)
+    wait_until(lambda: window.working is None and idle(), 600)
     doc = Path(tempfile.mkdtemp()) / "round-table-minutes.md"
     lines = [
         f"- Day {i}: Sir {['Gawain', 'Percival', 'Bors', 'Kay'][i % 4]} reported "
         f"{i % 9 + 1} sightings near the lake."
-        for i in range(250)
+        for i in range(120)
     ]
     doc.write_text("# Minutes of the Round Table\n\n" + "\n".join(lines))
     window.deposit(doc)
-    wait_until(lambda: 0 < bar.value() < bar.maximum())
+    bar = window.sidebar.deposit_bar
+    wait_until(lambda: 0 < bar.value() < bar.maximum(), 120)
     shot(window, "documents-deposit")
-    wait_until(lambda: window.working is None and window.bridge.pending() == 0, 600)
-
-    # A conversation that no longer fits: the choices, with what each re-reads.
-    Settings(data).update({"n_ctx": 512, "max_tokens": 12})
-    window.close()
-    window.bridge.stop()
-    window = new_window()
+    wait_until(lambda: window.working is None and idle(), 600)
     window.new_chat()
-    for turn in range(10):
-        window.input.setPlainText(f"Turn {turn}: tell me about the castle walls and the towers.")
-        window.send()
-        wait_until(idle(window))
-    fulls: list[object] = []
-    window.context_full.connect(fulls.append)
-    window.input.setPlainText("One more question about the towers " * 40)
+    window.chat.input.setPlainText("Write a short poem about the knights of the round table.")
+    pieces: list[str] = []
+    bridge.worker.streamed.connect(lambda _r, p: pieces.append(p))
     window.send()
-    wait_until(lambda: window.bridge.pending() == 0)
-    if not fulls:
-        raise SystemExit("screenshots: the conversation did not fill its context")
-    dialog = ContextFullDialog(fulls[0], window)  # type: ignore[arg-type]
-    dialog.resize(640, 380)
-    dialog.show()
-    shot(dialog, "context-full")
-    dialog.close()
-    Settings(data).update({"n_ctx": 8192, "max_tokens": 60})
-    window.close()
-    window.bridge.stop()
+    wait_until(lambda: len(pieces) >= 25)
+    shot(window, "chat-streaming")
+    wait_until(idle)
 
-    window = new_window()
-    # Some history for the Memory view: a verified answer used again, and two resumes.
-    window.new_chat()
-    window.input.setPlainText("What is 37 * 12 + 5?")
-    window.send()
-    wait_until(idle(window))
-    window.mark_verified()
-    wait_until(lambda: window.bridge.pending() == 0)
-    for conversation in window.sidebar.conversations[:2]:
-        window.open_conversation(conversation.id)
-        wait_until(lambda: window.bridge.pending() == 0)
-    for dialog_type, name in (
-        (SettingsDialog, "settings"),
-        (SecurityDialog, "security"),
-        (MemoryDialog, "memory"),
-    ):
-        view = dialog_type(window, window)  # type: ignore[arg-type]
+    # A new window: the imported conversation resumed from disk, the Memory panel open.
+    window.close()
+    bridge.stop()
+    bridge = CoreBridge(default_core_factory(data, None))
+    window = MainWindow(bridge, data)
+    window.prompts.inform = lambda title, message: None  # type: ignore[method-assign]
+    window.resize(1320, 800)
+    window.show()
+    wait_until(idle)
+    imported = next(c for c in window.sidebar.conversations if "file" in c.title.lower())
+    window.memory_dock.setVisible(True)
+    window.open_conversation(imported.id)
+    wait_until(lambda: "Resumed" in window.graft_label.text() and idle())
+    wait_until(lambda: "byte-exact" in window.memory_panel.restore_label.text())
+    shot(window, "conversation")
+
+    proof = QMessageBox(
+        QMessageBox.Icon.Information,
+        "The proof of the last restore",
+        proof_words(window.last_graft),
+        parent=window,
+    )
+    proof.show()
+    shot(proof, "proof")
+    proof.close()
+
+    settings = SettingsDialog(window, window)
+    settings.resize(760, 620)
+    settings.show()
+    wait_until(lambda: "n_batch" in settings.editors)
+    settings.tabs.setCurrentIndex(1)  # Performance: plain names, explanations, units
+    shot(settings, "settings")
+    settings.tabs.setCurrentIndex(2)
+    settings.sections["Memory and documents"].advanced_button.setChecked(False)
+    shot(settings, "settings-memory")
+    settings.close()
+    for dialog_type, name in ((SecurityDialog, "security"), (MemoryDialog, "memory")):
+        view = dialog_type(window, window)
         view.resize(720, 560)
         view.show()
-        wait_until(lambda: window.bridge.pending() == 0)
+        wait_until(lambda: bridge.pending() == 0)
         shot(view, name)
         view.close()
 
-    # A document longer than the context: stored in parts, asked through the router.
+    # A question to the library, routed to the document's part that answers it.
     corpus = Corpus(4)
     sections, needles = [], []
     for k in range(8):
@@ -213,25 +190,39 @@ def main() -> int:
     ledger = Path(tempfile.mkdtemp()) / "harbour-ledger.md"
     ledger.write_text("\n\n".join(sections))
     window.deposit(ledger)
-    wait_until(lambda: window.working is None and window.bridge.pending() == 0, 900)
+    wait_until(lambda: window.working is None and idle(), 900)
     window.open_ask()
     ask = window.ask_dialog
-    assert ask is not None
+    assert isinstance(ask, AskDialog)
     ask.resize(720, 480)
     ask.show()
+    answers: list[object] = []
+    ask.answered.connect(answers.append)
     ask.question.setText(f"What is {needles[3].name}'s access code?")
     ask.ask()
-    wait_until(lambda: window.bridge.pending() == 0 and ask.source.text() != "")
+    wait_until(lambda: bridge.pending() == 0 and len(answers) == 1)
     shot(ask, "ask-routed")
-    ask.question.setText(f"What is {corpus.absent_name()}'s access code?")
-    ask.ask()
-    wait_until(lambda: window.bridge.pending() == 0 and not ask.candidates.isHidden())
-    shot(ask, "ask-gated")
     ask.close()
     window.close()
-    for bridge in bridges:
-        bridge.stop()
+    bridge.stop()
     app.quit()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--theme", choices=("light", "dark"))
+    parser.add_argument("--scale", type=int, choices=(1, 2))
+    args = parser.parse_args()
+    if args.theme and args.scale:
+        return shoot(args.theme, args.scale)
+    for theme in ("light", "dark"):
+        for scale in (1, 2):
+            env = {**os.environ, "QT_SCALE_FACTOR": str(scale)}
+            command = [sys.executable, __file__, "--theme", theme, "--scale", str(scale)]
+            if subprocess.run(command, env=env, check=False).returncode != 0:
+                print(f"screenshots: the {theme} {scale}x set failed", file=sys.stderr)
+                return 1
     return 0
 
 

@@ -36,5 +36,5 @@ fi
 run_pytest "$@"
 if [ "$#" -eq 0 ]; then
   echo "test.sh: the window tests again, on a real X server with a window manager"
-  run_pytest --x -p no:cacheprovider tests/test_gui.py
+  run_pytest --x -p no:cacheprovider tests/test_gui.py tests/test_ui_look.py
 fi

@@ -4,6 +4,7 @@ issues ask for. Speed itself is judged from the printed figures, never asserted 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,22 @@ def test_eval_routing_with_the_model_reranker(tmp_path: Path) -> None:
     checked = [r for r in result["results"] if "scores" in r]
     assert checked and all(r["checked"] == len(r["scores"]) for r in checked)
     assert all(r["why"].startswith(("Answered", "Not answered")) for r in result["results"])
+
+
+@pytest.mark.keyring
+@pytest.mark.gui
+@pytest.mark.usefixtures("real_keyring")
+def test_ui_render_benchmark_opens_a_long_conversation(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ui_render", "--messages", "40", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["messages"] == 40 and result["proof"] == "exact"
+    assert result["restored_tokens"] > 0
+    assert 0 < result["render_ms"] <= result["open_ms"]
+    assert result["stream_stall_ms"] > 0 and result["render_target_ms"] == 300

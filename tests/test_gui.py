@@ -289,7 +289,7 @@ def test_settings_model_switch_and_download(  # type: ignore[no-untyped-def]
     qtbot, open_window, data_dir: Path, gemma4_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from galahad_desktop.models import catalog
-    from galahad_desktop.ui.dialogs import SettingsDialog
+    from galahad_desktop.ui.settings_dialog import SettingsDialog
     from tests.fakehub import FakeHub
 
     window = open_window()
@@ -571,3 +571,60 @@ def test_backup_recovery_kit_and_rotation_from_the_security_dialog(  # type: ign
     qtbot.waitUntil(lambda: "need the old key" in dialog.output.toPlainText(), timeout=WAIT_MS)
     assert str((tmp_path / "backup").resolve()) in dialog.output.toPlainText()
     qtbot.waitUntil(lambda: "Retired keys" in dialog.summary.text(), timeout=WAIT_MS)
+
+
+def test_keyboard_only_walkthrough(qtbot, open_window, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """New chat, send, stop, regenerate, settings and the theme, with keys alone."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from galahad_desktop.ui import theme
+
+    Settings(data_dir).update({"max_tokens": 600})  # long enough to be stopped
+    window = open_window()
+    window.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is window, timeout=WAIT_MS)
+    ctrl = Qt.KeyboardModifier.ControlModifier
+    qtbot.keyClick(window, Qt.Key.Key_N, ctrl)  # new chat
+    assert window.pages.currentWidget() is window.chat
+    qtbot.waitUntil(lambda: window.chat.input.hasFocus(), timeout=WAIT_MS)
+    qtbot.keyClicks(window.chat.input, "Tell me a long story about Camelot.")
+    pieces: list[str] = []
+    window.bridge.worker.streamed.connect(lambda _rid, piece: pieces.append(piece))
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as stopped:
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Return, ctrl)  # send
+        qtbot.waitUntil(lambda: len(pieces) >= 2, timeout=WAIT_MS)
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Escape)  # stop
+    assert stopped.args[0].stop_reason == "cancelled"
+    assert window.chat.messages[0].text == "Tell me a long story about Camelot."
+    qtbot.waitUntil(lambda: window.bridge.pending() == 0, timeout=WAIT_MS)
+    pieces.clear()
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as regenerated:
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_R, ctrl)  # regenerate
+        qtbot.waitUntil(lambda: len(pieces) >= 2, timeout=WAIT_MS)
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Escape)
+    assert regenerated.args[0].counters.recomputed_tokens == 0
+    qtbot.waitUntil(lambda: window.bridge.pending() == 0, timeout=WAIT_MS)
+    # Tab leaves the message box for the buttons (the box does not swallow it).
+    window.chat.input.setFocus()
+    qtbot.keyClick(window.chat.input, Qt.Key.Key_Tab)
+    assert not window.chat.input.hasFocus()
+    # Ctrl+, opens the settings (modal): Escape closes them.
+    seen: list[str] = []
+
+    def close_with_escape() -> None:
+        dialog = QApplication.activeModalWidget()
+        if dialog is None:
+            QTimer.singleShot(50, close_with_escape)
+            return
+        seen.append(dialog.windowTitle())
+        qtbot.keyClick(dialog, Qt.Key.Key_Escape)
+
+    QTimer.singleShot(50, close_with_escape)
+    qtbot.keyClick(window, Qt.Key.Key_Comma, ctrl)
+    assert seen == ["Settings"]
+    window.activateWindow()  # what the window manager does when a modal dialog closes
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is window, timeout=WAIT_MS)
+    before = theme.current().name
+    qtbot.keyClick(window, Qt.Key.Key_T, ctrl | Qt.KeyboardModifier.ShiftModifier)
+    assert theme.current().name != before and window.chat.dark() == (before == "light")

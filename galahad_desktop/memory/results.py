@@ -174,6 +174,9 @@ class ConversationSummary:
     thinking: bool = False
     model_sha256: str = ""
     damaged: str = ""  # why its record does not open (it is listed, marked, never hidden)
+    preview: str = ""  # the start of its last message (decrypted in memory, for the sidebar)
+    memory: str = ""  # stored | needs re-reading | not stored | damaged
+    block_bytes: int = 0  # its stored blocks' bytes on disk
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,17 @@
-"""The conversation: the transcript (copy buttons on every reply and code block, a collapsed
-"Thinking…" section), the message box and the turn buttons."""
+"""The conversation: the transcript (each turn a card with its actions: copy, regenerate,
+edit, branch; code blocks with their language and Copy; a folded "Thinking…" section), the
+message box and the turn buttons.
+
+Each turn's HTML is kept until its text changes, so streaming re-renders only the last turn
+and opening a long conversation renders each turn once."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QPalette, QShortcut
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -17,7 +22,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from galahad_desktop.ui import theme
 from galahad_desktop.ui.render import code_blocks, message_html
+
+INCREMENTAL_TURNS = 3  # at most this many trailing turns are replaced in place
 
 
 @dataclass
@@ -26,37 +34,68 @@ class ShownMessage:
     text: str
     thoughts: str = ""
     expanded: bool = False
+    created_at: float = 0.0
 
 
 class ChatView(QWidget):
     copied = Signal(str)  # what was put on the clipboard (for the status line and tests)
+    regenerate_requested = Signal()
+    edit_requested = Signal(int)  # the index of a user message: edit it into a new branch
+    branch_requested = Signal(int)  # the index of a reply: ask its question again, branched
 
     def __init__(self) -> None:
         super().__init__()
         self.messages: list[ShownMessage] = []
         self.model_name = "Gemma"
         self.focus_index = -1
+        self.show_times = False
+        self.busy = False
+        self._html: dict[int, tuple[tuple[object, ...], str]] = {}  # index -> (key, html)
+        self._shown: list[str] = []  # each turn's HTML as the document holds it
         self.transcript = QTextBrowser()
+        self.transcript.setAccessibleName("Conversation")
+        self.transcript.setToolTip(
+            "The conversation. Ctrl+Up and Ctrl+Down step through messages; Ctrl+Shift+C "
+            "copies the one in focus."
+        )
         self.transcript.setOpenLinks(False)
         self.transcript.setOpenExternalLinks(False)
         self.transcript.anchorClicked.connect(self._anchor)
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Message the model (Ctrl+Enter to send)")
+        self.input.setAccessibleName("Message")
+        self.input.setToolTip("Write a message; Ctrl+Enter sends it, Escape stops a reply.")
+        self.input.setTabChangesFocus(True)  # Tab leaves the box: the app works without a mouse
         self.input.setFixedHeight(90)
-        self.send_button = QPushButton("Send")
-        self.stop_button = QPushButton("Stop")
+        self.send_button = QPushButton(theme.icon("send"), "Send")
+        theme.set_primary(self.send_button)
+        self.stop_button = QPushButton(theme.icon("stop"), "Stop")
         self.stop_button.setEnabled(False)
-        self.regenerate_button = QPushButton("Regenerate")
-        self.edit_button = QPushButton("Edit a message…")
-        self.verify_button = QPushButton("Mark verified")
-        self.verify_button.setToolTip(
-            "Store the last answer in the verified library (checkable answers must pass)"
-        )
+        self.regenerate_button = QPushButton(theme.icon("regenerate"), "Regenerate")
+        self.edit_button = QPushButton(theme.icon("edit"), "Edit a message…")
+        self.verify_button = QPushButton(theme.icon("verified"), "Mark verified")
+        for button, tip in (
+            (self.send_button, "Send the message (Ctrl+Enter)"),
+            (self.stop_button, "Stop the reply; what was written is kept (Escape)"),
+            (self.regenerate_button, "Write the last reply again (Ctrl+R)"),
+            (self.edit_button, "Change a message you sent and continue in a new branch (Ctrl+E)"),
+            (
+                self.verify_button,
+                "Store the last answer in the verified library (checkable answers must pass)",
+            ),
+        ):
+            button.setToolTip(tip)
+            button.setAccessibleName(button.text().rstrip("…"))
+        # The turn's own actions are icons (named for screen readers, explained on hover), so
+        # the message box keeps its width in a narrow window.
+        for button in (self.regenerate_button, self.edit_button, self.verify_button):
+            button.setText("")
         self.thinking_box = QCheckBox("Think first")
         self.thinking_box.setToolTip(
             "Let the model think before answering (Gemma 4). Set when a conversation starts; "
             "the thoughts are shown, never kept."
         )
+        self.thinking_box.setAccessibleName("Think first")
         buttons = QHBoxLayout()
         for button in (self.regenerate_button, self.edit_button, self.verify_button):
             buttons.addWidget(button)
@@ -65,7 +104,8 @@ class ChatView(QWidget):
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setContentsMargins(theme.SPACE[4], theme.SPACE[3], theme.SPACE[4], theme.SPACE[3])
+        layout.setSpacing(theme.SPACE[2])
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.input)
         layout.addLayout(buttons)
@@ -81,10 +121,10 @@ class ChatView(QWidget):
             QShortcut(QKeySequence(keys), self, slot)
 
     def dark(self) -> bool:
-        # The application's palette: a widget's own follows it only after an event round.
-        return QGuiApplication.palette().color(QPalette.ColorRole.Window).lightness() < 128
+        return theme.current().name == "dark"
 
     def set_busy(self, busy: bool) -> None:
+        self.busy = busy
         self.stop_button.setEnabled(busy)
         for widget in (
             self.send_button,
@@ -97,11 +137,44 @@ class ChatView(QWidget):
     # -- the transcript ------------------------------------------------------------------
     def set_messages(self, messages: list[ShownMessage]) -> None:
         self.messages = messages
+        self._html.clear()
+        self._shown = []
         self.focus_index = len(messages) - 1
         self.redraw()
 
-    def append(self, role: str, text: str = "") -> None:
-        self.messages.append(ShownMessage(role, text))
+    def set_show_times(self, show: bool) -> None:
+        self.show_times = show
+        self.redraw()
+
+    def actions_of(self, index: int) -> tuple[str, ...]:
+        """The links in a turn's header: what can be done with it now."""
+        message = self.messages[index]
+        if message.role == "user":
+            return ("copy", "edit")
+        if message.role != "model" or not message.text:
+            return ()
+        last = index == len(self.messages) - 1
+        if self.busy and last:
+            return ()
+        return ("copy", "regenerate") if last else ("copy", "branch")
+
+    def turn_html(self, index: int) -> str:
+        m = self.messages[index]
+        palette = theme.current()
+        actions = self.actions_of(index)
+        when = m.created_at if self.show_times else 0.0
+        key = (m.role, m.text, m.thoughts, m.expanded, palette.name, actions, when, self.model_name)
+        cached = self._html.get(index)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        html = message_html(
+            m.role, m.text, palette, index, m.thoughts, m.expanded, self.model_name, actions, when
+        )
+        self._html[index] = (key, html)
+        return html
+
+    def append(self, role: str, text: str = "", created_at: float = 0.0) -> None:
+        self.messages.append(ShownMessage(role, text, created_at=created_at or time.time()))
         self.redraw()
 
     def stream(self, piece: str, thought: bool = False) -> None:
@@ -115,14 +188,35 @@ class ChatView(QWidget):
             self._render_timer.start()
 
     def redraw(self) -> None:
-        dark = self.dark()
-        body = "".join(
-            message_html(m.role, m.text, dark, i, m.thoughts, m.expanded, self.model_name)
-            for i, m in enumerate(self.messages)
-        )
-        self.transcript.setHtml(body)
+        """Show the turns. When only the last few turns changed (a reply streaming in, a turn
+        added), only they are replaced in the document: the turns above are neither parsed
+        nor laid out again, so a long conversation streams as smoothly as a short one."""
+        for stale in [i for i in self._html if i >= len(self.messages)]:
+            del self._html[stale]
+        turns = [self.turn_html(i) for i in range(len(self.messages))]
         bar = self.transcript.verticalScrollBar()
-        bar.setValue(bar.maximum())
+        following = bar.value() >= bar.maximum() - 8  # the reader is at the newest words
+        shown = self._shown
+        same = 0
+        while same < min(len(shown), len(turns)) and shown[same] is turns[same]:
+            same += 1
+        document = self.transcript.document()
+        frames = document.rootFrame().childFrames()
+        if same >= len(turns) - INCREMENTAL_TURNS and len(frames) == len(shown) and same > 0:
+            cursor = QTextCursor(document)
+            cursor.setPosition(frames[same].firstPosition() - 1 if same < len(frames) else 0)
+            if same < len(frames):
+                cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+                cursor.removeSelectedText()
+            else:
+                cursor.movePosition(QTextCursor.MoveOperation.End)
+            if same < len(turns):
+                cursor.insertHtml("".join(turns[same:]))
+        else:
+            self.transcript.setHtml("".join(turns))
+        self._shown = turns
+        if following or not turns:
+            bar.setValue(bar.maximum())
 
     def _anchor(self, url: QUrl) -> None:
         if url.scheme() != "galahad":
@@ -134,6 +228,12 @@ class ChatView(QWidget):
         message = self.messages[numbers[0]]
         if action == "copy":
             self.copy(message.text)
+        elif action == "regenerate":
+            self.regenerate_requested.emit()
+        elif action == "edit" and message.role == "user":
+            self.edit_requested.emit(numbers[0])
+        elif action == "branch" and message.role == "model":
+            self.branch_requested.emit(numbers[0])
         elif action == "copy-code" and len(numbers) == 2:
             blocks = code_blocks(message.text)
             if numbers[1] < len(blocks):

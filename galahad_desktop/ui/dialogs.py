@@ -1,5 +1,5 @@
-"""Settings, Security, Memory, Ask and Context-full dialogs. Like the window, they only talk
-to the worker; they know the window only as a Host (ui/host.py)."""
+"""Security, Memory, Ask and Context-full dialogs (Settings: ui/settings_dialog.py). Like
+the window, they only talk to the worker; they know the window only as a Host (ui/host.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ from typing import Any
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QDialog,
-    QDialogButtonBox,
-    QDoubleSpinBox,
     QFileDialog,
-    QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -24,7 +19,6 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPlainTextEdit,
     QPushButton,
-    QSpinBox,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -35,184 +29,12 @@ from galahad_desktop.memory.results import (
     AskResult,
     ContextFull,
     MemoryStats,
-    ModelInfo,
     UsageEntry,
 )
-from galahad_desktop.settings import Setting
-from galahad_desktop.ui.format import human_bytes
+from galahad_desktop.ui import theme
+from galahad_desktop.ui.format import memory_summary
 from galahad_desktop.ui.host import Host
 from galahad_desktop.ui.render import markdown_html
-
-
-def describe_model(info: ModelInfo) -> str:
-    return (
-        f"{info.name} · {info.architecture} · {info.n_params / 1e6:,.0f}M parameters · "
-        f"{info.quantization} · context {info.n_ctx_train:,} · "
-        f"chat template: {'yes' if info.has_chat_template else 'no'} · {info.label}"
-    )
-
-
-class SettingsDialog(QDialog):
-    saved = Signal(bool)  # runtime changed
-
-    def __init__(self, host: Host, parent: QWidget) -> None:
-        super().__init__(parent)
-        self.host = host
-        self.setWindowTitle("Settings")
-        self.editors: dict[str, QWidget] = {}
-        self.optional: set[str] = set()
-        self.runtime_keys: set[str] = set()
-        self.initial: dict[str, Any] = {}
-        layout = QVBoxLayout(self)
-        self.form = QFormLayout()
-        model_row = QHBoxLayout()
-        self.model_path = QLineEdit()
-        self.model_path.setPlaceholderText("Embedded Gemma 3 270M (demo)")
-        browse = QPushButton("Choose GGUF…")
-        browse.clicked.connect(self.choose_model)
-        model_row.addWidget(self.model_path, 1)
-        model_row.addWidget(browse)
-        self.model_info = QLabel()
-        self.model_info.setWordWrap(True)
-        self.form.addRow("Model", model_row)
-        self.form.addRow("", self.model_info)
-        layout.addLayout(self.form)
-        self.warning = QLabel()
-        self.warning.setStyleSheet("color: #b06000")
-        self.warning.setWordWrap(True)
-        layout.addWidget(self.warning)
-        self.buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
-        )
-        self.buttons.accepted.connect(self.save)
-        self.buttons.rejected.connect(self.reject)
-        layout.addWidget(self.buttons)
-        host.bridge.run(
-            lambda core, _job: core.declared_settings(),
-            on_done=self._declared,
-            on_error=host.show_error,
-        )
-
-    def _declared(self, declared: tuple[Setting, ...]) -> None:
-        self.declared = declared
-        self.host.bridge.run(
-            lambda core, _job: core.settings_values(),
-            on_done=self._loaded,
-            on_error=self.host.show_error,
-        )
-
-    def _loaded(self, values: dict[str, Any]) -> None:
-        self.initial = dict(values)
-        self.model_path.setText(values.get("model_path", ""))
-        self.model_path.textChanged.connect(self._changed)
-        if values.get("model_path"):
-            self.inspect(values["model_path"])
-        elif self.host.info is not None:
-            self.model_info.setText(describe_model(self.host.info.model))
-        for spec in self.declared:
-            if spec.key == "model_path":
-                continue
-            value = values[spec.key]
-            editor: QWidget
-            if spec.type is bool:
-                editor = QCheckBox()
-                editor.setChecked(bool(value))
-                editor.toggled.connect(self._changed)
-            elif spec.choices:
-                editor = QComboBox()
-                editor.addItems([str(c) for c in spec.choices])
-                editor.setCurrentText(str(value))
-                editor.currentTextChanged.connect(self._changed)
-            elif spec.optional:
-                editor = QLineEdit("" if value is None else str(value))
-                editor.setPlaceholderText("the model's recommendation")
-                editor.textChanged.connect(self._changed)
-                self.optional.add(spec.key)
-            elif spec.type is int:
-                editor = QSpinBox()
-                limit = 2**31 - 1  # a spin box holds a C int
-                editor.setRange(int(spec.minimum or 0), min(limit, int(spec.maximum or limit)))
-                editor.setValue(int(value))
-                editor.valueChanged.connect(self._changed)
-            elif spec.type is float:
-                editor = QDoubleSpinBox()
-                editor.setDecimals(3)
-                editor.setRange(float(spec.minimum or 0.0), float(spec.maximum or 100.0))
-                editor.setSingleStep(0.05)
-                editor.setValue(float(value))
-                editor.valueChanged.connect(self._changed)
-            else:
-                editor = QLineEdit(str(value))
-                editor.textChanged.connect(self._changed)
-            editor.setToolTip(spec.description)
-            if spec.runtime:
-                self.runtime_keys.add(spec.key)
-            self.editors[spec.key] = editor
-            self.form.addRow(spec.key.replace("_", " "), editor)
-
-    def values(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model_path": self.model_path.text().strip()}
-        for key, editor in self.editors.items():
-            if isinstance(editor, QCheckBox):
-                out[key] = editor.isChecked()
-            elif isinstance(editor, QComboBox):
-                out[key] = editor.currentText()
-            elif isinstance(editor, QSpinBox | QDoubleSpinBox):
-                out[key] = editor.value()
-            elif isinstance(editor, QLineEdit):
-                text = editor.text().strip()
-                out[key] = None if key in self.optional and not text else text
-        return out
-
-    def changed_runtime(self) -> list[str]:
-        runtime = self.runtime_keys | {"model_path"}
-        return [k for k, v in self.values().items() if k in runtime and self.initial.get(k) != v]
-
-    def _changed(self, *_: Any) -> None:
-        changed = self.changed_runtime()
-        self.warning.setText(
-            f"Changing {', '.join(changed)} alters the runtime fingerprint: stored blocks will "
-            "be re-read (not grafted) once on next use, then stored again."
-            if changed
-            else ""
-        )
-
-    def choose_model(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Choose a GGUF model", str(Path.home()), "GGUF models (*.gguf)"
-        )
-        if path:
-            self.model_path.setText(path)
-            self.inspect(path)
-
-    def inspect(self, path: str) -> None:
-        self.model_info.setText("Reading the model's metadata…")
-        model = Path(path)
-        self.host.bridge.run(
-            lambda core, _job: core.inspect_model(model),
-            on_done=lambda info: self.model_info.setText(describe_model(info)),
-            on_error=lambda message, kind: self.model_info.setText(message),
-        )
-
-    def save(self) -> None:
-        changes = {k: v for k, v in self.values().items() if self.initial.get(k) != v}
-        if not changes:
-            self.accept()
-            return
-        self.host.bridge.run(
-            lambda core, _job: core.update_settings(changes),
-            on_done=self._saved,
-            on_error=self.host.show_error,
-        )
-
-    def _saved(self, runtime_changed: bool) -> None:
-        if runtime_changed:
-            self.host.set_status(
-                "Settings saved · the model is reloaded; stored blocks will be re-read once"
-            )
-            self.host.engine_changed()
-        self.saved.emit(runtime_changed)
-        self.accept()
 
 
 class SecurityDialog(QDialog):
@@ -234,7 +56,21 @@ class SecurityDialog(QDialog):
         self.audit_button.clicked.connect(self.audit)
         self.forget_button = QPushButton("Forget this conversation…")
         self.forget_button.clicked.connect(host.forget_conversation)
-        for button in (self.rotate_button, self.lock_button, self.audit_button, self.forget_button):
+        for button, name, tip in (
+            (
+                self.rotate_button,
+                "Rotate master key",
+                "Make a new master key and re-wrap every block's key under it",
+            ),
+            (self.lock_button, "Lock or unlock", "Drop the keys from memory until unlocked"),
+            (self.audit_button, "Run audit", "Check every stored record and block, read-only"),
+            (
+                self.forget_button,
+                "Forget this conversation",
+                "Delete the open conversation, its blocks and its keys",
+            ),
+        ):
+            theme.describe(button, name, tip)
             row.addWidget(button)
         layout.addLayout(row)
         copies = QHBoxLayout()
@@ -250,11 +86,13 @@ class SecurityDialog(QDialog):
         )
         self.kit_button.clicked.connect(self.export_kit)
         for button in (self.backup_button, self.kit_button):
+            button.setAccessibleName(button.text().rstrip("…"))
             copies.addWidget(button)
         copies.addStretch(1)
         layout.addLayout(copies)
         self.output = QPlainTextEdit()
         self.output.setReadOnly(True)
+        theme.describe(self.output, "Results", "What the last action reported")
         layout.addWidget(self.output)
         self.locked = False
         self.refresh()
@@ -300,7 +138,6 @@ class SecurityDialog(QDialog):
         self.refresh()
 
     def backup(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
 
         folder = QFileDialog.getExistingDirectory(self, "Choose an empty folder for the backup")
         if folder:
@@ -323,7 +160,7 @@ class SecurityDialog(QDialog):
         )
 
     def export_kit(self) -> None:
-        from PySide6.QtWidgets import QFileDialog, QInputDialog, QLineEdit
+        from PySide6.QtWidgets import QInputDialog, QLineEdit
 
         path, _filter = QFileDialog.getSaveFileName(
             self, "Save the recovery kit", "galahad-recovery-kit.json", "JSON (*.json)"
@@ -407,10 +244,11 @@ class TokenChart(QWidget):
                 rect.left() + rect.width() * i / n, rect.bottom() - rect.height() * value / top
             )
 
+        colours = theme.current()
         for index, color in (
-            (0, QColor("#188038")),
-            (1, QColor("#d93025")),
-            (2, QColor("#1a73e8")),
+            (0, QColor(colours.success)),
+            (1, QColor(colours.danger)),
+            (2, QColor(colours.accent)),
         ):
             painter.setPen(QPen(color, 2))
             painter.setBrush(color)
@@ -437,7 +275,11 @@ class MemoryDialog(QDialog):
         self.summary.setWordWrap(True)
         self.chart = TokenChart()
         self.library_list = QListWidget()
+        theme.describe(self.library_list, "Verified answers", "Answers kept and reused")
         remove = QPushButton("Remove selected verified answer")
+        theme.describe(
+            remove, "Remove selected verified answer", "It will not be reused; nothing else changes"
+        )
         remove.clicked.connect(self.remove_selected)
         layout.addWidget(self.summary)
         layout.addWidget(self.chart, 1)
@@ -459,22 +301,7 @@ class MemoryDialog(QDialog):
         )
 
     def _show(self, stats: MemoryStats) -> None:
-        restore_ms = sum(h.restore_ms for h in stats.history)
-        prefill_ms = sum(h.prefill_ms for h in stats.history)
-        recomputed = stats.recomputed_tokens_total
-        per_token = prefill_ms / recomputed if recomputed else None
-        saved = (
-            f"≈ {(stats.restored_tokens_total * per_token - restore_ms) / 1e3:,.1f} s saved "
-            "(at this machine's measured re-read speed)"
-            if per_token
-            else f"restore time {restore_ms / 1e3:.2f} s in total"
-        )
-        self.summary.setText(
-            f"<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
-            f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
-            f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
-            f"{stats.library_saved_tokens_total:,} decode tokens saved by verified answers"
-        )
+        self.summary.setText(memory_summary(stats))
         self.chart.history = stats.history
         self.chart.update()
 
@@ -522,13 +349,21 @@ class AskDialog(QDialog):
             "A question about this document" if document_id else "A question about your documents"
         )
         self.question.returnPressed.connect(self.ask)
+        theme.describe(self.question, "Question", "Your question; Enter asks it")
         self.ask_button = QPushButton("Ask")
+        theme.describe(self.ask_button, "Ask", "Find the part that answers, and answer from it")
+        theme.set_primary(self.ask_button)
         self.ask_button.clicked.connect(self.ask)
         self.answer = QTextBrowser()
+        self.answer.setAccessibleName("Answer")
         self.source = QLabel()
         self.source.setWordWrap(True)
         self.candidates = QListWidget()
+        self.candidates.setAccessibleName("Parts that might answer")
         self.choose_button = QPushButton("Answer from this part")
+        theme.describe(
+            self.choose_button, "Answer from this part", "Answer from the part chosen above"
+        )
         self.choose_button.clicked.connect(self.choose)
         self.candidates.itemActivated.connect(lambda _item: self.choose())
         for widget in (self.candidates, self.choose_button):
@@ -634,13 +469,13 @@ class ContextFullDialog(QDialog):
         self.buttons: dict[str, QPushButton] = {}
         for option in full.options:
             button = QPushButton(f"{option.label} — re-reads {option.reread_tokens:,} tokens")
-            button.setToolTip(option.detail)
+            theme.describe(button, option.label, option.detail)
             button.clicked.connect(lambda _c=False, kind=option.kind: self._choose(kind))
             self.buttons[option.kind] = button
             layout.addWidget(button)
             note = QLabel(option.detail)
             note.setWordWrap(True)
-            note.setStyleSheet("color: gray")
+            theme.set_role(note, "muted")
             layout.addWidget(note)
 
     def _choose(self, kind: str) -> None:

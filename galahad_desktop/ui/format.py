@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 from datetime import date, datetime, timedelta
 
-from galahad_desktop.memory.results import GraftReport, TurnResult
+from galahad_desktop.memory.results import (
+    ConversationSummary,
+    GraftReport,
+    MemoryStats,
+    TurnResult,
+)
 
 
 def human_bytes(n: float) -> str:
@@ -80,3 +85,85 @@ def turn_status(result: TurnResult) -> str:
             f"{result.reread_tokens}-token answer"
         )
     return f"{status} · saved in {result.counters.persist_ms:.0f} ms"
+
+
+def resume_note(report: GraftReport) -> str:
+    """The sidebar's note on a conversation resumed in this session."""
+    if report.fallback_reason:
+        return f"Re-read once ({report.tokens:,} tokens) · stored again"
+    if not report.block_id:
+        return ""
+    mark = " · verified ✓" if report.proof.verdict == "exact" else f" · {report.proof.verdict}"
+    return f"Resumed in {report.restore_ms:.0f} ms{mark}"
+
+
+def memory_line(conv: ConversationSummary, resumed: str = "") -> tuple[str, str]:
+    """A conversation's memory in a glance, and the palette colour it is shown in."""
+    if conv.memory == "damaged" or conv.damaged:
+        return "Damaged: will not open (galahad audit names it)", "danger"
+    if resumed:
+        return resumed, "success"
+    if conv.memory == "stored":
+        return f"Stored · {conv.n_tokens:,} tokens · {human_bytes(conv.block_bytes)}", "success"
+    if conv.memory == "needs re-reading":
+        return "Needs re-reading once (model or settings changed)", "warning"
+    return "Not stored yet", "muted"
+
+
+def proof_words(report: GraftReport | None) -> str:
+    """What the proof of the last restore means, in plain words (one click from the panel)."""
+    if report is None or not report.block_id:
+        return (
+            "No conversation has been restored yet. When one is, Galahad checks that the "
+            "model is exactly where it was: it compares what the model would say next with "
+            "what it said when the conversation was stored."
+        )
+    if report.fallback_reason:
+        return (
+            f"This conversation was read again instead of restored ({report.fallback_reason}). "
+            f"{report.tokens:,} tokens were re-read once and stored again, so the next resume "
+            "is a restore."
+        )
+    proof = report.proof
+    head = (
+        f"{report.restored_tokens:,} tokens of this conversation's memory were read from "
+        f"disk, decrypted and put back in {report.restore_ms:.0f} ms; "
+        f"{report.recomputed_tokens:,} were recomputed."
+    )
+    if proof.verdict == "exact":
+        verdict = (
+            "The proof is exact: when the conversation was stored, Galahad kept a fingerprint "
+            "(SHA-256) of every score the model gave to its next word. After the restore it "
+            "computed the scores again and the fingerprint is identical, bit for bit. The "
+            "model is exactly where it was; nothing was approximated."
+        )
+    elif proof.verdict == "close":
+        verdict = (
+            "The proof is close, not exact: the model's next-word scores differ from the "
+            f"stored ones by at most {proof.max_abs_delta:.1e} (KL {proof.kl:.1e}), and its "
+            f"most likely next word {'is the same' if proof.argmax_agree else 'differs'}. "
+            "This happens when the hardware or backend computes in a different order."
+        )
+    else:
+        verdict = f"The proof's verdict is {proof.verdict}: {proof.describe()}."
+    return f"{head}\n\n{verdict}\n\nChecking took {proof.proof_ms:.1f} ms."
+
+
+def memory_summary(stats: MemoryStats) -> str:
+    """The memory panel's totals (rich text): what is kept and what it saved."""
+    restore_ms = sum(h.restore_ms for h in stats.history)
+    prefill_ms = sum(h.prefill_ms for h in stats.history)
+    recomputed = stats.recomputed_tokens_total
+    per_token = prefill_ms / recomputed if recomputed else None
+    saved = (
+        f"≈ {(stats.restored_tokens_total * per_token - restore_ms) / 1e3:,.1f} s saved "
+        "(at this machine's measured re-read speed)"
+        if per_token
+        else f"restore time {restore_ms / 1e3:.2f} s in total"
+    )
+    return (
+        f"<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
+        f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
+        f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
+        f"{stats.library_saved_tokens_total:,} decode tokens saved by verified answers"
+    )

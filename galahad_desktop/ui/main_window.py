@@ -7,11 +7,12 @@ every result arrives as a typed value in a callback on the main thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, QTimer, Signal
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QAction,
     QActionGroup,
@@ -19,15 +20,17 @@ from PySide6.QtGui import (
     QKeySequence,
 )
 from PySide6.QtWidgets import (
-    QApplication,
     QComboBox,
     QInputDialog,
     QLabel,
     QMainWindow,
     QProgressBar,
+    QSizePolicy,
     QSplitter,
     QStackedWidget,
     QToolBar,
+    QToolButton,
+    QWidget,
 )
 
 from galahad_desktop.jobs import Job
@@ -37,6 +40,7 @@ from galahad_desktop.memory.results import (
     Continued,
     ConversationSummary,
     EngineInfo,
+    GraftReport,
     ModelFile,
     OpenedConversation,
     TurnResult,
@@ -44,16 +48,17 @@ from galahad_desktop.memory.results import (
 from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
-from galahad_desktop.ui.format import graft_status, turn_status
+from galahad_desktop.ui.format import graft_status, resume_note, turn_status
 from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.sidebar import Sidebar
 from galahad_desktop.ui.welcome import Welcome
 from galahad_desktop.ui.window_documents import DocumentActions
+from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
 from galahad_desktop.ui.worker import CoreBridge, Request
 
 
-class MainWindow(ModelActions, DocumentActions, QMainWindow):
+class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
     # Emitted after requests the tests and the stall benchmark wait on.
     opened = Signal(object)  # EngineInfo
     conversation_opened = Signal(object)  # OpenedConversation
@@ -81,6 +86,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.model_files: list[ModelFile] = []
         self.recommendation: Recommendation | None = None
         self.n_ctx = 0
+        self.last_graft: GraftReport | None = None  # the last restore's report (its proof)
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
         self._build()
@@ -110,6 +116,9 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.sidebar.rename_requested.connect(self.rename)
         self.sidebar.export_requested.connect(self.export_conversation)
         self.sidebar.forget_requested.connect(self.forget)
+        self.sidebar.pin_toggled.connect(self.toggle_pin)
+        pinned = self.ui_settings.value("pinned", [])
+        self.sidebar.pinned = {str(p) for p in (pinned if isinstance(pinned, list) else [pinned])}
         self.sidebar.search_changed.connect(lambda _t: self._search_timer.start())
         self.sidebar.add_document_button.clicked.connect(self.choose_document)
         self.sidebar.chat_document_button.clicked.connect(self.chat_with_document)
@@ -121,6 +130,9 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.chat.edit_button.clicked.connect(self.edit_message)
         self.chat.verify_button.clicked.connect(self.mark_verified)
         self.chat.copied.connect(lambda text: self.set_status(f"Copied {len(text):,} characters"))
+        self.chat.regenerate_requested.connect(self.regenerate)
+        self.chat.edit_requested.connect(self.edit_message_at)
+        self.chat.branch_requested.connect(self.branch_reply)
         self.welcome = Welcome()
         self.welcome.get_model.connect(self.get_gemma4)
         self.welcome.cancel_download.connect(self.cancel_work)
@@ -135,23 +147,77 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setSizes([300, 880])
         self.setCentralWidget(self.splitter)
+        self._build_memory_panel()
         toolbar = QToolBar("Model")
         toolbar.setObjectName("model-toolbar")
         toolbar.setMovable(False)
-        toolbar.addWidget(QLabel(" Model: "))
+        model_label = QLabel("Model")
+        theme.set_role(model_label, "muted")
+        toolbar.addWidget(model_label)
         self.model_switcher = QComboBox()
         self.model_switcher.setMinimumWidth(320)
+        self.model_switcher.setAccessibleName("Model")
+        self.model_switcher.setToolTip(
+            "The model in use: the ones on this computer, and Gemma 4 sizes to download "
+            "(with their size and whether they fit)"
+        )
+        model_label.setBuddy(self.model_switcher)
         self.model_switcher.activated.connect(self._model_chosen)
         toolbar.addWidget(self.model_switcher)
+        spacer = QWidget()
+        spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        toolbar.addWidget(spacer)
+        self.toolbar_buttons: dict[str, QToolButton] = {}
+        for name, text, tip, slot in (
+            (
+                "ask",
+                "Ask the library",
+                "Ask your documents a question (Ctrl+L)",
+                lambda: self.open_ask(),
+            ),
+            (
+                "memory",
+                "Memory",
+                "Show what is kept, what it saved and the last proof (Ctrl+M)",
+                self.toggle_memory_panel,
+            ),
+            (
+                "settings",
+                "Settings",
+                "Model, performance, memory and answers (Ctrl+,)",
+                self.open_settings,
+            ),
+        ):
+            button = QToolButton()
+            button.setIcon(theme.icon(name))
+            button.setText(text)
+            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+            button.setAccessibleName(text)
+            button.setToolTip(tip)
+            button.clicked.connect(slot)
+            toolbar.addWidget(button)
+            self.toolbar_buttons[name] = button
         self.addToolBar(toolbar)
         self.graft_label = QLabel()
+        self.graft_label.setAccessibleName("Status")
+        self.proof_button = QToolButton()
+        self.proof_button.setText("Proof")
+        self.proof_button.setIcon(theme.icon("verified"))
+        self.proof_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.proof_button.setAccessibleName("Show the proof of the last restore")
+        self.proof_button.setToolTip("What the last restore's check showed, in plain words")
+        self.proof_button.clicked.connect(self.show_proof)
         self.speed_label = QLabel()
+        self.speed_label.setAccessibleName("Reply speed")
         self.context_meter = QProgressBar()
         self.context_meter.setFormat("context %v / %m")
-        self.context_meter.setFixedWidth(240)
+        self.context_meter.setFixedWidth(200)
         self.context_meter.setValue(0)
+        self.context_meter.setAccessibleName("Context used")
+        self.context_meter.setToolTip("Tokens in this conversation's context, of the most it holds")
         bar = self.statusBar()
         bar.addWidget(self.graft_label, 1)
+        bar.addPermanentWidget(self.proof_button)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.context_meter)
 
@@ -209,30 +275,20 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
             QKeySequence.StandardKey.ZoomOut,
         )
         view_menu.addSeparator()
+        action(view_menu, "Switch light / dark", self.toggle_theme, "Ctrl+Shift+T")
+        self.times_action = action(
+            view_menu, "Show message times", lambda on: self.chat.set_show_times(bool(on))
+        )
+        self.times_action.setCheckable(True)
+        view_menu.addSeparator()
+        self.memory_action = action(
+            view_menu, "Memory panel", lambda on: self.memory_dock.setVisible(bool(on)), "Ctrl+M"
+        )
+        self.memory_action.setCheckable(True)
+        self.memory_action.setChecked(self.memory_dock.isVisible())
+        action(view_menu, "Proof of the last restore…", self.show_proof, "Ctrl+Shift+P")
         action(view_menu, "Security…", self.open_security)
-        action(view_menu, "Memory…", self.open_memory)
-
-    # -- look ----------------------------------------------------------------------------
-    def _apply_theme(self) -> None:
-        app = QApplication.instance()
-        if isinstance(app, QApplication):
-            theme.apply(
-                app,
-                str(self.ui_settings.value("theme", "system")),
-                int(str(self.ui_settings.value("font_size", 0) or 0)),
-            )
-        self.chat.redraw()
-
-    def set_theme(self, name: str) -> None:
-        self.ui_settings.setValue("theme", name)
-        self._apply_theme()
-
-    def change_font(self, delta: int) -> None:
-        app = QApplication.instance()
-        base = app.font().pointSize() if isinstance(app, QApplication) else 10
-        size = max(7, min(28, int(str(self.ui_settings.value("font_size", 0) or base)) + delta))
-        self.ui_settings.setValue("font_size", size)
-        self._apply_theme()
+        action(view_menu, "Memory details…", self.open_memory)
 
     # -- helpers -------------------------------------------------------------------------
     def set_status(self, text: str) -> None:
@@ -268,6 +324,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
     def _conversations(self, conversations: list[ConversationSummary]) -> None:
         self.sidebar.current = self.conversation_id
         self.sidebar.set_conversations(conversations)
+        self.refresh_memory()
 
     def _documents(self, documents: list[Any]) -> None:
         self.sidebar.set_documents(documents)
@@ -322,7 +379,16 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.conversation_id = opened.summary.id
         self.sidebar.current = self.conversation_id
         self.library_action.setChecked(opened.library_enabled)
-        self.chat.set_messages([ShownMessage(m.role, m.text, m.thoughts) for m in opened.messages])
+        self.chat.set_messages(
+            [
+                ShownMessage(m.role, m.text, m.thoughts, created_at=m.created_at)
+                for m in opened.messages
+            ]
+        )
+        self.last_graft = opened.graft
+        note = resume_note(opened.graft)
+        if note:
+            self.sidebar.restores[opened.summary.id] = note
         self.chat.thinking_box.setChecked(opened.summary.thinking)
         self.chat.thinking_box.setEnabled(False)
         self.pages.setCurrentWidget(self.chat)
@@ -332,6 +398,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
             status = f"Made with another model, re-read once under this one · {status}"
         self.set_status(status)
         self.sidebar.fill()
+        self.refresh_memory()
         self.conversation_opened.emit(opened)
 
     def rename_current(self) -> None:
@@ -421,7 +488,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         self.pages.setCurrentWidget(self.chat)
         self.chat.thinking_box.setEnabled(False)
         self.chat.input.clear()
-        self.chat.append("user", text)
+        self.chat.append("user", text, time.time())
         self._start_turn(lambda core, job: core.send(conversation_id, text, job, compact=True))
 
     def _start_turn(self, work: Callable[[Galahad, Job], TurnResult]) -> None:
@@ -485,14 +552,28 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
         choice, ok = QInputDialog.getItem(
             self, "Edit a message", "Message:", labels, len(labels) - 1, False
         )
-        if not ok:
+        if ok:
+            self.edit_message_at(users[labels.index(choice)][0])
+
+    def edit_message_at(self, index: int) -> None:
+        """A user message's "Edit" link: change it and continue from it in a new branch."""
+        if self.generating is not None or self.conversation_id is None:
             return
-        seq, message = users[labels.index(choice)]
-        text, ok = QInputDialog.getMultiLineText(
-            self, "Edit a message", "Continue from this message in a new branch:", message.text
+        text = self.prompts.edit_text(
+            "Edit a message",
+            "Continue from this message in a new branch:",
+            self.chat.messages[index].text,
         )
-        if ok and text.strip():
-            self.start_branch(seq, text.strip())
+        if text:
+            self.start_branch(index, text)
+
+    def branch_reply(self, index: int) -> None:
+        """An earlier reply's "Branch" link: ask its question again in a new branch."""
+        if self.generating is not None or self.conversation_id is None or index < 1:
+            return
+        question = self.chat.messages[index - 1]
+        if question.role == "user":
+            self.start_branch(index - 1, question.text)
 
     def start_branch(self, seq: int, text: str) -> None:
         assert self.conversation_id is not None
@@ -562,7 +643,7 @@ class MainWindow(ModelActions, DocumentActions, QMainWindow):
 
     # -- dialogs -------------------------------------------------------------------------
     def open_settings(self) -> None:
-        from galahad_desktop.ui.dialogs import SettingsDialog
+        from galahad_desktop.ui.settings_dialog import SettingsDialog
 
         SettingsDialog(self, self).exec()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QDialog, QFileDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox, QWidget
 
 from galahad_desktop.memory.results import ContextFull
 
@@ -40,6 +40,11 @@ class Prompts:
         box.exec()
         clicked = box.clickedButton()
         return next((label for button, label in chosen if button is clicked), "")
+
+    def edit_text(self, title: str, label: str, text: str) -> str:
+        """A text to change: the new text, or "" (cancelled or emptied)."""
+        edited, ok = QInputDialog.getMultiLineText(self.parent, title, label, text)
+        return edited.strip() if ok else ""
 
     def context_full(self, full: ContextFull) -> str:
         """stop | summary | recent."""

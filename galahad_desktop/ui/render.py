@@ -1,13 +1,21 @@
-"""Markdown to the HTML subset QTextBrowser shows, with code highlighted by Pygments.
+"""Markdown to the HTML subset QTextBrowser shows, each turn as a card, code highlighted by
+Pygments.
 
-Each message carries its own links: "Copy" for a reply, "Copy code" for each code block, and
-a collapsed "Thinking…" section that opens on a click. The links are `galahad:` URLs the
-window handles; text the model or a user writes is never interpreted as HTML.
+A turn is a one-cell table (Qt's rich text draws a table cell's background and padding, not
+a div's): the speaker, an optional time and the turn's actions ("Copy", "Regenerate",
+"Edit", "Branch", as `galahad:` links the window handles) above the body. Headings in a
+reply are scaled down to the turn's size, so a model's `# Title` stays inside its card. Each
+code block carries its language and a "Copy" link. Text the model or a user writes is never
+interpreted as HTML.
 """
 
 from __future__ import annotations
 
 import html
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
 
 from markdown_it import MarkdownIt
 from pygments import highlight
@@ -15,98 +23,131 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
+from galahad_desktop.ui import theme
+from galahad_desktop.ui.theme import Palette
 
-def _style(dark: bool) -> str:
-    return "monokai" if dark else "default"
-
-
-def _highlighter(dark: bool):  # type: ignore[no-untyped-def]
-    def render(code: str, lang: str, _attrs: str) -> str:
-        try:
-            lexer = get_lexer_by_name(lang) if lang else TextLexer()
-        except ClassNotFound:
-            lexer = TextLexer()
-        formatter = HtmlFormatter(noclasses=True, nowrap=True, style=_style(dark))
-        body = highlight(code, lexer, formatter)
-        background, color = ("#272822", "#f8f8f2") if dark else ("#f6f8fa", "#24292e")
-        return (
-            f'<pre style="background:{background};color:{color};padding:6px;'
-            f'font-family:monospace">{body}</pre>'
-        )
-
-    return render
-
-
-# "html": False: text the model or a user writes is never interpreted as HTML.
-_MD = {
-    dark: MarkdownIt("commonmark", {"html": False, "highlight": _highlighter(dark)}).enable("table")
-    for dark in (False, True)
+_HEADING = re.compile(r"<(/?)h([1-6])>")
+# A heading inside a turn: a step above the body at most, never a page title.
+_HEADING_STYLE = {
+    "1": "font-size:large;font-weight:600",
+    "2": "font-size:medium;font-weight:600",
 }
 
 
-def markdown_html(text: str, dark: bool = False) -> str:
-    return str(_MD[dark].render(text))
+def _pygments_style(palette: Palette) -> str:
+    return "monokai" if palette.name == "dark" else "default"
+
+
+def _code_html(code: str, lang: str, index: int, block: int, palette: Palette) -> str:
+    try:
+        lexer = get_lexer_by_name(lang) if lang else TextLexer()
+    except ClassNotFound:
+        lexer = TextLexer()
+    formatter = HtmlFormatter(noclasses=True, nowrap=True, style=_pygments_style(palette))
+    body = highlight(code, lexer, formatter)
+    label = html.escape(lang or "text")
+    p = palette
+    return (
+        f'<table width="100%" cellspacing="0" cellpadding="8" bgcolor="{p.code_bg}" '
+        f'style="margin:6px 0;border:1px solid {p.border}">'
+        f'<tr><td><span style="color:{p.muted};font-size:small">{label}</span>'
+        f'&nbsp;&nbsp;<a href="galahad:copy-code/{index}/{block}" '
+        f'style="font-size:small;color:{p.accent};text-decoration:none">Copy</a>'
+        f'<pre style="color:{p.code_text};font-family:monospace;margin:4px 0 0 0">{body}</pre>'
+        "</td></tr></table>"
+    )
+
+
+def _fence(_self: Any, tokens: Any, idx: int, _options: Any, env: dict[str, Any]) -> str:
+    token = tokens[idx]
+    lang = token.info.strip().split()[0] if token.info.strip() else ""
+    block = env.setdefault("block", 0)
+    env["block"] = block + 1
+    return _code_html(token.content, lang, env.get("index", 0), block, env["palette"])
+
+
+# "html": False: text the model or a user writes is never interpreted as HTML.
+_MD = MarkdownIt("commonmark", {"html": False}).enable("table")
+_MD.add_render_rule("fence", _fence)
+_MD.add_render_rule("code_block", _fence)
+
+
+def markdown_html(text: str, palette: Palette | None = None, index: int = 0) -> str:
+    palette = palette or theme.current()
+    body = str(_MD.render(text, {"palette": palette, "index": index}))
+    return _HEADING.sub(_heading, body)
+
+
+def _heading(match: re.Match[str]) -> str:
+    closing, level = match.group(1), match.group(2)
+    if closing:
+        return "</p>"
+    return f'<p style="{_HEADING_STYLE.get(level, "font-weight:600")};margin:8px 0 4px 0">'
 
 
 def code_blocks(text: str) -> list[str]:
-    """The fenced and indented code blocks of a message, in order (what "Copy code" copies)."""
-    return [t.content for t in _MD[False].parse(text) if t.type in ("fence", "code_block")]
+    """The fenced and indented code blocks of a message, in order (what "Copy" copies)."""
+    return [t.content for t in _MD.parse(text) if t.type in ("fence", "code_block")]
 
 
-def _with_copy_links(body: str, index: int) -> str:
-    """A "Copy code" link after each code block of message `index`."""
-    out, block, at = [], 0, 0
-    while True:
-        found = body.find("</pre>", at)
-        if found < 0:
-            out.append(body[at:])
-            return "".join(out)
-        end = found + len("</pre>")
-        out.append(body[at:end])
-        out.append(
-            f'<p style="margin:0"><a href="galahad:copy-code/{index}/{block}">Copy code</a></p>'
-        )
-        block += 1
-        at = end
+def _actions(index: int, actions: Sequence[str], palette: Palette) -> str:
+    links = [
+        f'<a href="galahad:{action}/{index}" style="color:{palette.muted};'
+        f'text-decoration:none">{action.replace("-", " ").capitalize()}</a>'
+        for action in actions
+    ]
+    return "&nbsp;&nbsp;·&nbsp;&nbsp;".join(links)
 
 
 def message_html(
     role: str,
     text: str,
-    dark: bool,
+    palette: Palette | None = None,
     index: int = 0,
     thoughts: str = "",
     expanded: bool = False,
     model_name: str = "Gemma",
+    actions: Sequence[str] = (),
+    when: float = 0.0,
 ) -> str:
+    """One turn as a card; `actions` name the links shown in its header; `when` (a Unix
+    time, 0 for none) adds the time it was written."""
+    p = palette or theme.current()
     anchor = f'<a name="m{index}"></a>'
     if role == "document":  # a document put into the conversation: its name, not its text
         return (
-            f'<div style="margin:6px 0">{anchor}<b style="color:gray">Document</b>'
-            f"<p>📄 {html.escape(text)}</p></div>"
+            f'<table width="100%" cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '
+            f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>{anchor}'
+            f'<span style="color:{p.muted};font-size:small">Document added</span><br>'
+            f"📄 <b>{html.escape(text)}</b></td></tr></table>"
         )
     who = {"user": "You", "model": model_name}.get(role, role)
-    accent = (
-        ("#8ab4f8" if dark else "#1a73e8") if role == "user" else ("#81c995" if dark else "#188038")
-    )
+    card = p.user_card if role == "user" else p.model_card
+    head = f'<b style="color:{p.text}">{html.escape(who)}</b>'
+    if when:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+        head += f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{stamp}</span>'
+    if actions:
+        head += (
+            f'&nbsp;&nbsp;&nbsp;<span style="font-size:small">{_actions(index, actions, p)}</span>'
+        )
     thinking = ""
     if thoughts:
         arrow = "▾" if expanded else "▸"
         thinking = (
-            f'<p style="margin:2px 0"><a href="galahad:toggle-thoughts/{index}">{arrow} '
-            f"Thinking… ({len(thoughts.split())} words)</a></p>"
+            f'<p style="margin:4px 0"><a href="galahad:toggle-thoughts/{index}" '
+            f'style="color:{p.muted};text-decoration:none">{arrow} Thinking… '
+            f"({len(thoughts.split())} words)</a></p>"
         )
         if expanded:
             thinking += (
-                f'<blockquote style="color:gray">{markdown_html(thoughts, dark)}</blockquote>'
+                f'<table width="100%" cellpadding="8" bgcolor="{p.surface}"><tr><td '
+                f'style="color:{p.muted};font-style:italic">'
+                f"{markdown_html(thoughts, p, index)}</td></tr></table>"
             )
-    body = _with_copy_links(markdown_html(text, dark), index) if text else "<p><i>…</i></p>"
-    copy = (
-        f' <small><a href="galahad:copy/{index}">Copy</a></small>'
-        if role == "model" and text
-        else ""
-    )
+    body = markdown_html(text, p, index) if text else f'<p style="color:{p.muted}">…</p>'
     return (
-        f'<div style="margin:6px 0">{anchor}<b style="color:{accent}">{html.escape(who)}</b>'
-        f"{copy}{thinking}{body}</div>"
+        f'<table width="100%" cellspacing="0" cellpadding="12" bgcolor="{card}" '
+        f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>'
+        f"{anchor}{head}{thinking}{body}</td></tr></table>"
     )

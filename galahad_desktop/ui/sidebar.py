@@ -1,11 +1,15 @@
-"""The left side of the window: search, conversations grouped by date (rename inline, export
-and delete from a context menu), and the documents."""
+"""The left side of the window: search, conversations (pinned first, then by date), each with
+a one-line preview and the state of its memory (stored, resumed in N ms and verified, needs
+re-reading); rename inline, pin, export and delete from a context menu; and the documents,
+with their type, size and parts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import PurePath
 
-from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
@@ -14,14 +18,123 @@ from PySide6.QtWidgets import (
     QMenu,
     QProgressBar,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
 
 from galahad_desktop.memory.results import ConversationSummary, DocumentSummary
-from galahad_desktop.ui.format import GROUPS, ago, date_group, human_bytes
+from galahad_desktop.ui import theme
+from galahad_desktop.ui.format import GROUPS, ago, date_group, human_bytes, memory_line
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+PREVIEW_ROLE = Qt.ItemDataRole.UserRole + 1
+STATE_ROLE = Qt.ItemDataRole.UserRole + 2  # (text, palette colour name)
+HEADER_ROLE = Qt.ItemDataRole.UserRole + 3  # a date group's heading (not a conversation)
+PINNED = "Pinned"
+NO_CONVERSATIONS = "No conversations yet. New chat (Ctrl+N) starts one."
+
+
+class PlaceholderList(QListWidget):
+    """A list that says what belongs in it while it is empty (an empty state, not an item)."""
+
+    def __init__(self, placeholder: str) -> None:
+        super().__init__()
+        self.placeholder = placeholder
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        super().paintEvent(event)
+        if self.count():
+            return
+        painter = QPainter(self.viewport())
+        painter.setPen(QColor(theme.current().muted))
+        pad = theme.SPACE[3]
+        painter.drawText(
+            self.viewport().rect().adjusted(pad, pad, -pad, -pad),
+            int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+            | int(Qt.TextFlag.TextWordWrap),
+            self.placeholder,
+        )
+        painter.end()
+
+
+class ConversationDelegate(QStyledItemDelegate):
+    """A conversation as three lines: its title, a preview of its last message, and its memory
+    state in colour. Group headers are drawn as small muted headings. Rename edits the title
+    alone (the item's text)."""
+
+    def _lines(self, option: QStyleOptionViewItem) -> tuple[QFont, QFont, int, int]:
+        title = QFont(option.font)
+        title.setBold(True)
+        small = QFont(option.font)
+        small.setPointSizeF(max(6.0, option.font.pointSizeF() * 0.9))
+        return title, small, QFontMetrics(title).height(), QFontMetrics(small).height()
+
+    def sizeHint(
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> QSize:
+        _title, _small, title_h, small_h = self._lines(option)
+        pad = theme.SPACE[2]
+        if index.data(HEADER_ROLE):
+            return QSize(option.rect.width(), small_h + 2 * pad)
+        return QSize(option.rect.width(), title_h + 2 * small_h + 2 * pad + 4)
+
+    def paint(
+        self,
+        painter: QPainter,
+        option: QStyleOptionViewItem,
+        index: QModelIndex | QPersistentModelIndex,
+    ) -> None:
+        palette = theme.current()
+        title_font, small_font, title_h, small_h = self._lines(option)
+        pad = theme.SPACE[2]
+        painter.save()
+        rect = option.rect.adjusted(2, 1, -2, -1)
+        if index.data(HEADER_ROLE):
+            painter.setFont(small_font)
+            painter.setPen(QColor(palette.muted))
+            painter.drawText(
+                rect.adjusted(pad, 0, -pad, 0),
+                Qt.AlignmentFlag.AlignBottom | Qt.AlignmentFlag.AlignLeft,
+                str(index.data(Qt.ItemDataRole.DisplayRole) or "").upper(),
+            )
+            painter.restore()
+            return
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        hovered = bool(option.state & QStyle.StateFlag.State_MouseOver)
+        if selected or hovered:
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(QColor(palette.selection if selected else palette.border))
+            painter.drawRoundedRect(rect, theme.RADIUS - 2, theme.RADIUS - 2)
+        if option.state & QStyle.StateFlag.State_HasFocus:  # where the keyboard is
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.setPen(QColor(palette.accent))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(rect, theme.RADIUS - 2, theme.RADIUS - 2)
+        inner = rect.adjusted(pad, pad // 2 + 1, -pad, 0)
+        width = inner.width()
+        lines = (
+            (title_font, palette.text, str(index.data(Qt.ItemDataRole.DisplayRole) or ""), title_h),
+            (small_font, palette.muted, str(index.data(PREVIEW_ROLE) or ""), small_h),
+        )
+        y = inner.top()
+        for font, colour, text, height in lines:
+            painter.setFont(font)
+            painter.setPen(QColor(colour))
+            elided = QFontMetrics(font).elidedText(text, Qt.TextElideMode.ElideRight, width)
+            painter.drawText(QRect(inner.left(), y, width, height), 0, elided)
+            y += height
+        state = index.data(STATE_ROLE)
+        if state:
+            text, colour_name = state
+            painter.setFont(small_font)
+            painter.setPen(QColor(getattr(palette, colour_name)))
+            elided = QFontMetrics(small_font).elidedText(text, Qt.TextElideMode.ElideRight, width)
+            painter.drawText(QRect(inner.left(), y + 2, width, small_h), 0, elided)
+        painter.restore()
 
 
 class Sidebar(QWidget):
@@ -29,18 +142,35 @@ class Sidebar(QWidget):
     rename_requested = Signal(str, str)
     export_requested = Signal(str)
     forget_requested = Signal(str)
+    pin_toggled = Signal(str)
     search_changed = Signal(str)
 
     def __init__(self) -> None:
         super().__init__()
+        self.setObjectName("sidebar")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
+        s = theme.SPACE
+        layout.setContentsMargins(s[3], s[3], s[3], s[3])
+        layout.setSpacing(s[2])
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search titles and messages (Ctrl+K)")
         self.search.setClearButtonEnabled(True)
+        self.search.setAccessibleName("Search conversations")
+        self.search.setToolTip("Search titles and message text (Ctrl+K)")
         self.search.textChanged.connect(self._search_edited)
-        self.new_button = QPushButton("New chat")
-        self.conversation_list = QListWidget()
+        self.new_button = QPushButton(theme.icon("new"), "New chat")
+        self.new_button.setAccessibleName("New chat")
+        self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
+        theme.set_primary(self.new_button)
+        self.conversation_list = PlaceholderList(NO_CONVERSATIONS)
+        self.conversation_list.setAccessibleName("Conversations")
+        self.conversation_list.setToolTip(
+            "Your conversations: Enter opens, F2 renames, the context menu pins, exports or "
+            "deletes (Alt+Up / Alt+Down step through them)"
+        )
+        self.conversation_list.setItemDelegate(ConversationDelegate(self.conversation_list))
+        self.conversation_list.setMouseTracking(True)
         self.conversation_list.setWordWrap(True)
         self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversation_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
@@ -48,23 +178,45 @@ class Sidebar(QWidget):
         self.conversation_list.itemActivated.connect(self._chosen)
         self.conversation_list.itemClicked.connect(self._chosen)
         self.conversation_list.itemChanged.connect(self._renamed)
-        self.document_list = QListWidget()
+        self.document_list = PlaceholderList(
+            "No documents yet. Drop files on the window, or Add document… (Ctrl+O): each is "
+            "read once and kept."
+        )
         self.document_list.setWordWrap(True)
         self.document_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.add_document_button = QPushButton("Add document…")
-        self.chat_document_button = QPushButton("Chat with this document")
+        self.document_list.setIconSize(QSize(28, 28))
+        self.document_list.setAccessibleName("Documents")
+        self.document_list.setToolTip(
+            "Documents read once and kept: select one to chat with it or forget it"
+        )
+        self.add_document_button = QPushButton(theme.icon("add-document"), "Add document…")
+        self.add_document_button.setToolTip(
+            "Read a document once and keep it (.txt, .md, .pdf, .docx, source files; Ctrl+O)"
+        )
+        self.chat_document_button = QPushButton(theme.icon("document"), "Chat with this document")
+        self.chat_document_button.setToolTip("Start a conversation on the selected document")
         self.deposit_bar = QProgressBar()
+        self.deposit_bar.setAccessibleName("Reading progress")
         self.deposit_label = QLabel()
         self.deposit_label.setWordWrap(True)
-        self.deposit_cancel = QPushButton("Cancel")
+        self.deposit_cancel = QPushButton(theme.icon("cancel"), "Cancel")
+        self.deposit_cancel.setToolTip("Stop reading; nothing half-read is kept")
+        for button in (self.add_document_button, self.chat_document_button, self.deposit_cancel):
+            button.setAccessibleName(button.text().rstrip("…"))
         for hidden in (self.deposit_bar, self.deposit_label, self.deposit_cancel):
             hidden.setVisible(False)
+        conversations_heading = QLabel("Conversations")
+        documents_heading = QLabel("Documents")
+        for heading in (conversations_heading, documents_heading):
+            theme.set_role(heading, "heading")
+        conversations_heading.setBuddy(self.conversation_list)
+        documents_heading.setBuddy(self.document_list)
         for widget in (
             self.search,
             self.new_button,
-            QLabel("<b>Conversations</b>"),
+            conversations_heading,
             self.conversation_list,
-            QLabel("<b>Documents</b>"),
+            documents_heading,
             self.document_list,
             self.add_document_button,
             self.chat_document_button,
@@ -79,6 +231,8 @@ class Sidebar(QWidget):
         self.documents: list[DocumentSummary] = []
         self.matches: set[str] | None = None  # conversation ids a search found
         self.current: str | None = None
+        self.pinned: set[str] = set()
+        self.restores: dict[str, str] = {}  # conversation id -> how its last resume went
         self._filling = False
 
     # -- conversations -------------------------------------------------------------------
@@ -95,25 +249,27 @@ class Sidebar(QWidget):
         self._filling = True
         self.conversation_list.clear()
         shown = [c for c in self.conversations if self.matches is None or c.id in self.matches]
-        by_group: dict[str, list[ConversationSummary]] = {g: [] for g in GROUPS}
+        by_group: dict[str, list[ConversationSummary]] = {g: [] for g in (PINNED, *GROUPS)}
         for conv in shown:
-            by_group[date_group(conv.updated_at)].append(conv)
-        for group in GROUPS:
+            group = PINNED if conv.id in self.pinned else date_group(conv.updated_at)
+            by_group[group].append(conv)
+        for group in (PINNED, *GROUPS):
             if not by_group[group]:
                 continue
             header = QListWidgetItem(group)
             header.setFlags(Qt.ItemFlag.NoItemFlags)
-            font = header.font()
-            font.setBold(True)
-            header.setFont(font)
+            header.setData(HEADER_ROLE, True)
             self.conversation_list.addItem(header)
             for conv in by_group[group]:
                 item = QListWidgetItem(conv.title or "New conversation")
+                state = memory_line(conv, self.restores.get(conv.id, ""))
                 item.setToolTip(
                     f"{ago(conv.updated_at)} · {conv.n_tokens:,} tokens · "
-                    f"{conv.n_messages} messages · F2 or double-click to rename"
+                    f"{conv.n_messages} messages · {state[0]} · F2 or double-click to rename"
                 )
                 item.setData(ID_ROLE, conv.id)
+                item.setData(PREVIEW_ROLE, conv.preview or "No messages yet")
+                item.setData(STATE_ROLE, state)
                 item.setFlags(
                     Qt.ItemFlag.ItemIsSelectable
                     | Qt.ItemFlag.ItemIsEnabled
@@ -123,10 +279,10 @@ class Sidebar(QWidget):
                 if conv.id == self.current:
                     item.setSelected(True)
                     self.conversation_list.setCurrentItem(item)
-        if not shown and self.matches is not None:
-            empty = QListWidgetItem("No conversation matches.")
-            empty.setFlags(Qt.ItemFlag.NoItemFlags)
-            self.conversation_list.addItem(empty)
+        self.conversation_list.placeholder = (
+            "No conversation matches." if self.matches is not None else NO_CONVERSATIONS
+        )
+        self.conversation_list.viewport().update()
         self._filling = False
 
     def item_of(self, conversation_id: str) -> QListWidgetItem | None:
@@ -179,6 +335,10 @@ class Sidebar(QWidget):
             return
         menu = QMenu(self)
         actions: list[tuple[str, Callable[[], None]]] = [
+            (
+                "Unpin" if value in self.pinned else "Pin to the top",
+                lambda: self.pin_toggled.emit(str(value)),
+            ),
             ("Rename", lambda: self.begin_rename(str(value))),
             ("Export…", lambda: self.export_requested.emit(str(value))),
             ("Delete…", lambda: self.forget_requested.emit(str(value))),
@@ -201,6 +361,11 @@ class Sidebar(QWidget):
                 f"{doc.name}\n{doc.n_tokens:,} tokens{parts} · "
                 f"{human_bytes(doc.block_bytes)} · {doc.status}"
             )
+            item.setIcon(theme.type_badge(PurePath(doc.name).suffix.lstrip(".") or "txt"))
+            item.setToolTip(
+                f"{doc.name}: read once, {doc.n_tokens:,} tokens kept in {doc.n_parts} "
+                f"part(s), {human_bytes(doc.block_bytes)} on disk ({doc.status})"
+            )
             item.setData(ID_ROLE, doc.id)
             self.document_list.addItem(item)
 
@@ -208,7 +373,8 @@ class Sidebar(QWidget):
         items = self.document_list.selectedItems()
         if not items and self.document_list.count() == 1:
             items = [self.document_list.item(0)]
-        return str(items[0].data(ID_ROLE)) if items else None
+        value = items[0].data(ID_ROLE) if items else None
+        return str(value) if value else None
 
     def show_progress(self, visible: bool, label: str = "") -> None:
         for widget in (self.deposit_bar, self.deposit_label, self.deposit_cancel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QMouseEvent
+from PySide6.QtGui import QKeyEvent, QMouseEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 
 from galahad_desktop.memory.results import EngineInfo
 from galahad_desktop.models.catalog import GIB, Recommendation
+from galahad_desktop.ui import theme
 
 
 class DropZone(QLabel):
@@ -29,6 +30,13 @@ class DropZone(QLabel):
 
     def mousePressEvent(self, event: QMouseEvent) -> None:
         self.clicked.emit()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        # Focusable and opened with Enter or Space: usable without a mouse.
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter, Qt.Key.Key_Space):
+            self.clicked.emit()
+        else:
+            super().keyPressEvent(event)
 
 
 class Welcome(QWidget):
@@ -42,6 +50,7 @@ class Welcome(QWidget):
         self.chosen_size = ""  # the Gemma 4 size the offer stands for
         layout = QVBoxLayout(self)
         layout.setContentsMargins(32, 24, 32, 24)
+        layout.setSpacing(theme.SPACE[4])
         title = QLabel("<h1>Galahad Desktop</h1>")
         intro = QLabel(
             "A private chat with a model that runs on this computer. Everything the model "
@@ -63,10 +72,16 @@ class Welcome(QWidget):
         row = QHBoxLayout()
         self.get_button = QPushButton("Download Gemma 4")
         self.get_button.clicked.connect(lambda: self.get_model.emit(self.chosen_size))
+        self.get_button.setAccessibleName("Download Gemma 4")
+        self.get_button.setToolTip("Download the recommended Gemma 4, checked before use")
+        theme.set_primary(self.get_button)
         self.cancel_button = QPushButton("Pause")
         self.cancel_button.clicked.connect(self.cancel_download.emit)
         self.cancel_button.setVisible(False)
+        self.cancel_button.setAccessibleName("Pause the download")
+        self.cancel_button.setToolTip("Pause; the download resumes where it stopped")
         self.progress = QProgressBar()
+        self.progress.setAccessibleName("Download progress")
         self.progress.setVisible(False)
         row.addWidget(self.get_button)
         row.addWidget(self.progress, 1)
@@ -81,11 +96,14 @@ class Welcome(QWidget):
         self.drop_zone.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.drop_zone.setWordWrap(True)
         self.drop_zone.setMinimumHeight(90)
-        self.drop_zone.setStyleSheet(
-            "QLabel { border: 2px dashed gray; border-radius: 8px; padding: 12px; }"
-        )
+        theme.set_role(self.drop_zone, "drop")
+        self.drop_zone.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.drop_zone.setAccessibleName("Add documents")
+        self.drop_zone.setToolTip("Drop files here, or press Enter to choose them")
         self.drop_zone.clicked.connect(self.choose_documents.emit)
-        chat = QPushButton("Start a chat")
+        chat = QPushButton(theme.icon("new"), "Start a chat")
+        chat.setAccessibleName("Start a chat")
+        chat.setToolTip("Start a conversation with the model (Ctrl+N)")
         chat.clicked.connect(self.start_chat.emit)
         for widget in (title, intro, self.model_label, self.offer, self.drop_zone, chat):
             layout.addWidget(widget)

@@ -38,6 +38,7 @@ from galahad_desktop.vault.names import BlockRow, ConversationRow, DocumentRow, 
 from galahad_desktop.vault.vault import new_id
 
 TITLE_CHARS = 60
+PREVIEW_CHARS = 120
 
 
 class Conversations:
@@ -73,6 +74,7 @@ class Conversations:
             # One damaged title must not hide every other conversation: listed and marked
             # (opening it is still refused; `galahad audit` names the problem).
             title, damaged = "(damaged record)", "its title failed authentication"
+        memory, block_bytes = self.memory(r)
         return ConversationSummary(
             r["id"],
             title,
@@ -84,7 +86,36 @@ class Conversations:
             bool(r.get("thinking")),
             r.get("model_sha256") or "",
             damaged,
+            "" if damaged else self.preview(r["id"]),
+            "damaged" if damaged else memory,
+            block_bytes,
         )
+
+    def preview(self, conversation_id: str) -> str:
+        """The start of the last message, on one line (what the sidebar shows under a title)."""
+        rows = self.message_rows(conversation_id)
+        if not rows:
+            return ""
+        try:
+            text = self.records.decrypt("messages", "text_enc", rows[-1])
+        except IntegrityError:
+            return ""
+        return " ".join(text.split())[:PREVIEW_CHARS]
+
+    def memory(self, row: ConversationRow) -> tuple[str, int]:
+        """Whether the conversation's KV is kept and usable under this runtime (a graft), or
+        will be re-read once; and its blocks' bytes on disk."""
+        head = row["head_block_id"]
+        if not head:
+            return "not stored", 0
+        try:
+            chain = self.vault.chain_rows(str(head))
+        except (IntegrityError, NotFoundError):
+            return "damaged", 0
+        size = sum(int(link.get("file_bytes") or 0) for link in chain)
+        fingerprint = self.engine.fingerprint
+        usable = all(link["fingerprint"] == fingerprint for link in chain)
+        return ("stored" if usable else "needs re-reading"), size
 
     def summaries(self) -> list[ConversationSummary]:
         return [self.summary(r) for r in self.records.conversations("updated_at desc")]
