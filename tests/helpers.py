@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,23 @@ def story(n_sentences: int, secret: str = "Arthur's access code is 8842.") -> st
     ]
     lines.insert(n_sentences // 2, secret)
     return "\n".join(lines) + "\n"
+
+
+def when_a_modal_opens(act: Callable[[Any], None]) -> list[str]:
+    """Watch the event loop for a modal dialog (one that `exec()` blocks on), record its title
+    and hand it to `act` (which closes it). Returns the titles seen."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    seen: list[str] = []
+
+    def check() -> None:
+        dialog = QApplication.activeModalWidget()
+        if dialog is None:
+            QTimer.singleShot(50, check)
+            return
+        seen.append(dialog.windowTitle())
+        act(dialog)
+
+    QTimer.singleShot(50, check)
+    return seen

@@ -22,7 +22,7 @@ from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
 from galahad_dev import import_samples as import_fixtures
-from tests.helpers import story
+from tests.helpers import story, when_a_modal_opens
 
 pytestmark = [
     pytest.mark.gui,
@@ -575,7 +575,6 @@ def test_backup_recovery_kit_and_rotation_from_the_security_dialog(  # type: ign
 
 def test_keyboard_only_walkthrough(qtbot, open_window, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
     """New chat, send, stop, regenerate, settings and the theme, with keys alone."""
-    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from galahad_desktop.ui import theme
@@ -610,17 +609,7 @@ def test_keyboard_only_walkthrough(qtbot, open_window, data_dir: Path) -> None: 
     qtbot.keyClick(window.chat.input, Qt.Key.Key_Tab)
     assert not window.chat.input.hasFocus()
     # Ctrl+, opens the settings (modal): Escape closes them.
-    seen: list[str] = []
-
-    def close_with_escape() -> None:
-        dialog = QApplication.activeModalWidget()
-        if dialog is None:
-            QTimer.singleShot(50, close_with_escape)
-            return
-        seen.append(dialog.windowTitle())
-        qtbot.keyClick(dialog, Qt.Key.Key_Escape)
-
-    QTimer.singleShot(50, close_with_escape)
+    seen = when_a_modal_opens(lambda dialog: qtbot.keyClick(dialog, Qt.Key.Key_Escape))
     qtbot.keyClick(window, Qt.Key.Key_Comma, ctrl)
     assert seen == ["Settings"]
     window.activateWindow()  # what the window manager does when a modal dialog closes

@@ -16,7 +16,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import Qt, QTimer, QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -39,6 +39,7 @@ from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.render import message_html
 from galahad_desktop.ui.settings_dialog import SettingsDialog
 from galahad_desktop.ui.worker import CoreBridge
+from tests.helpers import when_a_modal_opens
 
 pytestmark = pytest.mark.gui
 UI = Path(__file__).resolve().parent.parent / "galahad_desktop" / "ui"
@@ -388,17 +389,7 @@ def test_memory_panel_and_the_proof_in_plain_words(qtbot, window: MainWindow) ->
 
 def test_a_settings_dialog_opens_from_the_keyboard(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
     """Ctrl+, opens the settings; Escape closes them (a modal dialog, found while open)."""
-    seen: list[str] = []
-
-    def close_it() -> None:
-        dialog = QApplication.activeModalWidget()
-        if dialog is None:
-            QTimer.singleShot(50, close_it)
-            return
-        seen.append(dialog.windowTitle())
-        dialog.close()
-
-    QTimer.singleShot(50, close_it)
+    seen = when_a_modal_opens(lambda dialog: dialog.close())
     shortcut = next(
         a for a in window.findChildren(type(window.times_action)) if a.text() == "Settings…"
     )
