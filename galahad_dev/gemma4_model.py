@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import numpy as np
 TEMPLATE_MEMBER = "vendor/llama.cpp/models/templates/google-gemma-4-31B-it.jinja"
 TEMPLATE_SHA256 = "85a08664d16d8f3be4416c92427b3ac10df1024ac566cc0b4bc3bab409393f98"
 LLAMA_CPP_PYTHON = "0.3.36"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: the picture markers <|image> and <image|>
 
 # Gemma 4's markup tokens at their real ids. Control tokens are never matched in raw text;
 # the converter stores the seven channel/tool markers as user-defined, which llama.cpp
@@ -51,6 +52,10 @@ MARKUP: dict[int, tuple[str, int]] = {
     101: ("<channel|>", USER_DEFINED),
     105: ("<|turn>", CONTROL),
     106: ("<turn|>", CONTROL),
+    # Around a picture's embeddings (llama.cpp's mtmd writes them as text and parses them as
+    # tokens); at the ids where Gemma 3 keeps its own image markers.
+    255999: ("<|image>", CONTROL),
+    256000: ("<image|>", CONTROL),
 }
 
 
@@ -229,9 +234,15 @@ def build(gemma3_path: Path, out_dir: Path | None = None, shape: Gemma4Shape | N
     for token_id, (text, kind) in MARKUP.items():
         vocab.tokens[token_id], vocab.types[token_id], vocab.scores[token_id] = text, kind, 0.0
     merges = derive_merges(vocab)
+    return write_once(target, lambda tmp: _write(tmp, shape, vocab, merges, template))
+
+
+def write_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """Write a built file under a temporary name and move it into place (a build that
+    stops half way never leaves a file the cache would take for a whole one)."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        _write(tmp, shape, vocab, merges, template)
+        write(tmp)
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):

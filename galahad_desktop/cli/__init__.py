@@ -92,10 +92,10 @@ def _main(argv: Sequence[str] | None) -> int:
     # Everything this process creates (ours, SQLite's, Qt's, logging's) is private.
     os.umask(0o077)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--extract-worker"] and len(argv) == 2:  # frozen app's document reader
+    if argv[:1] == ["--extract-worker"] and len(argv) in (2, 3):  # frozen app's reader
         from galahad_desktop.memory.documents.extract_worker import run
 
-        return run(argv[1])
+        return run(*argv[1:])
     args = build_parser().parse_args(argv)
     out = Output(bool(args.json))
     try:

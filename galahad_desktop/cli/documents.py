@@ -27,7 +27,13 @@ def cmd_deposit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         f"Stored document {result.document_id} '{result.name}': "
         f"{result.tokens:,} tokens read in {result.prefill_ms / 1e3:.1f} s, "
         + (f"{result.n_parts} parts, blocks " if result.n_parts > 1 else "block ")
-        + f"{result.block_bytes / 1e6:.1f} MB",
+        + f"{result.block_bytes / 1e6:.1f} MB"
+        + (
+            f" ({result.pictures} picture{'s' if result.pictures > 1 else ''}: "
+            f"{result.image_tokens:,} image tokens, encoded in {result.encode_ms / 1e3:.2f} s)"
+            if result.pictures
+            else ""
+        ),
     )
     return 0
 

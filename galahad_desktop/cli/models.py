@@ -37,6 +37,7 @@ def cmd_info(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         f"fingerprint {info.fingerprint[:16]} · context {info.n_ctx:,}",
         *_placement_lines(info.placement),
         f"library routing: {info.routing}",
+        info.vision_note(),
         *[f"settings: {p}" for p in info.settings_problems],
     ]
     out.result(info, "\n".join(lines))

@@ -475,3 +475,9 @@ def measure_speed(
         return prefill, decode
     finally:
         llm.close()
+
+
+def log_callback() -> Any:
+    """The callback that keeps llama.cpp's messages off stderr (for mtmd, which has its own
+    logger)."""
+    return _llama_log

@@ -17,7 +17,7 @@ from galahad_desktop.engine.engine import Engine, EngineConfig
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains
 from galahad_desktop.memory.chat.continuation import Continuation
@@ -120,6 +120,8 @@ class Galahad:
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
         self.live.chain_owners = self.conversations.chain_owners
         self.live.ledger_source = self.maintenance.ledger_for_model
+        self.live.vision_hash_cache = self.data_dir / "model-hashes.json"
+        self.live.picture_source = self.maintenance.pictures_for
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -175,6 +177,7 @@ class Galahad:
             list(self.settings.problems),
             self.routing.describe(),
             engine.placement.as_dict(),
+            self.vision_status(),
         )
 
     def settings_values(self) -> dict[str, Any]:
@@ -390,6 +393,27 @@ class Galahad:
 
     def parts(self, document_id: str) -> list[PartSummary]:
         return self.documents.parts(document_id)
+
+    def document_picture(self, document_id: str, part_no: int = 1) -> bytes | None:
+        """A picture document's PNG (or a scanned page's), decrypted in memory."""
+        return self.documents.picture(document_id, part_no)
+
+    def vision_status(self) -> dict[str, Any]:
+        """Whether this model reads pictures, and with which projector (a projector that
+        does not load is reported, not raised)."""
+        path = self.live.projector_path()
+        if path is None:
+            return {"pictures": False, "audio": False, "projector": None}
+        try:
+            vision = self.live.vision()
+        except (InputError, ModelError) as exc:
+            return {"pictures": False, "audio": False, "projector": str(path), "problem": str(exc)}
+        return {
+            "pictures": True,
+            "audio": False,  # not built: see docs/features.md
+            "projector": str(path),
+            **vision.details,
+        }
 
     def document_parts_count(self, document_id: str) -> int:
         return int(self.documents.row(document_id).get("n_parts") or 1)

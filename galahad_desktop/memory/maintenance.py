@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.vision import holds_pictures
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.memory.chat.conversations import Conversations, engine_answer
 from galahad_desktop.memory.chat.live import LiveContext, Rendered
@@ -39,18 +41,43 @@ class Maintenance:
     def ledger_for_model(self, row: BlockRow) -> Rendered | None:
         """A block made under another model file is re-read from its text, rebuilt with this
         model's tokenizer and turn format (the old token ids mean nothing to it). A block
-        from the same model under other runtime settings re-reads its token ledger."""
+        from the same model under other runtime settings re-reads its token ledger, unless
+        it holds pictures: the projector or its budget may give a picture another number of
+        positions, so its ledger is rebuilt too."""
         made_with = row.get("model_sha256")
-        if not made_with or made_with == self.live.engine.model_sha256:
+        same_model = not made_with or made_with == self.live.engine.model_sha256
+        if same_model and not holds_pictures(self.vault.chain_tokens(row["id"])):
             return None
         if row["kind"] == "conversation":
             return self.rendered_conversation(row)
         if row["kind"] == "document":
-            tokens = self.documents.rendered_part(row["id"])
-            return Rendered(tokens) if tokens is not None else None
+            rendered = self.documents.rendered_part(row["id"])
+            if rendered is None:
+                return None
+            tokens, pictures = rendered
+
+            def recount(new_row: BlockRow) -> list[str]:
+                self.documents.recount_part(new_row["id"], len(tokens))
+                return []
+
+            return Rendered(tokens, recount, pictures)
         if row["kind"] == "verified":
             return self.library.rendered(row)
         return None
+
+    def pictures_for(self, row: BlockRow) -> list[Picture]:
+        """The pictures a block's ledger holds, in ledger order (to read it again)."""
+        if row["kind"] == "document":
+            return self.documents.part_pictures(row["id"])
+        if row["kind"] != "conversation":
+            return []
+        conv = self.conversations.row(row["owner_id"])
+        pictures: list[Picture] = []
+        if conv["document_id"]:
+            pictures += self.documents.part_pictures(
+                self.documents.row(conv["document_id"])["block_id"]
+            )
+        return pictures + self.conversations.message_pictures(conv["id"], row["pos_end"])
 
     def rendered_conversation(self, row: BlockRow) -> Rendered:
         conversations = self.conversations
@@ -61,12 +88,17 @@ class Maintenance:
                 "re-read once under this one, then go back to an earlier turn."
             )
         document_tokens = None
+        pictures: list[Picture] = []
         if conv["document_id"]:
             doc = self.documents.row(conv["document_id"])
-            document_tokens = self.documents.document_tokens(
-                self.documents.name(doc), self.documents.text(doc["id"])
-            )
-        tokens, ranges = self.conversation_ledger(conv, document_tokens)
+            rendered = self.documents.rendered_part(doc["block_id"])
+            if rendered is not None and rendered[1]:
+                document_tokens, pictures = rendered
+            else:
+                document_tokens = self.documents.document_tokens(
+                    self.documents.name(doc), self.documents.text(doc["id"])
+                )
+        tokens, ranges, pictures = self.conversation_ledger(conv, document_tokens, pictures)
         records = self.vault.records
 
         def apply(new_row: BlockRow) -> list[str]:
@@ -93,16 +125,20 @@ class Maintenance:
                 if b["id"] not in (row["id"], new_row["id"])
             ]
 
-        return Rendered(tokens, apply)
+        return Rendered(tokens, apply, pictures)
 
     def conversation_ledger(
-        self, conv: ConversationRow, document_tokens: list[int] | None
-    ) -> tuple[list[int], list[tuple[int, int]]]:
+        self,
+        conv: ConversationRow,
+        document_tokens: list[int] | None,
+        pictures: list[Picture] | None = None,
+    ) -> tuple[list[int], list[tuple[int, int]], list[Picture]]:
         """The conversation's ledger rebuilt from its messages for the current model (its
         tokenizer and turn format), and each message's token range: what a conversation
         made under another model is re-read as. `document_tokens`: the document turn a
         conversation on a document starts with."""
         turns = self.live.engine.turns
+        pictures = list(pictures or [])
         system = self.conversations.system_text(conv)
         thinking = bool(conv.get("thinking")) and turns.supports_thinking
         if document_tokens is not None:
@@ -115,6 +151,15 @@ class Maintenance:
         for index in range(0, len(messages) - 1, 2):
             user, reply = messages[index], messages[index + 1]
             user_start = len(tokens) - len(turns.probe)
+            if user.role == "document" and user.picture is not None:
+                picture = Picture.from_png(user.picture)
+                tokens += self.documents.picture_ledger(
+                    user.text, 1, 1, picture, len(pictures), opening=False
+                )
+                pictures.append(picture)
+                ranges += [(user_start, len(tokens)), (len(tokens), len(tokens))]
+                tokens += turns.probe
+                continue
             if user.role == "document":
                 body = self.conversations.document_content(rows[index])
                 tokens += turns.document_turn(
@@ -129,7 +174,7 @@ class Maintenance:
             tokens += engine_answer(self.live.engine, reply.text) + turns.model_close
             ranges += [(user_start, reply_start), (reply_start, len(tokens))]
             tokens += turns.probe
-        return tokens[: len(tokens) - len(turns.probe)], ranges
+        return tokens[: len(tokens) - len(turns.probe)], ranges, pictures
 
     def kind_of(self, item_id: str) -> str:
         records = self.vault.records

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine.engine import Counters
@@ -90,6 +91,7 @@ class TurnResult:
     thought_tokens: int = 0
     reread_tokens: int = 0  # answer tokens re-read so the history holds no thoughts
     compaction: CompactResult | None = None
+    image_tokens: int = 0  # a picture read into the conversation: its image positions
 
     def describe(self) -> str:
         """The status line after a turn: what the graft did, what the turn cost."""
@@ -142,6 +144,9 @@ class DepositResult:
     block_bytes: int
     block_id: str
     n_parts: int = 1
+    pictures: int = 0  # pictures (or scanned pages) read through the vision projector
+    image_tokens: int = 0  # their embedding positions
+    encode_ms: float = 0.0  # in the vision encoder
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -160,6 +165,7 @@ class Message:
     tok_end: int
     block_id: str | None
     thoughts: str = ""
+    picture: bytes | None = None  # a picture put into the conversation: its PNG
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,7 @@ class DocumentSummary:
     created_at: float
     status: str
     n_parts: int = 1
+    kind: str = "text"  # text | picture | scan
 
 
 @dataclass(frozen=True)
@@ -372,6 +379,19 @@ class EngineInfo:
     routing: str = ""  # how the library's router matches questions to parts, in words
     # Where the model runs: device, offloaded layers, KV cache's device, CPU kernels.
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Pictures: whether the model reads them, its projector and image-token budget.
+    vision: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def vision_note(self) -> str:
+        v = self.vision
+        if not v.get("pictures"):
+            why = v.get("problem") or "no vision projector for this model"
+            return f"pictures: not available ({why}) · voice memos: not built"
+        return (
+            f"pictures: yes ({Path(str(v['projector'])).name}, "
+            f"{v['image_min_tokens']}-{v['image_max_tokens']} tokens each, "
+            f"attention within a picture {v['attention_within_image']}) · voice memos: not built"
+        )
 
     def device_note(self) -> str:
         """'RPC0: 127.0.0.1:50052 (19/19 layers, KV cache there)' or 'CPU (zen4 kernels)'."""

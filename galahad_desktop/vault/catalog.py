@@ -21,7 +21,8 @@ import sqlite_utils
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 3  # 2: messages bound to their place, every record sealed; 3: part vectors
+SCHEMA_VERSION = 4  # 2: messages bound to their place, every record sealed; 3: part vectors;
+# 4: pictures (a part's or a message's picture, encrypted)
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -75,6 +76,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "text_enc": bytes,
             "thought_enc": bytes,
             "content_enc": bytes,  # a document put into the conversation: its text
+            "image_enc": bytes,  # a picture put into the conversation: its PNG
             "tok_start": int,
             "tok_end": int,
             "block_id": str,
@@ -123,6 +125,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "n_parts": int,
             "block_id": str,
             "text_enc": bytes,
+            "image_enc": bytes,  # a picture or a scanned page: its PNG (None for text)
             "seal": bytes,
             "n_tokens": int,
             "created_at": float,

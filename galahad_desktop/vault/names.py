@@ -94,6 +94,7 @@ class PartRow(TypedDict):
     n_tokens: int
     created_at: float
     text_enc: NotRequired[bytes]
+    image_enc: NotRequired[bytes | None]  # a picture or a scanned page
     seal: NotRequired[bytes]
 
 
@@ -134,3 +135,4 @@ class MessageRow(TypedDict):
     text_enc: NotRequired[bytes]
     thought_enc: NotRequired[bytes | None]
     content_enc: NotRequired[bytes | None]
+    image_enc: NotRequired[bytes | None]

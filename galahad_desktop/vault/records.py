@@ -46,8 +46,8 @@ SEALED: dict[str, tuple[str, ...]] = {
     "verified": ("block_id", "lookup", "verifier"),
 }
 SEAL_SCHEME = 2
-MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc")
-OPTIONAL = ("thought_enc", "content_enc")  # private fields a record may lack
+MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc", "image_enc")
+OPTIONAL = ("thought_enc", "content_enc", "image_enc")  # private fields a record may lack
 _WHAT = {
     "conversations": "conversation",
     "documents": "document",
@@ -223,7 +223,12 @@ class Records:
         )
 
     def add_message(
-        self, row: Mapping[str, Any], text: str, thought: str = "", content: str = ""
+        self,
+        row: Mapping[str, Any],
+        text: str,
+        thought: str = "",
+        content: str = "",
+        image: str = "",
     ) -> None:
         """Insert a message row (its place in `row`), its private fields bound to that place."""
         row = dict(row)
@@ -234,6 +239,7 @@ class Records:
         row["content_enc"] = (
             self.encrypt("messages", "content_enc", row, content) if content else None
         )
+        row["image_enc"] = self.encrypt("messages", "image_enc", row, image) if image else None
         self.catalog.insert("messages", row)
 
     def move_message(self, row: Mapping[str, Any], changes: dict[str, Any]) -> None:

@@ -10,11 +10,13 @@ exactly the tokens an uninterrupted one does.
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import (
@@ -138,8 +140,19 @@ class Conversations:
                 r["tok_end"],
                 r["block_id"],
                 records.decrypt("messages", "thought_enc", r) if r.get("thought_enc") else "",
+                base64.b64decode(records.decrypt("messages", "image_enc", r))
+                if r.get("image_enc")
+                else None,
             )
             for r in self.message_rows(conversation_id)
+        ]
+
+    def message_pictures(self, conversation_id: str, end: int | None = None) -> list[Picture]:
+        """The pictures put into a conversation before ledger position `end`, in order."""
+        return [
+            Picture.from_png(base64.b64decode(self.records.decrypt("messages", "image_enc", r)))
+            for r in self.message_rows(conversation_id)
+            if r.get("image_enc") and (end is None or r["tok_start"] < end)
         ]
 
     def document_content(self, row: MessageRow) -> str:
@@ -567,6 +580,7 @@ class Conversations:
         roles: tuple[str, str] = ("user", "model"),
         thoughts: str = "",
         content: str = "",
+        picture: Picture | None = None,
     ) -> None:
         """One transaction: the turn's block row, its two messages, the sealed new head (and,
         for a regenerated reply, the replaced head when nothing continues from it)."""
@@ -617,6 +631,9 @@ class Conversations:
                     message,
                     thought,
                     extra,
+                    base64.b64encode(picture.png).decode("ascii")
+                    if picture is not None and offset == 0
+                    else "",
                 )
             changes: dict[str, Any] = {
                 "head_block_id": row["id"],

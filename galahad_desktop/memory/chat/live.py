@@ -17,14 +17,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.engine import Counters, Engine
+from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
-from galahad_desktop.errors import IntegrityError
+from galahad_desktop.engine.vision import LedgerRead, Vision, evaluate_ledger, holds_pictures
+from galahad_desktop.errors import InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
@@ -46,10 +49,18 @@ class Rendered:
 
     tokens: list[int]
     apply: Callable[[BlockRow], list[str]] | None = None
+    pictures: list[Picture] = field(default_factory=list)  # the ledger's, in order
 
 
 class LedgerSource(Protocol):
     def __call__(self, row: BlockRow) -> Rendered | None: ...
+
+
+NO_PROJECTOR = (
+    "This model reads no pictures: no vision projector is set up for it (set `projector` "
+    "to its mmproj GGUF, or get the model with its projector: galahad models get NAME "
+    "--vision)."
+)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,11 @@ class LiveContext:
         # both know about conversations and documents, so the façade supplies them.
         self.chain_owners: Callable[[str], set[str]] = lambda owner: {owner}
         self.ledger_source: LedgerSource = lambda row: None
+        # The pictures a block's ledger holds, in ledger order (to re-read it).
+        self.picture_source: Callable[[BlockRow], list[Picture]] = lambda row: []
+        self._vision: Vision | None = None
+        self._vision_key: tuple[Any, ...] | None = None
+        self.vision_hash_cache: Path | None = None  # where projector files' hashes are kept
 
     # -- the engine ----------------------------------------------------------------------
     @property
@@ -100,16 +116,82 @@ class LiveContext:
 
     def reload(self) -> None:
         """Drop the engine so the next use loads it with the current settings."""
-        if self._engine is not None:
-            self._engine.close()
-        self._engine = None
-        self.holding = None
+        self.close()
 
     def close(self) -> None:
+        self._close_vision()
         if self._engine is not None:
             self._engine.close()
             self._engine = None
         self.holding = None
+
+    # -- pictures --------------------------------------------------------------------------
+    def projector_path(self) -> Path | None:
+        """The projector set up for the model: the setting, else the one mmproj GGUF next
+        to the model file (the model catalog downloads it there)."""
+        configured = self.settings.get("projector")
+        if configured:
+            return Path(configured)
+        engine = self.engine
+        if not isinstance(engine, Engine) or engine.config.embedded:
+            return None
+        found = sorted(engine.config.model_path.parent.glob("mmproj*.gguf"))
+        return found[0] if len(found) == 1 else None
+
+    def vision(self) -> Vision:
+        """The projector loaded for this engine (InputError when there is none)."""
+        engine = self.engine
+        path = self.projector_path()
+        if path is None or not isinstance(engine, Engine):
+            raise InputError(NO_PROJECTOR)
+        key = (
+            id(engine),
+            str(path),
+            self.settings.get("image_min_tokens"),
+            self.settings.get("image_max_tokens"),
+        )
+        if self._vision is None or self._vision_key != key:
+            self._close_vision()
+            self._vision = Vision(engine, path, key[2], key[3], self.vision_hash_cache)
+            self._vision_key = key
+        return self._vision
+
+    def vision_fingerprint(self) -> str | None:
+        """The fingerprint blocks holding pictures are stored under now (None: no projector
+        can be loaded, so such a block cannot be used as it is)."""
+        try:
+            return self.vision().fingerprint
+        except (InputError, ModelError):
+            return None
+
+    def current(self, link: BlockRow) -> bool:
+        """Whether a link was captured under this runtime (its pictures' too)."""
+        fingerprint = link["fingerprint"]
+        if fingerprint == self.engine.fingerprint:
+            return True
+        return fingerprint == self.vision_fingerprint()
+
+    def _close_vision(self) -> None:
+        if self._vision is not None:
+            self._vision.close()
+        self._vision = None
+        self._vision_key = None
+
+    def evaluate_ledger(
+        self,
+        tokens: list[int],
+        pictures: list[Picture] | dict[int, Picture],
+        job: Job = NO_JOB,
+    ) -> LedgerRead:
+        """Evaluate a ledger after what the context holds; its pictures read from
+        `pictures` (a list in ledger order, or by their index in the ledger)."""
+        if not holds_pictures(tokens):
+            return LedgerRead(self.engine.evaluate(tokens, job))
+        engine = self.engine
+        vision = self.vision()
+        assert isinstance(engine, Engine)  # vision() refuses any other engine
+        by_index = pictures if isinstance(pictures, dict) else dict(enumerate(pictures))
+        return evaluate_ledger(engine, vision, tokens, by_index, job)
 
     def clear(self, wipe: bool = True) -> None:
         """Forget what the context holds (lock wipes the KV buffers too)."""
@@ -181,8 +263,7 @@ class LiveContext:
     def graftable(self, block_id: str) -> bool:
         """Whether the block's whole chain was captured under this runtime (a graft, not a
         re-read)."""
-        fingerprint = self.engine.fingerprint
-        return all(link["fingerprint"] == fingerprint for link in self.vault.chain_rows(block_id))
+        return all(self.current(link) for link in self.vault.chain_rows(block_id))
 
     def graft(
         self,
@@ -200,7 +281,7 @@ class LiveContext:
                 f"Block {block_id} belongs to {row['owner_id']}, not {owner_id}; refused."
             )
         chain = self.vault.chain_rows(block_id)
-        if any(link["fingerprint"] != engine.fingerprint for link in chain):
+        if not all(self.current(link) for link in chain):
             other = row.get("model_sha256") and row["model_sha256"] != engine.model_sha256
             return self.reread(row, OTHER_MODEL if other else MODEL_CHANGED, counters, job)
         restore_ms, n_tokens, result = self.restore_and_prove(block_id, self.chain_owners(owner_id))
@@ -227,9 +308,12 @@ class LiveContext:
         engine = self.engine
         rendered = self.ledger_source(row)
         tokens = rendered.tokens if rendered is not None else self.vault.chain_tokens(row["id"])
+        pictures = rendered.pictures if rendered is not None else []
+        if holds_pictures(tokens) and not pictures:
+            pictures = self.picture_source(row)
         engine.reset()
         self.holding = None
-        prefill_ms = engine.evaluate(tokens, job)
+        prefill_ms = self.evaluate_ledger(tokens, pictures, job).elapsed_ms
         new_row, record = self.persist(row["kind"], row["owner_id"], None, row["generation"] + 1)
         # A block other links continue from stays: their token ledgers run through it.
         keep_old = bool(self.vault.children(row["id"]))
@@ -333,7 +417,9 @@ class LiveContext:
             parent_id=parent_id if start else None,
             tokens=own_tokens,
             generation=generation,
-            fingerprint=engine.fingerprint,
+            fingerprint=self.vision().fingerprint
+            if holds_pictures(own_tokens)
+            else engine.fingerprint,
             model_sha256=engine.model_sha256,
             payload=memoryview(block[0]).cast("B")[: block[1]],
             sealed_meta={

@@ -3,25 +3,32 @@ a conversation as a chain link that reads only the new document."""
 
 from __future__ import annotations
 
+import base64
 import logging
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.extraction import (
+    NoTextLayer,
     extract_text_bounded,
     overlap_tail,
     split_for_parts,
 )
+from galahad_desktop.memory.documents.pictures import is_picture, read_pictures_bounded
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
 from galahad_desktop.vault.names import BlockRow, DocumentRow, PartRow
 from galahad_desktop.vault.vault import new_id
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 ANSWER_RESERVE = 512  # room kept free after a document for a question and its answer
 MAX_DOCUMENT_CHARS = 40_000_000
 DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
+PICTURE_ACK = 'I have looked at "{name}". Ask me about it.'
+AddedPart = tuple[str, str, int, int, str]  # part id, document id, number, of, its text
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,31 @@ class Documents:
                     r["created_at"],
                     "stored" if block else "missing block",
                     r.get("n_parts") or 1,
+                    self.kind(r["id"]),
                 )
             )
         return out
+
+    def kind(self, document_id: str) -> str:
+        """text, picture (one picture) or scan (pages read as pictures)."""
+        parts = self.records.parts("part_no", document_id=document_id)
+        if not parts or not parts[0].get("image_enc"):
+            return "text"
+        return "picture" if len(parts) == 1 else "scan"
+
+    def part_picture(self, part: PartRow) -> Picture | None:
+        """A picture part's picture (decrypted and decoded in memory), else None."""
+        if not part.get("image_enc"):
+            return None
+        encoded = self.live.records.decrypt("parts", "image_enc", part)
+        return Picture.from_png(base64.b64decode(encoded))
+
+    def picture(self, document_id: str, part_no: int = 1) -> bytes | None:
+        """A picture document's (or scanned page's) PNG, for a thumbnail."""
+        self.row(document_id)
+        parts = self.records.parts(document_id=document_id, part_no=part_no)
+        found = self.part_picture(parts[0]) if parts else None
+        return found.png if found is not None else None
 
     # -- tokens --------------------------------------------------------------------------
     def limit(self) -> int:
@@ -164,14 +195,70 @@ class Documents:
             log.info("document parts ran over the budget; retrying (attempt %d)", attempt + 1)
         raise InputError(f"'{name}' could not be cut into parts of {budget:,} tokens.")
 
-    def rendered_part(self, block_id: str) -> list[int] | None:
-        """A stored part's tokens rebuilt for the current model (None: not a part)."""
+    def picture_ledger(
+        self,
+        name: str,
+        part_no: int,
+        n_parts: int,
+        picture: Picture,
+        index: int = 0,
+        opening: bool = True,
+    ) -> list[int]:
+        """A picture (or one scanned page) as its own document turn: the model's markers
+        around its image positions (the ledger's `index`-th picture), under a short header,
+        acknowledged. Without `opening` the turn continues a context that already holds
+        the user turn's opening (a picture put into a conversation)."""
+        engine = self.engine
+        turns = engine.turns
+        if n_parts == 1:
+            header, ack = f'Picture "{name}":\n', PICTURE_ACK.format(name=name)
+        else:
+            header = f'Scanned document "{name}", page {part_no} of {n_parts}:\n'
+            ack = f'I have looked at page {part_no} of {n_parts} of "{name}".'
+        start = engine.bos() + turns.user_open if opening else []
+        return (
+            start
+            + engine.encode_text(header)
+            + self.live.vision().ledger(picture, index)
+            + turns.user_close
+            + turns.generation_prompt
+            + engine.encode_text(ack)
+            + turns.model_close
+        )
+
+    def recount_part(self, block_id: str, n_tokens: int) -> None:
+        """A re-read part now takes `n_tokens` (inside the caller's transaction, which
+        reseals the part and its document)."""
+        for part in self.records.parts(block_id=block_id):
+            self.records.update("parts", part["id"], {"n_tokens": n_tokens})
+
+    def picture_caption(self, name: str, part_no: int, n_parts: int) -> str:
+        """What the router's words see of a picture part (its pixels hold no words): the
+        file's name, also split into words (invoice-2026.pdf: invoice 2026), and the page."""
+        words = " ".join(re.split(r"[\W_]+", Path(name).stem)).strip()
+        if n_parts == 1:
+            return f"Picture {name}: {words}"
+        return f"Scanned document {name}: {words}, page {part_no}"
+
+    def part_pictures(self, block_id: str) -> list[Picture]:
+        """The pictures a part's ledger holds (one for a picture part, none for text)."""
+        parts = self.records.parts(block_id=block_id)
+        found = self.part_picture(parts[0]) if parts else None
+        return [found] if found is not None else []
+
+    def rendered_part(self, block_id: str) -> tuple[list[int], list[Picture]] | None:
+        """A stored part's tokens (and pictures) rebuilt for the current model (None: not a
+        part)."""
         parts = self.records.parts(block_id=block_id)
         if not parts:
             return None
         part = parts[0]
         document = self.row(part["document_id"])
         name = self.name(document)
+        picture = self.part_picture(part)
+        if picture is not None:
+            ledger = self.picture_ledger(name, part["part_no"], part["n_parts"], picture)
+            return ledger, [picture]
         overlap = ""
         if part["part_no"] > 1:
             previous = self.records.parts(
@@ -191,7 +278,7 @@ class Documents:
                 f"Part {part['part_no']} of '{name}' does not fit this model's context; "
                 "store the document again (forget it, then add it) to cut it anew."
             )
-        return tokens
+        return tokens, []
 
     # -- depositing ----------------------------------------------------------------------
     def deposit(
@@ -200,10 +287,79 @@ class Documents:
         job: Job = NO_JOB,
         name: str | None = None,
     ) -> DepositResult:
-        """Read a document once, store its KV block, and return what it cost."""
+        """Read a document once, store its KV block, and return what it cost. A picture,
+        or a PDF without a text layer (a scan), is read through the vision projector."""
         path = Path(path)
-        text = extract_text_bounded(path, job=job)
+        if is_picture(path):
+            self.live.vision()  # no projector: say so before reading the file
+            pictures = read_pictures_bounded(path, "picture", job=job)
+            return self.deposit_pictures(name or path.name, pictures, path.stat().st_size, job)
+        try:
+            text = extract_text_bounded(path, job=job)
+        except NoTextLayer:
+            self.live.vision()
+            pages = read_pictures_bounded(path, "scan", job=job)
+            return self.deposit_pictures(name or path.name, pages, path.stat().st_size, job)
         return self.deposit_text(name or path.name, text, path.stat().st_size, job)
+
+    def deposit_pictures(
+        self,
+        name: str,
+        pictures: list[Picture],
+        source_bytes: int,
+        job: Job = NO_JOB,
+    ) -> DepositResult:
+        """Store pictures (one, or a scan's pages) as a document: each read once through
+        the vision projector at its own positions and stored as its own block; the PNG is
+        kept encrypted with its part (to read it again under another projector)."""
+        check_text(name, "The document's name")
+        if not pictures:
+            raise InputError(f"'{name}' holds no pictures.")
+        n = len(pictures)
+        ledgers = [self.picture_ledger(name, i + 1, n, p) for i, p in enumerate(pictures)]
+        for number, ledger in enumerate(ledgers, start=1):
+            if len(ledger) > self.limit():
+                raise InputError(
+                    f"'{name}'{f' page {number}' if n > 1 else ''} takes {len(ledger):,} tokens; "
+                    f"the {self.engine.n_ctx:,}-token context leaves room for {self.limit():,}. "
+                    "Nothing was stored."
+                )
+
+        def commit(document_id: str, rows: list[BlockRow]) -> list[AddedPart]:
+            records = self.live.records
+            now = time.time()
+            added = []
+            for index, (row, ledger, picture) in enumerate(
+                zip(rows, ledgers, pictures, strict=True)
+            ):
+                caption = self.picture_caption(name, index + 1, n)
+                part_row: PartRow = {
+                    "id": new_id("p"),
+                    "document_id": document_id,
+                    "part_no": index + 1,
+                    "n_parts": n,
+                    "block_id": row["id"],
+                    "n_tokens": len(ledger),
+                    "created_at": now,
+                }
+                part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, caption)
+                png = base64.b64encode(picture.png).decode("ascii")
+                part_row["image_enc"] = records.encrypt("parts", "image_enc", part_row, png)
+                self.records.insert("parts", part_row)
+                added.append((part_row["id"], document_id, index + 1, n, caption))
+            caption = self.picture_caption(name, 1, 1)
+            self._insert_document(document_id, name, caption, rows, total, source_bytes)
+            return added
+
+        total = sum(len(ledger) for ledger in ledgers)
+        return self._deposit_parts(
+            name,
+            n,
+            total,
+            lambda number: (ledgers[number - 1], [pictures[number - 1]]),
+            commit,
+            job,
+        )
 
     def deposit_text(
         self,
@@ -227,21 +383,67 @@ class Documents:
                 f"'{name}' has {len(text):,} characters; at most {MAX_DOCUMENT_CHARS:,} are "
                 "accepted in one document. Nothing was stored."
             )
-        engine = self.engine
         plan = self.plan_parts(name, text)
-        total = sum(part.tokens for part in plan)
+
+        def ledger(number: int) -> tuple[list[int], list[Picture]]:
+            part = plan[number - 1]
+            return self.part_tokens(name, number, len(plan), part.overlap, part.text), []
+
+        def commit(document_id: str, rows: list[BlockRow]) -> list[AddedPart]:
+            records = self.live.records
+            now = time.time()
+            added = []
+            for index, (row, part) in enumerate(zip(rows, plan, strict=True)):
+                part_row: PartRow = {
+                    "id": new_id("p"),
+                    "document_id": document_id,
+                    "part_no": index + 1,
+                    "n_parts": len(plan),
+                    "block_id": row["id"],
+                    "n_tokens": part.tokens,
+                    "created_at": now,
+                }
+                part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, part.text)
+                self.records.insert("parts", part_row)
+                added.append((part_row["id"], document_id, index + 1, len(plan), part.text))
+            self._insert_document(document_id, name, text, rows, plan_tokens, size)
+            return added
+
+        plan_tokens = sum(part.tokens for part in plan)
+        size = len(text.encode("utf-8")) if source_bytes is None else source_bytes
+        return self._deposit_parts(name, len(plan), plan_tokens, ledger, commit, job)
+
+    def _deposit_parts(
+        self,
+        name: str,
+        n_parts: int,
+        total: int,
+        ledger: Callable[[int], tuple[list[int], list[Picture]]],
+        commit: Callable[[str, list[BlockRow]], list[AddedPart]],
+        job: Job,
+    ) -> DepositResult:
+        """Read each part from an empty context (its ledger made only when it is read: a
+        long document never holds more than one part's tokens), store it as its own block
+        (durable when written), then `commit` the document's records in one transaction."""
+        engine = self.engine
         document_id = new_id("d")
         self.live.drop()
-        prefill_ms = capture_ms = 0.0
-        persist_start = time.perf_counter()
-        persist_ms = 0.0
+        prefill_ms = capture_ms = persist_ms = encode_ms = 0.0
+        pictures = image_tokens = 0
+        start = time.perf_counter()
         rows: list[BlockRow] = []
         done = 0
         try:
-            for number, part in enumerate(plan, start=1):
-                tokens = self.part_tokens(name, number, len(plan), part.overlap, part.text)
+            for number in range(1, n_parts + 1):
+                tokens, part_pictures = ledger(number)
                 engine.reset()
-                prefill_ms += engine.evaluate(tokens, job.step(done, total, persist_start))
+                read = self.live.evaluate_ledger(
+                    tokens, part_pictures, job.step(done, total, start)
+                )
+                prefill_ms += read.elapsed_ms
+                encode_ms += read.encode_ms
+                image_tokens += read.image_tokens
+                pictures += read.pictures
                 step = time.perf_counter()
                 row, _record = self.live.persist("document", document_id, None, 1)
                 persist_ms += (time.perf_counter() - step) * 1e3
@@ -249,44 +451,15 @@ class Documents:
                 rows.append(row)
                 done += len(tokens)
             crashpoint("deposit-before-commit")
-            records = self.live.records
-            now = time.time()
-            added = []
             with self.vault.transaction():
                 for row in rows:
                     self.records.insert("blocks", row)
-                for index, (row, part) in enumerate(zip(rows, plan, strict=True)):
-                    piece = part.text
-                    part_row: PartRow = {
-                        "id": new_id("p"),
-                        "document_id": document_id,
-                        "part_no": index + 1,
-                        "n_parts": len(plan),
-                        "block_id": row["id"],
-                        "n_tokens": part.tokens,
-                        "created_at": now,
-                    }
-                    part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, piece)
-                    self.records.insert("parts", part_row)
-                    added.append((part_row["id"], document_id, index + 1, len(plan), piece))
-                document: DocumentRow = {
-                    "id": document_id,
-                    "block_id": rows[0]["id"],
-                    "n_tokens": total,
-                    "n_parts": len(plan),
-                    "source_bytes": source_bytes
-                    if source_bytes is not None
-                    else len(text.encode("utf-8")),
-                    "created_at": now,
-                }
-                document["name_enc"] = records.encrypt("documents", "name_enc", document, name)
-                document["text_enc"] = records.encrypt("documents", "text_enc", document, text)
-                self.records.insert("documents", document)
+                added = commit(document_id, rows)
         except BaseException:
             self.vault.unlink_block_files([row["id"] for row in rows])
             raise
         self.on_parts_added(added)
-        if len(plan) == 1:
+        if n_parts == 1:
             self.live.mark(document_id, rows[0]["id"])
         return DepositResult(
             document_id,
@@ -297,8 +470,33 @@ class Documents:
             persist_ms,
             sum(row["file_bytes"] for row in rows),
             rows[0]["id"],
-            len(plan),
+            n_parts,
+            pictures,
+            image_tokens,
+            encode_ms,
         )
+
+    def _insert_document(
+        self,
+        document_id: str,
+        name: str,
+        text: str,
+        rows: list[BlockRow],
+        n_tokens: int,
+        source_bytes: int,
+    ) -> None:
+        records = self.live.records
+        document: DocumentRow = {
+            "id": document_id,
+            "block_id": rows[0]["id"],
+            "n_tokens": n_tokens,
+            "n_parts": len(rows),
+            "source_bytes": source_bytes,
+            "created_at": time.time(),
+        }
+        document["name_enc"] = records.encrypt("documents", "name_enc", document, name)
+        document["text_enc"] = records.encrypt("documents", "text_enc", document, text)
+        self.records.insert("documents", document)
 
     # -- stacked documents ---------------------------------------------------------------
     def add_to_conversation_file(
@@ -307,10 +505,41 @@ class Documents:
         path: Path,
         job: Job = NO_JOB,
     ) -> TurnResult:
-        """add_to_conversation for a file: its text is extracted in a limited child."""
+        """add_to_conversation for a file: its text is extracted in a limited child (a
+        picture is read through the projector)."""
         path = Path(path)
+        if is_picture(path):
+            return self.add_picture_to_conversation(conversation_id, path, job)
         text = extract_text_bounded(path, job=job)
         return self.add_to_conversation(conversation_id, path.name, text, job)
+
+    def add_picture_to_conversation(
+        self,
+        conversation_id: str,
+        path: Path,
+        job: Job = NO_JOB,
+    ) -> TurnResult:
+        """Put a picture into an ongoing conversation: checked in the limited child, read
+        once through the projector on top of what the conversation holds, stored as the
+        chain's next link with the picture kept encrypted on its message."""
+        path = Path(path)
+        self.live.vision()
+        pictures = read_pictures_bounded(path, "picture", job=job)
+        return self.add_picture(conversation_id, path.name, pictures[0], job)
+
+    def add_picture(
+        self, conversation_id: str, name: str, picture: Picture, job: Job = NO_JOB
+    ) -> TurnResult:
+        check_text(name, "The picture's name")
+
+        def ledger() -> tuple[list[int], dict[int, Picture]]:
+            index = len(pictures_in(self.engine.tokens))  # the ledger's pictures before it
+            tokens = self.picture_ledger(name, 1, 1, picture, index, opening=False)
+            return tokens, {index: picture}
+
+        return self._stack(
+            conversation_id, name, PICTURE_ACK.format(name=name), ledger, job, picture=picture
+        )
 
     def add_to_conversation(
         self,
@@ -324,13 +553,33 @@ class Documents:
         and turns are never re-read)."""
         if not text.strip():
             raise InputError(f"'{name}' contains no text.")
+        ack = DOCUMENT_ACK.format(name=name)
+
+        def ledger() -> tuple[list[int], dict[int, Picture]]:
+            content = f'Document "{name}":\n\n{text}'
+            return self.engine.turns.document_turn(content, ack, opening=False), {}
+
+        return self._stack(conversation_id, name, ack, ledger, job, content=text)
+
+    def _stack(
+        self,
+        conversation_id: str,
+        name: str,
+        ack: str,
+        ledger: Callable[[], tuple[list[int], dict[int, Picture]]],
+        job: Job,
+        content: str = "",
+        picture: Picture | None = None,
+    ) -> TurnResult:
+        """Graft what the conversation holds, evaluate only the new document (or picture)
+        turn `ledger` makes on top, and store that as the chain's next link (earlier
+        documents and turns are never re-read)."""
         conversations = self.conversations
         conv = conversations.row(conversation_id)
         counters = Counters()
         graft = conversations.ensure_live(conv, counters, job)
         engine = self.engine
-        ack = DOCUMENT_ACK.format(name=name)
-        tokens = engine.turns.document_turn(f'Document "{name}":\n\n{text}', ack, opening=False)
+        tokens, pictures = ledger()
         if len(tokens) + 64 > engine.room():
             raise InputError(
                 f"'{name}' is {len(tokens):,} tokens; this conversation has room for "
@@ -338,11 +587,11 @@ class Documents:
                 "conversation. Nothing was stored."
             )
         user_start = len(engine.tokens) - len(engine.probe_tokens)
-        counters.prefill_ms += engine.evaluate(tokens, job)
+        read = self.live.evaluate_ledger(tokens, pictures, job)
+        counters.prefill_ms += read.elapsed_ms
         counters.new_tokens += len(tokens)
         reply_end = len(engine.tokens)
         persist_start = time.perf_counter()
-        seq = conv["n_messages"] or 0
         row, _record = self.live.persist(
             "conversation",
             conv["id"],
@@ -353,13 +602,14 @@ class Documents:
         conversations.commit_turn(
             conv,
             row,
-            seq,
+            conv["n_messages"] or 0,
             name,
             ack,
             (user_start, reply_end, reply_end),
             [],
             roles=("document", "model"),
-            content=text,
+            content=content,
+            picture=picture,
         )
         counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
         return TurnResult(
@@ -372,4 +622,5 @@ class Documents:
             len(engine.tokens),
             engine.n_ctx,
             0.0,
+            image_tokens=read.image_tokens,
         )

@@ -1,5 +1,6 @@
 """Child process for document extraction: `python -m galahad_desktop.memory.documents.extract_worker
-PATH` prints one JSON object, {"text": ...} or {"error": ...}. It sets the memory and CPU
+PATH [picture|scan]` prints one JSON object, {"text": ...} (or {"pictures": [...]} for a
+picture or a scanned PDF's pages) or {"error": ...}. It sets the memory and CPU
 limits its parent asked for before reading, so a hostile PDF or DOCX can only fail this
 process."""
 
@@ -10,14 +11,21 @@ import sys
 from pathlib import Path
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.memory.documents.extraction import extract_text
+from galahad_desktop.memory.documents.extraction import NoTextLayer, extract_text
+from galahad_desktop.memory.documents.pictures import worker_output
 from galahad_desktop.system.child import apply_own_limits
 
 
-def run(path: str) -> int:
+def run(path: str, mode: str = "text") -> int:
     apply_own_limits()
+    out: dict[str, object]
     try:
-        out = {"text": extract_text(Path(path))}
+        if mode == "text":
+            out = {"text": extract_text(Path(path))}
+        else:
+            out = worker_output(Path(path), mode)
+    except NoTextLayer as exc:
+        out = {"error": str(exc), "no_text": True}
     except InputError as exc:
         out = {"error": str(exc)}
     except MemoryError:
@@ -32,4 +40,4 @@ def run(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1]))
+    sys.exit(run(sys.argv[1], *sys.argv[2:3]))

@@ -13,6 +13,7 @@ import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from galahad_desktop.errors import CancelledError, InputError
 from galahad_desktop.jobs import NO_JOB, Job
@@ -75,7 +76,11 @@ TEXT_SUFFIXES = frozenset(
         ".svelte",
     ]
 )
-SUPPORTED = "text and source files, .md, .pdf and .docx"
+SUPPORTED = "text and source files, .md, .pdf and .docx, and pictures"
+
+
+class NoTextLayer(InputError):
+    """A PDF whose pages carry no text (a scan): read as pictures instead."""
 
 
 _SIGNATURES = (
@@ -163,7 +168,8 @@ def extract_text(path: Path) -> str:
     return _extract(path)
 
 
-def _precheck(path: Path) -> None:
+def check_source_file(path: Path, max_bytes: int, what: str) -> None:
+    """Quick refusals before a child is started: missing, not a file, empty, too big."""
     if not path.exists():
         raise InputError(f"'{path}' does not exist.")
     if not path.is_file():
@@ -171,11 +177,15 @@ def _precheck(path: Path) -> None:
     size = path.stat().st_size
     if size == 0:
         raise InputError(f"'{path.name}' is empty.")
-    if size > MAX_FILE_BYTES:
+    if size > max_bytes:
         raise InputError(
-            f"'{path.name}' is {size / 2**20:,.0f} MiB; documents may be at most "
-            f"{MAX_FILE_BYTES / 2**20:.0f} MiB."
+            f"'{path.name}' is {size / 2**20:,.0f} MiB; {what} may be at most "
+            f"{max_bytes / 2**20:.0f} MiB."
         )
+
+
+def _precheck(path: Path) -> None:
+    check_source_file(path, MAX_FILE_BYTES, "documents")
     suffix = path.suffix.lower()
     if suffix not in (".pdf", ".docx", "") and suffix not in TEXT_SUFFIXES:
         raise InputError(f"'{path.name}': the type '{suffix}' is not supported ({SUPPORTED}).")
@@ -195,6 +205,8 @@ def _extract(path: Path) -> str:
     except PermissionError:
         raise InputError(f"'{path.name}' cannot be read (permission denied).") from None
     text = text.replace("\r\n", "\n").strip()
+    if not text and suffix == ".pdf":
+        raise NoTextLayer(f"'{path.name}' has no text layer (a scan).")
     if not text:
         raise InputError(f"'{path.name}' contains no text.")
     if len(text) > MAX_TEXT_CHARS:
@@ -214,11 +226,18 @@ def extract_text_bounded(
     """
     path = Path(path)
     _precheck(path)
+    result = run_reader(path, "text", timeout_s, memory_mb, job)
+    return str(result["text"])
+
+
+def run_reader(path: Path, mode: str, timeout_s: float, memory_mb: int, job: Job) -> dict[str, Any]:
+    """The document reader (extract_worker) on `path` in a limited child: its JSON result,
+    or the InputError it reported (NoTextLayer for a PDF without text)."""
     if getattr(sys, "frozen", False):
-        command = [sys.executable, "--extract-worker", str(path)]
+        command = [sys.executable, "--extract-worker", str(path), mode]
     else:
         worker = "galahad_desktop.memory.documents.extract_worker"
-        command = [sys.executable, "-m", worker, str(path)]
+        command = [sys.executable, "-m", worker, str(path), mode]
     done = run_bounded(command, timeout_s, memory_mb, job)
     if done.cancelled:
         raise CancelledError(f"Reading '{path.name}' was cancelled; nothing was stored.")
@@ -235,9 +254,11 @@ def extract_text_bounded(
         raise InputError(
             f"'{path.name}' could not be read (the reader's output was cut)."
         ) from None
+    if not isinstance(result, dict):
+        raise InputError(f"'{path.name}' could not be read (the reader's answer was not one).")
     if "error" in result:
-        raise InputError(result["error"])
-    return str(result["text"])
+        raise NoTextLayer(result["error"]) if result.get("no_text") else InputError(result["error"])
+    return result
 
 
 _PARAGRAPH = re.compile(r"\n\s*\n")

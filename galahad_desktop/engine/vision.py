@@ -1,0 +1,269 @@
+"""Pictures read into the context through the model's vision projector (llama.cpp's mtmd).
+
+A picture becomes the model's own markers around a run of image embeddings (Gemma 4:
+`<|image>` … `<image|>`), evaluated at the context's next positions like any tokens. The
+markers are tokens in the ledger; the embedding positions have no token ids, so the ledger
+holds a placeholder there: `-(1 + j)` for the ledger's j-th picture (negative ids are never
+tokens). Everything that re-reads a ledger therefore needs the pictures themselves, in
+ledger order (the vault keeps each one encrypted next to what holds it).
+
+The projector, its file's hash and the image-token budget change the bits an image leaves in
+the cache: a block holding picture positions is stored under `Vision.fingerprint` (the
+engine's fingerprint extended by those), every other block under the engine's own.
+
+Where llama.cpp lets a picture's tokens attend to each other both ways (every Gemma 4 size
+but E2B/E4B), the whole picture must be evaluated in one micro-batch: a picture with more
+tokens than n_ubatch is refused, never split (a split would be computed differently).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+
+from galahad_desktop.engine import devices
+from galahad_desktop.engine import fingerprint as fp
+from galahad_desktop.engine.engine import Engine
+from galahad_desktop.engine.picture import Picture
+from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.jobs import NO_JOB, Job
+
+CHUNK_TEXT = 0
+
+
+def placeholder(index: int) -> int:
+    """The ledger's token at every embedding position of its `index`-th picture."""
+    return -1 - index
+
+
+def picture_index(token: int) -> int | None:
+    return -1 - token if token < 0 else None
+
+
+def holds_pictures(tokens: Sequence[int]) -> bool:
+    return any(t < 0 for t in tokens)
+
+
+def pictures_in(tokens: Sequence[int]) -> list[int]:
+    """The picture indices a ledger (or a stretch of one) holds, in order."""
+    seen: list[int] = []
+    for token in tokens:
+        if token < 0 and (not seen or seen[-1] != -1 - token):
+            seen.append(-1 - token)
+    return seen
+
+
+@mtmd.mtmd_helper_post_decode_callback  # type: ignore[untyped-decorator]
+def _no_callback(batch: Any, user_data: Any) -> int:  # pragma: no cover - never called
+    return 0
+
+
+class Vision:
+    """One projector attached to one engine's model. Owned by the engine's thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        projector: Path,
+        min_tokens: int,
+        max_tokens: int,
+        hash_cache: Path | None = None,
+    ) -> None:
+        projector = Path(projector)
+        if not projector.is_file():
+            raise InputError(f"The projector file {projector} does not exist.")
+        with open(projector, "rb") as handle:
+            if handle.read(4) != b"GGUF":
+                raise InputError(f"{projector} is not a GGUF projector file.")
+        if min_tokens > max_tokens:
+            raise InputError("image_min_tokens is larger than image_max_tokens.")
+        self.engine = engine
+        self.path = projector
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = engine.gpu_layers > 0
+        params.n_threads = engine.config.n_threads
+        params.print_timings = False
+        params.warmup = False
+        params.image_min_tokens = min_tokens
+        params.image_max_tokens = max_tokens
+        mtmd.mtmd_helper_log_set(devices.log_callback(), ctypes.c_void_p(0))
+        with devices.captured_log() as log:
+            self._ctx = mtmd.mtmd_init_from_file(
+                str(projector).encode(), engine.llm._model.model, params
+            )
+        if not self._ctx:
+            reason = next((line.strip() for line in log if "error" in line.lower()), "")
+            raise ModelError(
+                f"llama.cpp could not load the projector {projector.name}"
+                + (f": {reason}" if reason else "")
+                + " (is it the projector made for this model?)"
+            )
+        if not mtmd.mtmd_support_vision(self._ctx):
+            self.close()
+            raise ModelError(f"{projector.name} reads no pictures (no vision encoder).")
+        self.both_ways = bool(mtmd.mtmd_decode_use_non_causal(self._ctx, None))
+        self.details: dict[str, Any] = {
+            "projector_sha256": fp.model_sha256(projector, hash_cache),
+            "image_min_tokens": min_tokens,
+            "image_max_tokens": max_tokens,
+            "attention_within_image": "both ways" if self.both_ways else "causal",
+        }
+        self.fingerprint = fp.runtime_fingerprint(
+            {**engine.fingerprint_details, "vision": self.details}
+        )
+
+    # -- reading -------------------------------------------------------------------------
+    def ledger(self, picture: Picture, index: int) -> list[int]:
+        """The picture as a ledger holds it: the model's markers as tokens and
+        `placeholder(index)` at each embedding position (nothing is evaluated)."""
+        chunks = self._tokenize(picture)
+        out: list[int] = []
+        try:
+            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+                if mtmd.mtmd_input_chunk_get_type(chunk) == CHUNK_TEXT:
+                    out += _text_tokens(chunk)
+                else:
+                    out += [placeholder(index)] * int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+        return out
+
+    def _tokenize(self, picture: Picture) -> Any:
+        pixels = (ctypes.c_ubyte * len(picture.rgb)).from_buffer_copy(picture.rgb)
+        bitmap = mtmd.mtmd_bitmap_init(picture.width, picture.height, pixels)
+        if not bitmap:
+            raise InputError("llama.cpp could not take the picture's pixels.")
+        chunks = mtmd.mtmd_input_chunks_init()
+        marker = mtmd.mtmd_default_marker()
+        text = mtmd.mtmd_input_text()
+        text.text = marker
+        text.text_len = len(marker)
+        text.add_special = False
+        text.parse_special = True
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        try:
+            status = mtmd.mtmd_tokenize(self._ctx, chunks, ctypes.byref(text), bitmaps, 1)
+        finally:
+            mtmd.mtmd_bitmap_free(bitmap)
+        if status != 0:
+            mtmd.mtmd_input_chunks_free(chunks)
+            raise InputError(f"llama.cpp could not prepare the picture (code {status}).")
+        return chunks
+
+    def _embed(self, chunk: Any, index: int) -> tuple[int, float, float]:
+        engine = self.engine
+        n = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+        n_pos = int(mtmd.mtmd_input_chunk_get_n_pos(chunk))
+        if n_pos != n:
+            raise ModelError("This projector places pictures in 2-D positions; not supported.")
+        one_batch = min(engine.config.n_batch, engine.config.n_ubatch)
+        if self.both_ways and n > one_batch:
+            raise InputError(
+                f"The picture takes {n} tokens, more than one {one_batch}-token batch; its "
+                "tokens attend to each other both ways, so it must be read in one. Raise "
+                "n_batch and n_ubatch, or lower image_max_tokens."
+            )
+        start = time.perf_counter()
+        if mtmd.mtmd_encode_chunk(self._ctx, chunk) != 0:
+            raise ModelError("The vision encoder failed on this picture.")
+        embeddings = mtmd.mtmd_get_output_embd(self._ctx)
+        encoded = time.perf_counter()
+        n_past = len(engine.tokens)
+        new_n_past = llama_cpp.llama_pos(0)
+        status = mtmd.mtmd_helper_decode_image_chunk(
+            self._ctx,
+            engine.llm._ctx.ctx,
+            chunk,
+            embeddings,
+            n_past,
+            0,
+            n if self.both_ways else engine.config.n_batch,
+            ctypes.byref(new_n_past),
+            _no_callback,
+            None,
+        )
+        if status != 0 or new_n_past.value != n_past + n:
+            engine.reset()
+            raise ModelError(f"llama.cpp could not evaluate the picture (code {status}).")
+        engine.llm.input_ids[n_past : n_past + n] = placeholder(index)
+        engine.llm.n_tokens = n_past + n
+        engine.tokens.extend([placeholder(index)] * n)
+        engine.decoded_tokens += n
+        done = time.perf_counter()
+        return n, (encoded - start) * 1e3, (done - encoded) * 1e3
+
+    def close(self) -> None:
+        if self._ctx:
+            mtmd.mtmd_free(self._ctx)
+            self._ctx = None
+
+
+@dataclass
+class LedgerRead:
+    elapsed_ms: float = 0.0
+    pictures: int = 0
+    image_tokens: int = 0  # embedding positions evaluated
+    encode_ms: float = 0.0  # in the vision encoder
+
+
+def evaluate_ledger(
+    engine: Engine,
+    vision: Vision,
+    tokens: Sequence[int],
+    pictures: Mapping[int, Picture],
+    job: Job = NO_JOB,
+) -> LedgerRead:
+    """Evaluate a ledger that holds pictures after what the context holds: its tokens as
+    tokens, each picture's run of placeholders from the picture itself (which must take as
+    many positions as the ledger gives it: a changed budget makes another ledger)."""
+    start = time.perf_counter()
+    out = LedgerRead()
+    offset = 0
+    while offset < len(tokens):
+        index = picture_index(tokens[offset])
+        end = offset
+        if index is None:
+            while end < len(tokens) and tokens[end] >= 0:
+                end += 1
+            engine.evaluate(tokens[offset:end], job)
+            offset = end
+            continue
+        while end < len(tokens) and tokens[end] == tokens[offset]:
+            end += 1
+        if index not in pictures:
+            raise ModelError("A stored picture is missing; its memory cannot be read again.")
+        chunks = vision._tokenize(pictures[index])
+        try:
+            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+                job.check()
+                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+                if mtmd.mtmd_input_chunk_get_type(chunk) == CHUNK_TEXT:
+                    continue  # the markers are the ledger's own tokens around the run
+                if int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)) != end - offset:
+                    raise InputError(
+                        "A picture now takes another number of tokens (the projector or its "
+                        "budget changed); it is read again as a new memory instead."
+                    )
+                n, encode_ms, _decode_ms = vision._embed(chunk, index)
+                out.image_tokens += n
+                out.encode_ms += encode_ms
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+        out.pictures += 1
+        offset = end
+    out.elapsed_ms = (time.perf_counter() - start) * 1e3
+    return out
+
+
+def _text_tokens(chunk: Any) -> list[int]:
+    count = ctypes.c_size_t(0)
+    pointer = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+    return [int(pointer[i]) for i in range(count.value)]

@@ -1,0 +1,146 @@
+"""Pictures and scanned pages: checked and decoded in the limited child process, handed back
+as plain RGB pixels with the PNG they are kept as.
+
+Nothing from a dropped file reaches llama.cpp's own image decoder: the child (memory, CPU
+and time limits, see system/child.py) opens it with Pillow, refuses what is not the picture
+its name and bytes say, refuses declared sizes over MAX_PIXELS before decoding a pixel
+(decompression bombs), takes a GIF's first frame, and scales the picture so its longer side
+is at most MAX_SIDE (the model reads at most 1,120 image tokens, about 2.6 million pixels, so
+nothing it could see is lost). The PNG it returns is what the vault keeps (encrypted) and
+what a later re-read decodes: the same pixels every time.
+
+A PDF whose pages carry no text layer (a scan) is rendered page by page with PDFium
+(pypdfium2), each page a picture.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+from galahad_desktop.engine.picture import Picture
+from galahad_desktop.errors import InputError
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.documents.extraction import check_source_file, run_reader
+
+PICTURE_SUFFIXES = frozenset([".png", ".jpg", ".jpeg", ".webp", ".gif"])
+FORMATS = {"PNG": "a PNG", "JPEG": "a JPEG", "WEBP": "a WebP", "GIF": "a GIF"}
+SUFFIX_FORMAT = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".gif": "GIF"}
+MAX_PICTURE_BYTES = 48 * 1024 * 1024
+MAX_PIXELS = 64_000_000  # declared width × height accepted before decoding
+MAX_SIDE = 2048  # the kept picture's longer side
+MAX_ASPECT = 24.0  # longer side over shorter: thinner strips hold too few patches
+MAX_SCAN_PAGES = 64
+SCAN_SIDE = 1536  # a scanned page's longer side once rendered
+
+
+def is_picture(path: Path) -> bool:
+    return Path(path).suffix.lower() in PICTURE_SUFFIXES
+
+
+def _normalized(image: object, name: str) -> bytes:
+    """The picture as RGB, scaled to MAX_SIDE, written as PNG."""
+    from PIL import Image
+
+    assert isinstance(image, Image.Image)
+    width, height = image.size
+    if min(width, height) < 1 or max(width, height) / min(width, height) > MAX_ASPECT:
+        raise InputError(
+            f"'{name}' is {width}×{height} pixels; pictures thinner than 1:{MAX_ASPECT:.0f} "
+            "are not read."
+        )
+    rgb = image.convert("RGB")
+    longest = max(width, height)
+    if longest > MAX_SIDE:
+        scale = MAX_SIDE / longest
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        rgb = rgb.resize(size, Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    rgb.save(out, "PNG", optimize=False, compress_level=6)
+    return out.getvalue()
+
+
+def check_picture_file(path: Path) -> bytes:
+    """A dropped picture checked and normalized (child side): its PNG bytes."""
+    from PIL import Image, UnidentifiedImageError
+
+    name = path.name
+    expected = SUFFIX_FORMAT.get(path.suffix.lower())
+    # Opening reads only the header; the declared size is checked below, before any pixel
+    # is decoded (with the dimensions in the message, which Pillow's own guard leaves out).
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with Image.open(path, formats=list(FORMATS)) as image:
+            if expected is not None and image.format != expected:
+                raise InputError(
+                    f"'{name}' is {FORMATS.get(str(image.format), 'another kind of file')} "
+                    f"picture, not {FORMATS[expected]} as its name says; refused."
+                )
+            width, height = image.size
+            if width * height > MAX_PIXELS:
+                raise InputError(
+                    f"'{name}' declares {width:,}×{height:,} pixels; at most "
+                    f"{MAX_PIXELS / 1e6:.0f} million are read (a possible decompression "
+                    "bomb). Nothing was stored."
+                )
+            image.seek(0)  # a GIF's (or animated WebP's) first frame
+            image.load()
+            return _normalized(image, name)
+    except InputError:
+        raise
+    except UnidentifiedImageError:
+        raise InputError(
+            f"'{name}' is not a picture Galahad reads (PNG, JPEG, WebP or GIF)."
+        ) from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"'{name}' is a damaged or truncated picture ({exc}).") from None
+
+
+def render_scanned_pdf(path: Path) -> list[bytes]:
+    """Every page of a PDF without a text layer, rendered (child side): PNG bytes each."""
+    import pypdfium2 as pdfium
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    try:
+        document = pdfium.PdfDocument(str(path))
+    except pdfium.PdfiumError as exc:
+        raise InputError(f"'{path.name}' is not a readable PDF: {exc}") from None
+    try:
+        if len(document) > MAX_SCAN_PAGES:
+            raise InputError(
+                f"'{path.name}' is a scan of {len(document)} pages; at most {MAX_SCAN_PAGES} "
+                "scanned pages are read as pictures."
+            )
+        pages = []
+        for number in range(len(document)):
+            page = document[number]
+            width, height = page.get_size()  # in points
+            scale = SCAN_SIDE / max(width, height, 1.0)
+            bitmap = page.render(scale=scale)
+            pages.append(_normalized(bitmap.to_pil(), f"{path.name}, page {number + 1}"))
+        return pages
+    finally:
+        document.close()
+
+
+def worker_output(path: Path, mode: str) -> dict[str, object]:
+    """What the child prints for a picture or a scanned PDF."""
+    pages = render_scanned_pdf(path) if mode == "scan" else [check_picture_file(path)]
+    return {"pictures": [base64.b64encode(page).decode("ascii") for page in pages]}
+
+
+def read_pictures_bounded(
+    path: Path,
+    mode: str = "picture",
+    timeout_s: float = 120.0,
+    memory_mb: int = 2048,
+    job: Job = NO_JOB,
+) -> list[Picture]:
+    """A picture file (mode "picture") or a scanned PDF's pages (mode "scan"), checked in
+    a limited child process; each decoded here from the PNG the child wrote."""
+    path = Path(path)
+    check_source_file(path, MAX_PICTURE_BYTES, "pictures")
+    result = run_reader(path, mode, timeout_s, memory_mb, job)
+    return [Picture.from_png(base64.b64decode(page)) for page in result["pictures"]]
