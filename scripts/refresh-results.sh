@@ -10,6 +10,7 @@ declare -A commands=(
   [bench-resume]="galahad bench resume --sizes 1000,4000,16000 --reps 2 --out $out"
   [bench-deposit]="galahad bench deposit --sizes 1000,4000,16000 --reps 1 --out $out"
   [bench-kv-quality]="galahad bench kv-quality --sizes 4000 --window 256 --text benchmarks/routing/documents/gpl-3.txt --out $out"
+  [bench-resume-image]="galahad bench resume --image --reps 5 --model MODEL --set n_ctx=4096 --out $out"
   [bench-persist]="python -m galahad_dev bench persist --sizes 1000,4000,16000 --turns 3"
   [eval-import]="python -m galahad_dev eval import --mutations 1000 --seed 0"
   [eval-destinations]="python -m galahad_dev eval destinations"
@@ -32,6 +33,12 @@ for name in "${names[@]}"; do
   echo "== $name: $command"
   if [[ $name == ui-stall || $name == ui-render ]]; then
     $command > "$out/$name.json"
+  elif [[ $name == bench-resume-image ]]; then
+    # The Gemma 4 test model and its test projector (built beside it): the mechanics.
+    model=$(python -c 'from galahad_desktop.paths import default_model_path as d
+from galahad_dev import gemma4_model, gemma4_projector
+m = gemma4_model.build(d()); gemma4_projector.build(out_dir=m.parent); print(m)')
+    ${command/MODEL/$model}
   elif [[ $name == eval-routing-gemma4-test ]]; then
     # The Gemma 4 test model's mechanics: its own file, so eval-routing.json stays.
     model=$(python -c 'from galahad_desktop.paths import default_model_path as d

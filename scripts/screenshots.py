@@ -57,7 +57,42 @@ Stop the loop once you have them: keep a list and `break` when it holds ten line
 """
 
 
-def shoot(theme: str, scale: int) -> int:
+PICTURE_TRANSCRIPT = """## You
+
+I will show you the whiteboard from this morning's planning meeting.
+
+## Gemma
+
+Please do: drop the photo here. I will read it once and keep it in this conversation's
+memory, so later questions about it cost nothing.
+"""
+
+
+def whiteboard(path: Path) -> Path:
+    """A photo-like whiteboard: boxes, arrows and handwriting-sized words."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    board = Image.new("RGB", (1280, 860), (246, 246, 240))
+    draw = ImageDraw.Draw(board)
+    font = ImageFont.load_default(size=38)
+    small = ImageFont.load_default(size=28)
+    draw.rectangle((60, 60, 1220, 800), outline=(120, 120, 120), width=6)
+    draw.text((110, 100), "Q3 launch plan", fill=(30, 60, 150), font=font)
+    for i, (label, colour) in enumerate(
+        (("Design", (200, 60, 60)), ("Build", (40, 130, 70)), ("Ship", (30, 60, 150)))
+    ):
+        x = 120 + i * 380
+        draw.rounded_rectangle((x, 260, x + 300, 420), 24, outline=colour, width=8)
+        draw.text((x + 70, 315), label, fill=colour, font=font)
+        if i < 2:
+            draw.line((x + 310, 340, x + 370, 340), fill=(60, 60, 60), width=8)
+    for j, line in enumerate(("- beta to 40 users by 15 July", "- price page: Kay", "- risks?")):
+        draw.text((130, 500 + 70 * j), line, fill=(40, 40, 40), font=small)
+    board.save(path)
+    return path
+
+
+def shoot(theme: str, scale: int, only_pictures: bool = False) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
@@ -96,6 +131,10 @@ def shoot(theme: str, scale: int) -> int:
         widget.grab().save(str(path))
         print("wrote", path.relative_to(ROOT))
 
+    if only_pictures:
+        shoot_pictures(theme, shot, wait_until)
+        app.quit()
+        return 0
     data = Path(tempfile.mkdtemp()) / "data"
     data.mkdir(mode=0o700)
     Settings(data).update({"n_ctx": 8192, "max_tokens": 60})
@@ -205,21 +244,63 @@ def shoot(theme: str, scale: int) -> int:
     ask.close()
     window.close()
     bridge.stop()
+    shoot_pictures(theme, shot, wait_until)
     app.quit()
     return 0
+
+
+def shoot_pictures(theme: str, shot: Callable[..., None], wait_until: Callable[..., None]) -> None:
+    """A picture dropped into a conversation, on the Gemma 4 test model with its test
+    projector (its replies are noise, so the conversation is an imported one and the view
+    shows the picture's card, the model's fixed acknowledgement and the status line)."""
+    from galahad_desktop.paths import default_model_path
+    from galahad_desktop.settings import Settings
+    from galahad_desktop.ui.main_window import MainWindow
+    from galahad_desktop.ui.worker import CoreBridge, default_core_factory
+    from galahad_dev import gemma4_model, gemma4_projector
+
+    model = gemma4_model.build(default_model_path())
+    gemma4_projector.build(out_dir=model.parent)
+    data = Path(tempfile.mkdtemp()) / "data"
+    data.mkdir(mode=0o700)
+    Settings(data).update({"n_ctx": 4096, "max_tokens": 8, "model_path": str(model)})
+    bridge = CoreBridge(default_core_factory(data, None))
+    window = MainWindow(bridge, data)
+    window.prompts.inform = lambda title, message: None  # type: ignore[method-assign]
+    window.prompts.choose = lambda title, text, buttons: buttons[0]  # type: ignore[method-assign]
+    window.set_theme(theme)
+    window.resize(1180, 760)
+    window.show()
+    idle = lambda: window.generating is None and bridge.pending() == 0  # noqa: E731
+    wait_until(idle)
+    transcript = Path(tempfile.mkdtemp()) / "planning-meeting.md"
+    transcript.write_text(PICTURE_TRANSCRIPT)
+    window.import_conversations(transcript)
+    wait_until(lambda: window.working is None and idle(), 600)
+    conversation = window.sidebar.conversations[0]
+    window.open_conversation(conversation.id)
+    wait_until(lambda: window.conversation_id == conversation.id and idle())
+    window.add_to_conversation(whiteboard(Path(tempfile.mkdtemp()) / "whiteboard.png"))
+    wait_until(lambda: idle() and any(m.picture for m in window.chat.messages), 600)
+    wait_until(lambda: "Read picture" in window.graft_label.text())
+    shot(window, "picture")
+    window.close()
+    bridge.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--theme", choices=("light", "dark"))
     parser.add_argument("--scale", type=int, choices=(1, 2))
+    parser.add_argument("--pictures", action="store_true", help="only the picture view")
     args = parser.parse_args()
     if args.theme and args.scale:
-        return shoot(args.theme, args.scale)
+        return shoot(args.theme, args.scale, args.pictures)
     for theme in ("light", "dark"):
         for scale in (1, 2):
             env = {**os.environ, "QT_SCALE_FACTOR": str(scale)}
             command = [sys.executable, __file__, "--theme", theme, "--scale", str(scale)]
+            command += ["--pictures"] if args.pictures else []
             if subprocess.run(command, env=env, check=False).returncode != 0:
                 print(f"screenshots: the {theme} {scale}x set failed", file=sys.stderr)
                 return 1

@@ -45,6 +45,16 @@ def gemma4_path(gemma3_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vision_model(gemma4_path: Path) -> Path:
+    """The Gemma 4 test model with its test vision projector beside it (where Galahad finds
+    a projector on its own)."""
+    from galahad_dev.gemma4_projector import build
+
+    build(out_dir=gemma4_path.parent)
+    return gemma4_path
+
+
+@pytest.fixture(scope="session")
 def model_path(gemma3_path: Path) -> Path:
     return gemma3_path
 

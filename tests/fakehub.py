@@ -10,10 +10,18 @@ from typing import Any
 
 class FakeHub:
     def __init__(
-        self, repo: str, filename: str, content: bytes, advertised_sha: str | None = None
+        self,
+        repo: str,
+        filename: str,
+        content: bytes,
+        advertised_sha: str | None = None,
+        more: dict[str, bytes] | None = None,  # other files of the same repository
     ) -> None:
         self.repo, self.filename, self.content = repo, filename, content
         self.sha = advertised_sha or hashlib.sha256(content).hexdigest()
+        self.files = {filename: (content, self.sha)}
+        for name, data in (more or {}).items():
+            self.files[name] = (data, hashlib.sha256(data).hexdigest())
         self.ranges: list[str | None] = []
         self.drop_after: int | None = None  # close the connection after this many bytes, once
         hub = self
@@ -22,36 +30,44 @@ class FakeHub:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _ours(self) -> bool:
-                return self.path.split("?")[0] == f"/{hub.repo}/resolve/main/{hub.filename}"
+            def _ours(self) -> tuple[bytes, str] | None:
+                prefix = f"/{hub.repo}/resolve/main/"
+                path = self.path.split("?")[0]
+                if not path.startswith(prefix):
+                    return None
+                return hub.files.get(path[len(prefix) :])
 
             def do_HEAD(self) -> None:
-                if not self._ours():
+                found = self._ours()
+                if found is None:
                     self.send_response(404)
                     self.send_header("X-Error-Code", "EntryNotFound")
                     self.end_headers()
                     return
+                content, sha = found
                 self.send_response(200)
                 self.send_header("X-Repo-Commit", "a" * 40)
-                self.send_header("ETag", f'"{hub.sha}"')
-                self.send_header("X-Linked-Etag", f'"{hub.sha}"')
-                self.send_header("X-Linked-Size", str(len(hub.content)))
-                self.send_header("Content-Length", str(len(hub.content)))
+                self.send_header("ETag", f'"{sha}"')
+                self.send_header("X-Linked-Etag", f'"{sha}"')
+                self.send_header("X-Linked-Size", str(len(content)))
+                self.send_header("Content-Length", str(len(content)))
                 self.end_headers()
 
             def do_GET(self) -> None:
-                if not self._ours():
+                found = self._ours()
+                if found is None:
                     self.send_response(404)
                     self.end_headers()
                     return
+                content = found[0]
                 wanted = self.headers.get("Range")
                 hub.ranges.append(wanted)
                 start = int(wanted.split("=")[1].split("-")[0]) if wanted else 0
-                body = hub.content[start:]
+                body = content[start:]
                 self.send_response(206 if wanted else 200)
                 if wanted:
                     self.send_header(
-                        "Content-Range", f"bytes {start}-{len(hub.content) - 1}/{len(hub.content)}"
+                        "Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}"
                     )
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

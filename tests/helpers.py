@@ -68,6 +68,16 @@ def story(n_sentences: int, secret: str = "Arthur's access code is 8842.") -> st
     return "\n".join(lines) + "\n"
 
 
+def photo(path: Path, size: tuple[int, int] = (640, 480), seed: int = 3) -> Path:
+    """A PNG of random pixels (a photo's worth of detail for the vision encoder)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
 def when_a_modal_opens(act: Callable[[Any], None]) -> list[str]:
     """Watch the event loop for a modal dialog (one that `exec()` blocks on), record its title
     and hand it to `act` (which closes it). Returns the titles seen."""

@@ -68,6 +68,30 @@ def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
     assert Path(plot["plot"]).stat().st_size > 1000
 
 
+def test_bench_resume_image_restores_a_picture_against_reading_it_again(
+    tmp_path: Path, vision_model: Path
+) -> None:
+    result = cli_json(
+        "bench",
+        "resume",
+        "--image",
+        "--reps",
+        "1",
+        "--out",
+        str(tmp_path / "results"),
+        data_dir=tmp_path / "unused",
+        model=vision_model,
+    )
+    [row] = result["results"]
+    assert row["proof"] == "exact" and row["vision"]["pictures"]
+    assert 70 <= row["image_tokens"] < row["tokens"]
+    for key in ("reread_ms", "encode_ms", "restore_ms", "block_bytes", "speedup_vs_reread"):
+        assert row[key] > 0, key
+    assert row["encode_ms"] < row["reread_ms"]  # the encoder is part of reading it again
+    assert (tmp_path / "results" / "bench-resume-image.json").exists()
+    assert not (tmp_path / "unused").exists()
+
+
 def test_bench_deposit_rows(tmp_path: Path) -> None:
     deposit = cli_json(
         "bench", "deposit", "--sizes", "200", "--reps", "1", data_dir=tmp_path / "unused"

@@ -22,7 +22,7 @@ from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
 from galahad_dev import import_samples as import_fixtures
-from tests.helpers import story, when_a_modal_opens
+from tests.helpers import photo, story, when_a_modal_opens
 
 pytestmark = [
     pytest.mark.gui,
@@ -235,7 +235,48 @@ def test_drop_a_document_and_chat_with_it(qtbot, open_window, tmp_path: Path) ->
     window.new_chat()
     with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as error:
         window.deposit(bad)
-    assert "not supported" in error.args[0]
+    assert "reads no pictures" in error.args[0]  # Gemma 3 270M has no vision projector
+
+
+def test_a_picture_through_the_window(  # type: ignore[no-untyped-def]
+    qtbot, open_window, vision_model: Path, tmp_path: Path
+) -> None:
+    window = open_window(vision_model)
+    with qtbot.waitSignal(window.deposit_finished, timeout=WAIT_MS) as blocker:
+        _drop(window, photo(tmp_path / "garden.png"))
+    deposited = blocker.args[0]
+    assert deposited.pictures == 1 and deposited.image_tokens >= 70
+    status = window.graft_label.text()
+    assert f"Read picture 'garden.png' ({deposited.image_tokens} tokens)" in status
+    assert "stored" in status
+    qtbot.waitUntil(lambda: deposited.document_id in window.sidebar.picture_icons, timeout=WAIT_MS)
+    assert not window.sidebar.document_list.item(0).icon().isNull()  # its thumbnail
+    window.sidebar.document_list.item(0).setSelected(True)
+    with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS):
+        window.chat_with_document()
+    opened = window.last_graft  # the picture's block, grafted when the chat opened
+    assert opened is not None and opened.proof.verdict == "exact"
+    assert opened.recomputed_tokens == 0 and opened.restored_tokens == deposited.tokens
+    answer = _send(qtbot, window, "What grows in the garden?")
+    assert answer.counters.recomputed_tokens == 0
+    # A second picture dropped on the open conversation: a chain link holding its tokens.
+    window.prompts.drop = "Add to this conversation"
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as added:
+        _drop(window, photo(tmp_path / "pond.png", seed=5))
+    assert added.args[0].image_tokens >= 70 and added.args[0].counters.recomputed_tokens == 0
+    assert "Read picture 'pond.png'" in window.graft_label.text()
+    qtbot.waitUntil(lambda: any(m.picture for m in window.chat.messages), timeout=WAIT_MS)
+    html = window.chat.transcript.toHtml()
+    assert "galahad-picture:" in html
+    shown = next(m.picture for m in window.chat.messages if m.picture)
+    key = window.chat.thumbnails.key(shown)
+    thumbnail = window.chat.transcript.loadResource(2, QUrl(f"galahad-picture:{key}"))
+    assert thumbnail is not None and max(thumbnail.width(), thumbnail.height()) <= 220
+    # No other picture is ever loaded into the transcript (a reply cannot fetch a file).
+    assert (
+        window.chat.transcript.loadResource(2, QUrl.fromLocalFile(str(tmp_path / "pond.png")))
+        is None
+    )
 
 
 def test_stop_regenerate_and_forget(qtbot, open_window, data_dir: Path) -> None:  # type: ignore[no-untyped-def]

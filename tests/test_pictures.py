@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
@@ -24,16 +23,12 @@ from galahad_desktop.engine.vision import holds_pictures, pictures_in, placehold
 from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.memory.documents.pictures import MAX_SIDE, read_pictures_bounded
 from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.models import catalog
 from galahad_desktop.vault.keys import MemoryKeyStore
-from tests.helpers import TEST_OVERRIDES, cli_json, run_cli
+from tests.fakehub import FakeHub
+from tests.helpers import TEST_OVERRIDES, cli_json, photo, run_cli
 
 Params = SamplingParams(max_tokens=6, temperature=0.0, seed=1)
-
-
-def photo(path: Path, size: tuple[int, int] = (640, 480), seed: int = 3) -> Path:
-    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(path)
-    return path
 
 
 def scan(path: Path, pages: int = 2) -> Path:
@@ -122,15 +117,6 @@ def test_a_text_engine_says_it_reads_no_pictures(
 
 
 # -- model tier: the Gemma 4 test model and its test projector ---------------------------
-@pytest.fixture(scope="session")
-def vision_model(gemma4_path: Path) -> Path:
-    """The Gemma 4 test model with its test projector beside it (found on its own)."""
-    from galahad_dev.gemma4_projector import build
-
-    build(out_dir=gemma4_path.parent)
-    return gemma4_path
-
-
 @pytest.fixture()
 def open_core(tmp_path: Path, vision_model: Path) -> Any:
     keystore = MemoryKeyStore()
@@ -243,6 +229,22 @@ def test_hostile_pictures_store_nothing(tmp_path: Path, open_core: Callable[...,
 
 
 @pytest.mark.model
+def test_a_picture_larger_than_one_batch_is_refused_not_split(
+    tmp_path: Path, open_core: Callable[..., Galahad]
+) -> None:
+    """The test projector's tokens attend both ways within a picture (as on 26B/31B): a
+    picture of more tokens than one micro-batch would be computed differently if split."""
+    core = open_core(image_max_tokens=1120)  # n_batch and n_ubatch stay 512
+    with pytest.raises(InputError, match="one 512-token batch"):
+        core.deposit(photo(tmp_path / "poster.png", (2048, 1536)))
+    assert core.list_documents() == []
+    core.close()
+    wide = open_core(image_max_tokens=1120, n_batch=2048, n_ubatch=2048)
+    deposited = wide.deposit(photo(tmp_path / "poster.png", (2048, 1536)))
+    assert deposited.image_tokens > 512
+
+
+@pytest.mark.model
 def test_a_scanned_pdf_page_is_routed_to(tmp_path: Path, open_core: Callable[..., Galahad]) -> None:
     core = open_core()
     deposited = core.deposit(scan(tmp_path / "invoice.pdf", 2))
@@ -296,3 +298,34 @@ def test_the_command_refuses_a_picture_without_a_projector(tmp_path: Path) -> No
     )
     assert proc.returncode != 0 and "reads no pictures" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.model
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
+def test_the_catalog_gets_a_model_with_its_projector(tmp_path: Path, vision_model: Path) -> None:
+    from galahad_dev.gemma4_projector import build
+
+    data = tmp_path / "data"
+    e2b = catalog.model_for("E2B")
+    projector = build(out_dir=vision_model.parent).read_bytes()
+    with FakeHub(
+        e2b.repo, e2b.file, vision_model.read_bytes(), more={e2b.projector: projector}
+    ) as hub:
+        got = cli_json(
+            "models",
+            "get",
+            "gemma-4",
+            "--size",
+            "E2B",
+            "--vision",
+            "--use",
+            data_dir=data,
+            env={"HF_ENDPOINT": hub.endpoint},
+        )
+    assert got["in_use"] and got["projector"]["bytes"] == len(projector)
+    info = cli_json("info", data_dir=data)  # settings name the model and its projector
+    assert info["vision"]["pictures"]
+    assert info["vision"]["projector"] == got["projector"]["path"]
+    deposited = cli_json("deposit", str(photo(tmp_path / "map.png")), data_dir=data)
+    assert deposited["pictures"] == 1 and deposited["image_tokens"] >= 70

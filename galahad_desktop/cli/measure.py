@@ -13,6 +13,8 @@ from galahad_desktop.cli.common import Output, parse_pairs
 from galahad_desktop.errors import InputError
 from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
+GENERATED = "generated"
+
 
 def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     from galahad_desktop import bench
@@ -22,7 +24,13 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
     if any(k not in ("f16", "q8_0") for k in kv_types) or not kv_types:
         raise InputError("--kv-types takes f16, q8_0 or both (comma-separated).")
-    if args.kind == "resume":
+    if args.image is not None and args.kind != "resume":
+        raise InputError("--image goes with `galahad bench resume`.")
+    if args.kind == "resume" and args.image is not None:
+        picture = None if args.image == GENERATED else Path(args.image)
+        result = bench.bench_picture(args.reps, args.model, overrides, out.info, picture)
+        text = bench.picture_table(result)
+    elif args.kind == "resume":
         result = bench.bench_resume(sizes, args.reps, args.model, overrides, out.info, kv_types)
         text = bench.resume_table(result)
     elif args.kind == "deposit":
@@ -39,7 +47,8 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         # One file per benchmark, replaced by each run (git keeps the history).
-        path = args.out / f"bench-{args.kind}.json"
+        name = f"{args.kind}-image" if args.image is not None else args.kind
+        path = args.out / f"bench-{name}.json"
         result["saved_to"] = str(path)
         result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
         atomic_write_bytes(path, json.dumps(result, indent=1, default=str).encode())
@@ -83,6 +92,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
             info = second.info()
         finally:
             second.close()
+        pictures = _picture_reader_works(Path(tmp))
     ok = (
         report.proof.verdict == "exact"
         and report.recomputed_tokens == 0
@@ -90,6 +100,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
         and chained.recomputed_tokens == 0
         and links == 2
         and routed.answered
+        and pictures
     )
     out.result(
         {
@@ -103,6 +114,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
             "chain_links": links,
             "chain_proof": chained.proof.verdict,
             "routed": routed.answered,
+            "picture_reader": pictures,
             "backend": backend,
             "system_info": system_info,
             "device": placement["device"],
@@ -114,6 +126,26 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
         f"{report.describe()} ({info.device_note()})",
     )
     return 0 if ok else 1
+
+
+def _picture_reader_works(folder: Path) -> bool:
+    """The limited child reads a picture and a scanned page (Pillow and PDFium in this
+    build, a frozen one included); the embedded model reads no pictures, so only the
+    reader is checked here."""
+    from PIL import Image
+
+    from galahad_desktop.memory.documents.pictures import read_pictures_bounded
+
+    picture, scan = folder / "self-test.png", folder / "self-test.pdf"
+    Image.new("RGB", (320, 200), (30, 90, 200)).save(picture)
+    Image.new("RGB", (400, 560), "white").save(scan)
+    [read] = read_pictures_bounded(picture)
+    pages = read_pictures_bounded(scan, "scan")
+    return (
+        (read.width, read.height) == (320, 200)
+        and read.rgb[:3] == bytes((30, 90, 200))
+        and (len(pages) == 1)
+    )
 
 
 def register(add: Any) -> None:
@@ -134,5 +166,13 @@ def register(add: Any) -> None:
     )
     p.add_argument("--window", type=int, default=256, help="kv-quality: tokens predicted")
     p.add_argument("--text", type=Path, help="kv-quality: a held-out text (default: generated)")
+    p.add_argument(
+        "--image",
+        nargs="?",
+        const=GENERATED,
+        metavar="PICTURE",
+        help="resume: one picture (default: a generated photo) restored from its block against "
+        "the vision encoder and prefill again (needs a model with a vision projector)",
+    )
     p.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
     p.add_argument("--out", type=Path, help="also save the JSON here (a directory)")

@@ -120,9 +120,11 @@ def cmd_models(args: argparse.Namespace, out: Output) -> int:
             out.info(rec.reason)
         chosen = catalog.model_for(size)
         repo, filename = chosen.repo, chosen.file
+        projector = chosen.projector if args.vision else None
     else:
         repo, filename = args.repo_id, args.filename
-    return _download(data_dir, repo, filename, args, out)
+        projector = None
+    return _download(data_dir, repo, filename, args, out, projector=projector)
 
 
 def _download(
@@ -132,18 +134,28 @@ def _download(
     args: argparse.Namespace,
     out: Output,
     setting: str = "model_path",
+    projector: str | None = None,
 ) -> int:
     from galahad_desktop.models.hub import download_gguf
     from galahad_desktop.paths import ensure_private_dir
     from galahad_desktop.settings import Settings
 
     ensure_private_dir(data_dir)
+    revision = getattr(args, "revision", None)
     with command_job(out, "downloading", unit="bytes") as job:
-        done = download_gguf(
-            repo, filename, data_dir / "models", revision=getattr(args, "revision", None), job=job
-        )
+        done = download_gguf(repo, filename, data_dir / "models", revision=revision, job=job)
+    vision = None
+    if projector:
+        # Its own folder: a projector is found next to its model, one per folder.
+        with command_job(out, "downloading the projector", unit="bytes") as job:
+            vision = download_gguf(
+                repo, projector, data_dir / "models" / "projectors", revision=revision, job=job
+            )
     if args.use:
-        Settings(data_dir).update({setting: str(done.path)})
+        changes = {setting: str(done.path)}
+        if vision is not None:
+            changes["projector"] = str(vision.path)
+        Settings(data_dir).update(changes)
     out.result(
         {
             "repo": repo,
@@ -153,8 +165,16 @@ def _download(
             "bytes": done.size,
             "resumed_from": done.resumed_from,
             "in_use": bool(args.use),
+            "projector": None
+            if vision is None
+            else {"path": str(vision.path), "sha256": vision.sha256, "bytes": vision.size},
         },
         f"Downloaded {done.path} ({done.size / 1e6:,.0f} MB, SHA-256 verified)"
+        + (
+            f", and its vision projector {vision.path.name} ({vision.size / 1e6:,.0f} MB)"
+            if vision is not None
+            else ""
+        )
         + (
             (
                 " and made it the router's embedding model."
@@ -236,6 +256,11 @@ def register(add: Any) -> None:
     q.add_argument("family", nargs="?", default="gemma-4", help="gemma-4 or embeddinggemma")
     q.add_argument("--size", help="E2B, E4B, 26B-A4B or 31B (default: the recommended one)")
     q.add_argument("--use", action="store_true", help="make it the model in settings")
+    q.add_argument(
+        "--vision",
+        action="store_true",
+        help="also download its vision projector (mmproj), to read pictures and scans",
+    )
     action("list", "the Gemma 4 catalog")
     q = action("download", "download any GGUF from the Hugging Face Hub")
     q.add_argument("repo_id")

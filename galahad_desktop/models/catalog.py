@@ -46,6 +46,9 @@ class Gemma4Model:
     context: int
     active_params: str
     active_billions: float  # parameters computed per token (what speed depends on)
+    # The vision (and, on E2B/E4B, audio) projector from the same repository: what lets
+    # the model read pictures. Downloaded with the model when asked for (--vision).
+    projector: str = ""
 
     def _owning(self) -> tuple[int, int]:
         """(sliding, global) layers that own KV."""
@@ -99,25 +102,28 @@ GEMMA4: tuple[Gemma4Model, ...] = (
         size="E2B", repo="unsloth/gemma-4-E2B-it-GGUF", file="gemma-4-E2B-it-Q4_K_M.gguf",
         bytes=3_400_000_000, layers=35, global_every=5, window=512, kv_heads_sliding=1,
         kv_heads_global=1, shared_kv_layers=20, context=131_072,
-        active_params="2.3B effective", active_billions=2.3,
+        active_params="2.3B effective", active_billions=2.3, projector="mmproj-F16.gguf",
     ),
     Gemma4Model(
         size="E4B", repo="ggml-org/gemma-4-E4B-it-GGUF", file="gemma-4-E4B-it-Q4_K_M.gguf",
         bytes=5_335_289_824, layers=42, global_every=6, window=512, kv_heads_sliding=2,
         kv_heads_global=2, shared_kv_layers=18, context=131_072,
         active_params="4.5B effective", active_billions=4.5,
+        projector="mmproj-gemma-4-E4B-it-Q8_0.gguf",  # 559,874,528 bytes
     ),
     Gemma4Model(
         size="26B-A4B", repo="lmstudio-community/gemma-4-26B-A4B-it-GGUF",
         file="gemma-4-26B-A4B-it-Q4_K_M.gguf", bytes=16_800_000_000, layers=30, global_every=6,
         window=1024, kv_heads_sliding=8, kv_heads_global=2, shared_kv_layers=0, context=262_144,
         active_params="3.8B active of 25B (MoE)", active_billions=3.8,
+        projector="mmproj-gemma-4-26B-A4B-it-F16.gguf",
     ),
     Gemma4Model(
         size="31B", repo="ggml-org/gemma-4-31B-it-GGUF", file="gemma-4-31B-it-Q4_K_M.gguf",
         bytes=18_700_000_000, layers=60, global_every=6, window=1024, kv_heads_sliding=16,
         kv_heads_global=4, shared_kv_layers=0, context=262_144,
         active_params="30.7B dense", active_billions=30.7,
+        projector="mmproj-gemma-4-31B-it-Q8_0.gguf",
     ),
 )  # fmt: skip
 BY_SIZE = {m.size.lower(): m for m in GEMMA4}

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut, QTextCursor
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.render import code_blocks, message_html
+from galahad_desktop.ui.thumbnails import Thumbnails
 
 INCREMENTAL_TURNS = 3  # at most this many trailing turns are replaced in place
 
@@ -35,6 +37,24 @@ class ShownMessage:
     thoughts: str = ""
     expanded: bool = False
     created_at: float = 0.0
+    picture: bytes | None = None  # a picture put into the conversation (its PNG)
+
+
+class Transcript(QTextBrowser):
+    """The transcript's browser: pictures come from memory (galahad-picture:KEY), never
+    from a file or the network."""
+
+    def __init__(self, thumbnails: Thumbnails) -> None:
+        super().__init__()
+        self.thumbnails = thumbnails
+
+    def loadResource(self, kind: int, name: QUrl | str) -> Any:
+        url = QUrl(name) if isinstance(name, str) else name
+        if url.scheme() == "galahad-picture":
+            return self.thumbnails.cached(url.path())
+        if kind == QTextDocument.ResourceType.ImageResource.value:
+            return None  # no other image is loaded (a reply cannot make the view fetch one)
+        return super().loadResource(kind, url)
 
 
 class ChatView(QWidget):
@@ -52,7 +72,8 @@ class ChatView(QWidget):
         self.busy = False
         self._html: dict[int, tuple[tuple[object, ...], str]] = {}  # index -> (key, html)
         self._shown: list[str] = []  # each turn's HTML as the document holds it
-        self.transcript = QTextBrowser()
+        self.thumbnails = Thumbnails()
+        self.transcript = Transcript(self.thumbnails)
         self.transcript.setAccessibleName("Conversation")
         self.transcript.setToolTip(
             "The conversation. Ctrl+Up and Ctrl+Down step through messages; Ctrl+Shift+C "
@@ -163,12 +184,35 @@ class ChatView(QWidget):
         palette = theme.current()
         actions = self.actions_of(index)
         when = m.created_at if self.show_times else 0.0
-        key = (m.role, m.text, m.thoughts, m.expanded, palette.name, actions, when, self.model_name)
+        picture = None
+        if m.picture:
+            image = self.thumbnails.image(m.picture)
+            picture = (self.thumbnails.key(m.picture), image.width(), image.height())
+        key = (
+            m.role,
+            m.text,
+            m.thoughts,
+            m.expanded,
+            palette.name,
+            actions,
+            when,
+            self.model_name,
+            picture,
+        )
         cached = self._html.get(index)
         if cached is not None and cached[0] == key:
             return cached[1]
         html = message_html(
-            m.role, m.text, palette, index, m.thoughts, m.expanded, self.model_name, actions, when
+            m.role,
+            m.text,
+            palette,
+            index,
+            m.thoughts,
+            m.expanded,
+            self.model_name,
+            actions,
+            when,
+            picture,
         )
         self._html[index] = (key, html)
         return html

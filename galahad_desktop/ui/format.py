@@ -7,6 +7,7 @@ from datetime import date, datetime, timedelta
 
 from galahad_desktop.memory.results import (
     ConversationSummary,
+    DepositResult,
     GraftReport,
     MemoryStats,
     TurnResult,
@@ -166,4 +167,24 @@ def memory_summary(stats: MemoryStats) -> str:
         f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
         f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
         f"{stats.library_saved_tokens_total:,} decode tokens saved by verified answers"
+    )
+
+
+def deposit_note(result: DepositResult) -> str:
+    """The status line after a document (or a picture, or a scan) was stored."""
+    seconds = result.prefill_ms / 1e3
+    if result.pictures == 1 and result.n_parts == 1:
+        return (
+            f"Read picture '{result.name}' ({result.image_tokens:,} tokens) in {seconds:.1f} s "
+            f"· stored · {human_bytes(result.block_bytes)}"
+        )
+    if result.pictures:
+        return (
+            f"Read {result.pictures} scanned pages of '{result.name}' "
+            f"({result.image_tokens:,} picture tokens) in {seconds:.1f} s · stored · "
+            f"{human_bytes(result.block_bytes)}"
+        )
+    return (
+        f"Stored '{result.name}': {result.tokens:,} tokens read in {seconds:.1f} s · "
+        f"{human_bytes(result.block_bytes)}"
     )

@@ -120,6 +120,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         pinned = self.ui_settings.value("pinned", [])
         self.sidebar.pinned = {str(p) for p in (pinned if isinstance(pinned, list) else [pinned])}
         self.sidebar.search_changed.connect(lambda _t: self._search_timer.start())
+        self.sidebar.picture_wanted.connect(self.load_picture_icon)
         self.sidebar.add_document_button.clicked.connect(self.choose_document)
         self.sidebar.chat_document_button.clicked.connect(self.chat_with_document)
         self.sidebar.deposit_cancel.clicked.connect(self.cancel_work)
@@ -381,7 +382,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.library_action.setChecked(opened.library_enabled)
         self.chat.set_messages(
             [
-                ShownMessage(m.role, m.text, m.thoughts, created_at=m.created_at)
+                ShownMessage(m.role, m.text, m.thoughts, created_at=m.created_at, picture=m.picture)
                 for m in opened.messages
             ]
         )
@@ -473,7 +474,9 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.conversation_id = continued.conversation_id
 
         def shown(messages: list[Any]) -> None:
-            self.chat.set_messages([ShownMessage(m.role, m.text) for m in messages])
+            self.chat.set_messages(
+                [ShownMessage(m.role, m.text, picture=m.picture) for m in messages]
+            )
             self._send_to(continued.conversation_id, text)
 
         conversation_id = continued.conversation_id

@@ -109,11 +109,23 @@ def message_html(
     model_name: str = "Gemma",
     actions: Sequence[str] = (),
     when: float = 0.0,
+    picture: tuple[str, int, int] | None = None,
 ) -> str:
     """One turn as a card; `actions` name the links shown in its header; `when` (a Unix
-    time, 0 for none) adds the time it was written."""
+    time, 0 for none) adds the time it was written; `picture` (a resource key, width,
+    height) shows a picture put into the conversation."""
     p = palette or theme.current()
     anchor = f'<a name="m{index}"></a>'
+    if role == "document" and picture is not None:
+        key, width, height = picture
+        return (
+            f'<table cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '
+            f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>{anchor}'
+            f'<span style="color:{p.muted};font-size:small">Picture added · '
+            f"{html.escape(text)}</span><br>"
+            f'<img src="galahad-picture:{key}" width="{width}" height="{height}" '
+            f'alt="{html.escape(text, quote=True)}"></td></tr></table>'
+        )
     if role == "document":  # a document put into the conversation: its name, not its text
         return (
             f'<table width="100%" cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import PurePath
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPaintEvent
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QIcon, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
@@ -144,6 +144,7 @@ class Sidebar(QWidget):
     forget_requested = Signal(str)
     pin_toggled = Signal(str)
     search_changed = Signal(str)
+    picture_wanted = Signal(str)  # a picture document without its thumbnail yet
 
     def __init__(self) -> None:
         super().__init__()
@@ -229,6 +230,7 @@ class Sidebar(QWidget):
         layout.setStretchFactor(self.document_list, 1)
         self.conversations: list[ConversationSummary] = []
         self.documents: list[DocumentSummary] = []
+        self.picture_icons: dict[str, QIcon] = {}  # picture documents' thumbnails (memory only)
         self.matches: set[str] | None = None  # conversation ids a search found
         self.current: str | None = None
         self.pinned: set[str] = set()
@@ -356,18 +358,34 @@ class Sidebar(QWidget):
         self.documents = documents
         self.document_list.clear()
         for doc in documents:
-            parts = f" · {doc.n_parts} parts" if doc.n_parts > 1 else ""
+            unit = "pages" if doc.kind == "scan" else "parts"
+            parts = f" · {doc.n_parts} {unit}" if doc.n_parts > 1 else ""
+            parts += " · picture" if doc.kind == "picture" else ""
             item = QListWidgetItem(
                 f"{doc.name}\n{doc.n_tokens:,} tokens{parts} · "
                 f"{human_bytes(doc.block_bytes)} · {doc.status}"
             )
-            item.setIcon(theme.type_badge(PurePath(doc.name).suffix.lstrip(".") or "txt"))
+            thumbnail = self.picture_icons.get(doc.id)
+            item.setIcon(
+                thumbnail
+                if thumbnail is not None
+                else theme.type_badge(PurePath(doc.name).suffix.lstrip(".") or "txt")
+            )
+            if doc.kind != "text" and thumbnail is None:
+                self.picture_wanted.emit(doc.id)
             item.setToolTip(
                 f"{doc.name}: read once, {doc.n_tokens:,} tokens kept in {doc.n_parts} "
                 f"part(s), {human_bytes(doc.block_bytes)} on disk ({doc.status})"
             )
             item.setData(ID_ROLE, doc.id)
             self.document_list.addItem(item)
+
+    def set_picture_icon(self, document_id: str, icon: QIcon) -> None:
+        self.picture_icons[document_id] = icon
+        for row in range(self.document_list.count()):
+            item = self.document_list.item(row)
+            if item.data(ID_ROLE) == document_id:
+                item.setIcon(icon)
 
     def selected_document(self) -> str | None:
         items = self.document_list.selectedItems()

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, cast
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFileDialog, QWidget
 
-from galahad_desktop.memory.results import DepositResult, ImportResult, TurnResult
-from galahad_desktop.ui.format import human_bytes
+from galahad_desktop.memory.results import DepositResult, ImportResult, Message, TurnResult
+from galahad_desktop.ui.format import deposit_note
 
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from galahad_desktop.ui.worker import CoreBridge, Request
 
 DOCUMENT_FILTER = (
-    "Documents (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java "
-    "*.json *.yaml *.toml *.html *.csv);;All files (*)"
+    "Documents and pictures (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp *.rs *.go "
+    "*.java *.json *.yaml *.toml *.html *.csv *.png *.jpg *.jpeg *.webp *.gif);;"
+    "Pictures (*.png *.jpg *.jpeg *.webp *.gif);;All files (*)"
 )
 
 
@@ -114,10 +115,7 @@ class DocumentActions:
 
     def _deposited(self, result: DepositResult, open_chat: bool) -> None:
         self._work_over()
-        self.set_status(
-            f"Stored '{result.name}': {result.tokens:,} tokens read in "
-            f"{result.prefill_ms / 1e3:.1f} s · {human_bytes(result.block_bytes)}"
-        )
+        self.set_status(deposit_note(result))
         self.refresh_lists()
         self.deposit_finished.emit(result)
         if open_chat and result.n_parts == 1:
@@ -127,6 +125,20 @@ class DocumentActions:
                 on_done=self.open_conversation,
                 on_error=self.show_error,
             )
+
+    def load_picture_icon(self, document_id: str) -> None:
+        """A picture document's thumbnail for the Documents list (decrypted by the core,
+        decoded here, kept in memory only)."""
+
+        def shown(png: bytes | None) -> None:
+            if png:
+                self.sidebar.set_picture_icon(document_id, self.chat.thumbnails.icon(png))
+
+        self.bridge.run(
+            lambda core, _job: core.document_picture(document_id),
+            on_done=shown,
+            on_error=lambda _message, _kind: None,  # the type badge stays
+        )
 
     def _work_failed(self, message: str, kind: str) -> None:
         self._work_over()
@@ -193,13 +205,37 @@ class DocumentActions:
         self.chat.append("model", result.reply)
         self.set_context(result.context_tokens, result.n_ctx)
         c = result.counters
-        self.set_status(
-            f"Added '{path.name}': read {c.new_tokens:,} new tokens, restored "
-            f"{c.restored_tokens:,}, re-read {c.recomputed_tokens:,} · saved in "
-            f"{c.persist_ms:.0f} ms"
-        )
+        if result.image_tokens:
+            self.set_status(
+                f"Read picture '{path.name}' ({result.image_tokens:,} tokens) in "
+                f"{c.prefill_ms / 1e3:.1f} s · stored · restored {c.restored_tokens:,}, "
+                f"re-read {c.recomputed_tokens:,}"
+            )
+            self._show_pictures(result.conversation_id)
+        else:
+            self.set_status(
+                f"Added '{path.name}': read {c.new_tokens:,} new tokens, restored "
+                f"{c.restored_tokens:,}, re-read {c.recomputed_tokens:,} · saved in "
+                f"{c.persist_ms:.0f} ms"
+            )
         self.refresh_lists()
         self.turn_finished.emit(result)
+
+    def _show_pictures(self, conversation_id: str) -> None:
+        """Give the transcript's picture cards their pictures (decrypted by the core)."""
+
+        def shown(messages: list[Message]) -> None:
+            if conversation_id != self.conversation_id or len(messages) != len(self.chat.messages):
+                return
+            for shown_message, message in zip(self.chat.messages, messages, strict=True):
+                shown_message.picture = message.picture
+            self.chat.redraw()
+
+        self.bridge.run(
+            lambda core, _job: core.messages(conversation_id),
+            on_done=shown,
+            on_error=self.show_error,
+        )
 
     # -- import and export ---------------------------------------------------------------
     def import_conversations(self, path: Path | None = None) -> None:
