@@ -8,6 +8,7 @@ next to the model, where Galahad finds a projector on its own."""
 
 from __future__ import annotations
 
+import sqlite3
 import struct
 import zlib
 from collections.abc import Callable
@@ -214,6 +215,33 @@ def test_a_tampered_picture_block_is_refused(
     with pytest.raises(IntegrityError):
         core.send(conversation, "What is the total?", params=Params)
     assert [d.id for d in core.list_documents()] == [deposited.document_id]
+
+
+@pytest.mark.model
+def test_a_picture_taken_out_of_the_catalog_is_noticed(
+    tmp_path: Path, open_core: Callable[..., Galahad]
+) -> None:
+    core = open_core()
+    deposited = core.deposit(photo(tmp_path / "id-card.png"))
+    conversation = core.new_conversation()
+    core.send(conversation, "Hello.", params=Params)
+    core.add_document_file(conversation, photo(tmp_path / "receipt.png", seed=4))
+    with pytest.raises(InputError, match=r"picture 'receipt\.png'"):
+        core.continue_with_recent(conversation, "Go on.")  # refused, said why
+    core.close()
+    catalog = sqlite3.connect(tmp_path / "data" / "catalog.sqlite")
+    with catalog:  # what someone with write access to the catalog can do
+        catalog.execute("UPDATE parts SET image_enc = NULL")
+        catalog.execute("UPDATE messages SET image_enc = NULL")
+    catalog.close()
+    core = open_core()
+    problems = core.audit().problems
+    assert any("document part" in p for p in problems), problems
+    assert any("conversation" in p for p in problems), problems
+    with pytest.raises(IntegrityError):
+        core.messages(conversation)
+    with pytest.raises(IntegrityError):
+        core.document_picture(deposited.document_id)  # the thumbnail, or a re-read
 
 
 @pytest.mark.model

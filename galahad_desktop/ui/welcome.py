@@ -90,8 +90,9 @@ class Welcome(QWidget):
         offer.addLayout(row)
         self.offer.setVisible(False)
         self.drop_zone = DropZone(
-            "Drop documents here (.txt, .md, .pdf, .docx, source files) to read them once "
-            "and keep them — or click to choose."
+            "Drop documents here (.txt, .md, .pdf, .docx, source files; pictures and scans "
+            "with a Gemma 4 that has its projector) to read them once and keep them — or click "
+            "to choose."
         )
         self.drop_zone.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.drop_zone.setWordWrap(True)

@@ -137,7 +137,9 @@ class DocumentActions:
         self.bridge.run(
             lambda core, _job: core.document_picture(document_id),
             on_done=shown,
-            on_error=lambda _message, _kind: None,  # the type badge stays
+            # The type badge stays; a picture that fails its seal is said on the status line
+            # (not in a dialog: the list asks again at every refresh).
+            on_error=lambda message, _kind: self.set_status(message.split("; ")[0]),
         )
 
     def _work_failed(self, message: str, kind: str) -> None:

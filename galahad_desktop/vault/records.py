@@ -266,7 +266,11 @@ class Records:
                 _plain(m[k]) for k in ("id", "seq", "role", "tok_start", "tok_end", "block_id")
             ]
             cipher = hashlib.sha256(text).hexdigest() if isinstance(text, bytes) else None
-            digest.update(json.dumps([*place, cipher]).encode())
+            picture = m.get("image_enc")
+            # A picture is part of the transcript (added only where there is one, so the
+            # digests of conversations without pictures are what they always were).
+            extra = [hashlib.sha256(picture).hexdigest()] if isinstance(picture, bytes) else []
+            digest.update(json.dumps([*place, cipher, *extra]).encode())
         return digest.hexdigest()
 
     def part_list(self, document_id: str) -> str:
@@ -283,6 +287,10 @@ class Records:
         values.update({k: _plain(row.get(k)) for k in SEALED[table]})
         if table == "conversations":
             values["transcript"] = self.transcript(str(row["id"]))
+        elif table == "parts" and isinstance(row.get("image_enc"), bytes):
+            # A picture part's picture cannot be removed or swapped without breaking the
+            # seal (a text part's seal is what it always was).
+            values["picture"] = hashlib.sha256(row["image_enc"]).hexdigest()
         elif table == "documents":
             values["parts"] = self.part_list(str(row["id"]))
         return json.dumps(values, sort_keys=True)

@@ -32,6 +32,9 @@ SUMMARY_OPENING = "A summary of our earlier conversation:\n\n"
 SUMMARY_ACK = "Thank you; I have the summary. Let us continue."
 
 
+PICTURE = "\x00picture:"  # marks a picture's turn among the pairs (never a message's text)
+
+
 class Continuation:
     def __init__(self, live: LiveContext, conversations: Conversations) -> None:
         self.live = live
@@ -133,6 +136,7 @@ class Continuation:
         return Continued(new_id_, "summary", len(prompt) + len(generation.tokens), 0, summary)
 
     # -- the documents and the last turns ---------------------------------------------------
+
     def _recent_plan(self, conv: ConversationRow, needed: int) -> tuple[int, int] | None:
         """(messages kept, tokens re-read) for the most recent whole turns that fit."""
         engine = self.live.engine
@@ -156,6 +160,10 @@ class Continuation:
         pairs = []
         for index in range(0, len(messages) - 1, 2):
             user, reply = messages[index], messages[index + 1]
+            if user.picture is not None:  # its size as stored: marked, refused if kept
+                size = user.tok_end - user.tok_start
+                pairs.append((PICTURE + user.text, reply.text, size + len(turns.probe)))
+                continue
             if user.role == "document":
                 text = (
                     f'Document "{user.text}":\n\n{self.conversations.document_content(rows[index])}'
@@ -186,6 +194,13 @@ class Continuation:
             )
         kept, cost = plan
         pairs = [(u, r) for u, r, _size in self._pairs(conv)[-(kept // 2) :]]
+        pictures = [u.removeprefix(PICTURE) for u, _r in pairs if u.startswith(PICTURE)]
+        if pictures:
+            raise InputError(
+                f"The turns to keep hold the picture '{pictures[0]}', which a new conversation "
+                "cannot carry over yet; continue from a summary instead (it names the "
+                "picture), or start a new chat on the picture."
+            )
         new_id_ = self._start(conv, pairs, conv["document_id"], job)
         return Continued(new_id_, "recent", cost, kept)
 

@@ -194,8 +194,11 @@ class LiveContext:
         return evaluate_ledger(engine, vision, tokens, by_index, job)
 
     def clear(self, wipe: bool = True) -> None:
-        """Forget what the context holds (lock wipes the KV buffers too)."""
+        """Forget what the context holds (lock wipes the KV buffers too, and frees the
+        projector, whose buffers hold the last picture's embeddings)."""
         self.holding = None
+        if wipe:
+            self._close_vision()
         if self._engine is not None:
             self._engine.reset(wipe)
 

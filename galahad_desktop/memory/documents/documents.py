@@ -119,7 +119,9 @@ class Documents:
         return "picture" if len(parts) == 1 else "scan"
 
     def part_picture(self, part: PartRow) -> Picture | None:
-        """A picture part's picture (decrypted and decoded in memory), else None."""
+        """A picture part's picture (decrypted and decoded in memory), else None. The part's
+        seal covers its picture: one taken out of the catalog is noticed here."""
+        self.live.records.check("parts", part)
         if not part.get("image_enc"):
             return None
         encoded = self.live.records.decrypt("parts", "image_enc", part)
