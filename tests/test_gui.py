@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDropEvent, QGuiApplication
+from PySide6.QtGui import QDropEvent, QGuiApplication, QImage
 
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import TurnResult
@@ -272,6 +272,14 @@ def test_a_picture_through_the_window(  # type: ignore[no-untyped-def]
     key = window.chat.thumbnails.key(shown)
     thumbnail = window.chat.transcript.loadResource(2, QUrl(f"galahad-picture:{key}"))
     assert thumbnail is not None and max(thumbnail.width(), thumbnail.height()) <= 220
+    # A picture pasted into the message box: read into the conversation, never a file.
+    pasted = QMimeData()
+    pasted.setImageData(QImage(str(photo(tmp_path / "clip.png", seed=8))))
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as added:
+        window.chat.input.insertFromMimeData(pasted)
+    assert added.args[0].image_tokens >= 70 and added.args[0].counters.recomputed_tokens == 0
+    assert "Read picture 'pasted-" in window.graft_label.text()
+    assert sum(1 for m in window.chat.messages if m.picture) == 2  # pond.png and the paste
     # No other picture is ever loaded into the transcript (a reply cannot fetch a file).
     assert (
         window.chat.transcript.loadResource(2, QUrl.fromLocalFile(str(tmp_path / "pond.png")))

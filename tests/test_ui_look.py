@@ -16,8 +16,8 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QPalette
+from PySide6.QtCore import QMimeData, Qt, QUrl
+from PySide6.QtGui import QColor, QImage, QPalette
 from PySide6.QtWidgets import (
     QAbstractButton,
     QAbstractSpinBox,
@@ -396,3 +396,22 @@ def test_a_settings_dialog_opens_from_the_keyboard(qtbot, window: MainWindow) ->
     assert shortcut.shortcut().toString() == "Ctrl+,"
     shortcut.trigger()
     assert seen == ["Settings"]
+
+
+def test_pasting_text_and_a_picture_into_the_message_box(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    text = QMimeData()
+    text.setText("hello")
+    window.chat.input.insertFromMimeData(text)
+    assert window.chat.input.toPlainText() == "hello"
+    _send(qtbot, window, "A first message.")
+    image = QImage(32, 24, QImage.Format.Format_RGB32)
+    image.fill(QColor("steelblue"))
+    picture = QMimeData()
+    picture.setImageData(image)
+    assert window.chat.input.canInsertFromMimeData(picture)
+    window.chat.input.setPlainText("kept")
+    with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as refused:
+        window.chat.input.insertFromMimeData(picture)
+    assert "reads no pictures" in refused.args[0]  # the fake engine has no projector
+    assert window.chat.input.toPlainText() == "kept"  # a picture never becomes text
+    assert [m.role for m in window.chat.messages] == ["user", "model"]  # no card left behind

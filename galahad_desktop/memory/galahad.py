@@ -428,6 +428,15 @@ class Galahad:
         self.usage.record_turn(result)
         return result
 
+    def add_pasted_picture(
+        self, conversation_id: str, png: bytes, name: str, job: Job = NO_JOB
+    ) -> TurnResult:
+        """A picture pasted into the message box (PNG bytes from the window's encoder):
+        read on top of the conversation like a dropped one, never written to a file."""
+        result = self.documents.add_pasted_picture(conversation_id, png, name, job)
+        self.usage.record_turn(result)
+        return result
+
     def add_document(
         self,
         conversation_id: str,

@@ -11,8 +11,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut, QTextCursor, QTextDocument
+from PySide6.QtCore import QMimeData, QTimer, QUrl, Signal
+from PySide6.QtGui import (
+    QGuiApplication,
+    QImage,
+    QKeySequence,
+    QShortcut,
+    QTextCursor,
+    QTextDocument,
+)
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -57,6 +64,24 @@ class Transcript(QTextBrowser):
         return super().loadResource(kind, url)
 
 
+class MessageBox(QPlainTextEdit):
+    """The message box: text as usual; a pasted (or dropped) picture is handed to the
+    window as an image, never inserted as text."""
+
+    picture_pasted = Signal(QImage)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return source.hasImage() or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        if source.hasImage():
+            image = source.imageData()
+            if isinstance(image, QImage) and not image.isNull():
+                self.picture_pasted.emit(image)
+            return
+        super().insertFromMimeData(source)
+
+
 class ChatView(QWidget):
     copied = Signal(str)  # what was put on the clipboard (for the status line and tests)
     regenerate_requested = Signal()
@@ -82,7 +107,7 @@ class ChatView(QWidget):
         self.transcript.setOpenLinks(False)
         self.transcript.setOpenExternalLinks(False)
         self.transcript.anchorClicked.connect(self._anchor)
-        self.input = QPlainTextEdit()
+        self.input = MessageBox()
         self.input.setPlaceholderText("Message the model (Ctrl+Enter to send)")
         self.input.setAccessibleName("Message")
         self.input.setToolTip("Write a message; Ctrl+Enter sends it, Escape stops a reply.")

@@ -126,6 +126,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.sidebar.deposit_cancel.clicked.connect(self.cancel_work)
         self.chat = ChatView()
         self.chat.send_button.clicked.connect(self.send)
+        self.chat.input.picture_pasted.connect(self.paste_picture)
         self.chat.stop_button.clicked.connect(self.stop)
         self.chat.regenerate_button.clicked.connect(self.regenerate)
         self.chat.edit_button.clicked.connect(self.edit_message)

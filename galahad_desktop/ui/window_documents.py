@@ -3,10 +3,12 @@ on a conversation, import and export conversations."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtCore import QBuffer, QIODevice
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from galahad_desktop.memory.results import DepositResult, ImportResult, Message, TurnResult
@@ -197,10 +199,50 @@ class DocumentActions:
         request = self.bridge.run(
             lambda core, job: core.add_document_file(conversation_id, path, job),
             on_done=lambda result: self._document_added(result, path),
-            on_error=self._turn_failed,
+            on_error=self._stack_failed,
             on_progress=self._reread_progress,
         )
         self._set_generating(request)
+
+    def paste_picture(self, image: QImage) -> None:
+        """A picture pasted into the message box: encoded to PNG here (in memory, never a
+        file), read into the open conversation (a new one when none is open)."""
+        if self.generating is not None:
+            self.show_error("Wait for the reply to finish, then paste the picture again.")
+            return
+        buffer = QBuffer()
+        buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+        image.save(buffer, "PNG")  # type: ignore[call-overload]  # PySide6 takes text
+        png = bytes(buffer.data().data())
+        name = f"pasted-{time.strftime('%Y%m%d-%H%M%S')}.png"
+        if self.conversation_id is None:
+            self.bridge.run(
+                lambda core, _job: core.new_conversation(),
+                on_done=lambda cid: self._paste_into(cid, png, name),
+                on_error=self.show_error,
+            )
+            return
+        self._paste_into(self.conversation_id, png, name)
+
+    def _paste_into(self, conversation_id: str, png: bytes, name: str) -> None:
+        self.conversation_id = conversation_id
+        self.sidebar.current = conversation_id
+        self.chat.append("document", name)
+        self.chat.messages[-1].picture = png
+        self.set_status("Reading the pasted picture into this conversation…")
+        request = self.bridge.run(
+            lambda core, job: core.add_pasted_picture(conversation_id, png, name, job),
+            on_done=lambda result: self._document_added(result, Path(name)),
+            on_error=self._stack_failed,
+            on_progress=self._reread_progress,
+        )
+        self._set_generating(request)
+
+    def _stack_failed(self, message: str, kind: str) -> None:
+        """Nothing was added: the document's (or picture's) card goes too."""
+        if self.chat.messages and self.chat.messages[-1].role == "document":
+            self.chat.messages.pop()
+        self._turn_failed(message, kind)
 
     def _document_added(self, result: TurnResult, path: Path) -> None:
         self._set_generating(None)

@@ -28,7 +28,11 @@ from galahad_desktop.memory.documents.extraction import (
     overlap_tail,
     split_for_parts,
 )
-from galahad_desktop.memory.documents.pictures import is_picture, read_pictures_bounded
+from galahad_desktop.memory.documents.pictures import (
+    is_picture,
+    picture_from_png,
+    read_pictures_bounded,
+)
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
 from galahad_desktop.vault.names import BlockRow, DocumentRow, PartRow
 from galahad_desktop.vault.vault import new_id
@@ -528,6 +532,12 @@ class Documents:
         self.live.vision()
         pictures = read_pictures_bounded(path, "picture", job=job)
         return self.add_picture(conversation_id, path.name, pictures[0], job)
+
+    def add_pasted_picture(
+        self, conversation_id: str, png: bytes, name: str, job: Job = NO_JOB
+    ) -> TurnResult:
+        self.live.vision()
+        return self.add_picture(conversation_id, name, picture_from_png(png, name), job)
 
     def add_picture(
         self, conversation_id: str, name: str, picture: Picture, job: Job = NO_JOB

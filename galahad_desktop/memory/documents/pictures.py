@@ -97,6 +97,26 @@ def check_picture_file(path: Path) -> bytes:
         raise InputError(f"'{name}' is a damaged or truncated picture ({exc}).") from None
 
 
+def picture_from_png(png: bytes, name: str) -> Picture:
+    """A picture pasted in the window, as the PNG the window's own encoder wrote (never a
+    file from outside: those go through the child): checked and scaled like a file."""
+    from PIL import Image, UnidentifiedImageError
+
+    Image.MAX_IMAGE_PIXELS = None  # checked below, before decoding
+    try:
+        with Image.open(io.BytesIO(png), formats=["PNG"]) as image:
+            width, height = image.size
+            if width * height > MAX_PIXELS:
+                raise InputError(
+                    f"'{name}' is {width:,}×{height:,} pixels; at most "
+                    f"{MAX_PIXELS / 1e6:.0f} million are read. Nothing was stored."
+                )
+            image.load()
+            return Picture.from_png(_normalized(image, name))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"'{name}' could not be read as a picture ({exc}).") from None
+
+
 def render_scanned_pdf(path: Path) -> list[bytes]:
     """Every page of a PDF without a text layer, rendered (child side): PNG bytes each."""
     import pypdfium2 as pdfium
