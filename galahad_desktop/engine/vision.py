@@ -60,6 +60,14 @@ def pictures_in(tokens: Sequence[int]) -> list[int]:
     return seen
 
 
+@dataclass
+class LedgerRead:
+    elapsed_ms: float = 0.0
+    pictures: int = 0
+    image_tokens: int = 0  # embedding positions evaluated
+    encode_ms: float = 0.0  # in the vision encoder
+
+
 @mtmd.mtmd_helper_post_decode_callback  # type: ignore[untyped-decorator]
 def _no_callback(batch: Any, user_data: Any) -> int:  # pragma: no cover - never called
     return 0
@@ -200,67 +208,57 @@ class Vision:
         done = time.perf_counter()
         return n, (encoded - start) * 1e3, (done - encoded) * 1e3
 
+    def evaluate(
+        self,
+        tokens: Sequence[int],
+        pictures: Mapping[int, Picture],
+        job: Job = NO_JOB,
+    ) -> LedgerRead:
+        """Evaluate a ledger that holds pictures after what the context holds: its tokens as
+        tokens, each picture's run of placeholders from the picture itself (which must take as
+        many positions as the ledger gives it: a changed budget makes another ledger)."""
+        start = time.perf_counter()
+        out = LedgerRead()
+        offset = 0
+        while offset < len(tokens):
+            index = picture_index(tokens[offset])
+            end = offset
+            if index is None:
+                while end < len(tokens) and tokens[end] >= 0:
+                    end += 1
+                self.engine.evaluate(tokens[offset:end], job)
+                offset = end
+                continue
+            while end < len(tokens) and tokens[end] == tokens[offset]:
+                end += 1
+            if index not in pictures:
+                raise ModelError("A stored picture is missing; its memory cannot be read again.")
+            chunks = self._tokenize(pictures[index])
+            try:
+                for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+                    job.check()
+                    chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+                    if mtmd.mtmd_input_chunk_get_type(chunk) == CHUNK_TEXT:
+                        continue  # the markers are the ledger's own tokens around the run
+                    if int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)) != end - offset:
+                        raise InputError(
+                            "A picture now takes another number of tokens (the projector or its "
+                            "budget changed); it is read again as a new memory instead."
+                        )
+                    n, encode_ms, _decode_ms = self._embed(chunk, index)
+                    out.image_tokens += n
+                    out.encode_ms += encode_ms
+            finally:
+                mtmd.mtmd_input_chunks_free(chunks)
+            out.pictures += 1
+            offset = end
+        out.elapsed_ms = (time.perf_counter() - start) * 1e3
+        return out
+
     def close(self) -> None:
         if self._ctx:
             mtmd.mtmd_free(self._ctx)
             self._ctx = None
-
-
-@dataclass
-class LedgerRead:
-    elapsed_ms: float = 0.0
-    pictures: int = 0
-    image_tokens: int = 0  # embedding positions evaluated
-    encode_ms: float = 0.0  # in the vision encoder
-
-
-def evaluate_ledger(
-    engine: Engine,
-    vision: Vision,
-    tokens: Sequence[int],
-    pictures: Mapping[int, Picture],
-    job: Job = NO_JOB,
-) -> LedgerRead:
-    """Evaluate a ledger that holds pictures after what the context holds: its tokens as
-    tokens, each picture's run of placeholders from the picture itself (which must take as
-    many positions as the ledger gives it: a changed budget makes another ledger)."""
-    start = time.perf_counter()
-    out = LedgerRead()
-    offset = 0
-    while offset < len(tokens):
-        index = picture_index(tokens[offset])
-        end = offset
-        if index is None:
-            while end < len(tokens) and tokens[end] >= 0:
-                end += 1
-            engine.evaluate(tokens[offset:end], job)
-            offset = end
-            continue
-        while end < len(tokens) and tokens[end] == tokens[offset]:
-            end += 1
-        if index not in pictures:
-            raise ModelError("A stored picture is missing; its memory cannot be read again.")
-        chunks = vision._tokenize(pictures[index])
-        try:
-            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                job.check()
-                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                if mtmd.mtmd_input_chunk_get_type(chunk) == CHUNK_TEXT:
-                    continue  # the markers are the ledger's own tokens around the run
-                if int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)) != end - offset:
-                    raise InputError(
-                        "A picture now takes another number of tokens (the projector or its "
-                        "budget changed); it is read again as a new memory instead."
-                    )
-                n, encode_ms, _decode_ms = vision._embed(chunk, index)
-                out.image_tokens += n
-                out.encode_ms += encode_ms
-        finally:
-            mtmd.mtmd_input_chunks_free(chunks)
-        out.pictures += 1
-        offset = end
-    out.elapsed_ms = (time.perf_counter() - start) * 1e3
-    return out
 
 
 def _text_tokens(chunk: Any) -> list[int]:

@@ -26,7 +26,7 @@ from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters, Engine
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
-from galahad_desktop.engine.vision import LedgerRead, Vision, evaluate_ledger, holds_pictures
+from galahad_desktop.engine.vision import LedgerRead, Vision, holds_pictures
 from galahad_desktop.errors import InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
@@ -187,11 +187,8 @@ class LiveContext:
         `pictures` (a list in ledger order, or by their index in the ledger)."""
         if not holds_pictures(tokens):
             return LedgerRead(self.engine.evaluate(tokens, job))
-        engine = self.engine
-        vision = self.vision()
-        assert isinstance(engine, Engine)  # vision() refuses any other engine
         by_index = pictures if isinstance(pictures, dict) else dict(enumerate(pictures))
-        return evaluate_ledger(engine, vision, tokens, by_index, job)
+        return self.vision().evaluate(tokens, by_index, job)
 
     def clear(self, wipe: bool = True) -> None:
         """Forget what the context holds (lock wipes the KV buffers too, and frees the
