@@ -34,6 +34,7 @@ class Progress:
 
 TextFn = Callable[[str], None]
 ProgressFn = Callable[[Progress], None]
+PaceFn = Callable[[int, float], None]  # tokens generated so far, tokens/s
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Job:
     on_thought: TextFn | None = None  # a thinking model's thoughts, never mixed into the answer
     on_progress: ProgressFn | None = None  # tokens read so far, for long reads
     cancel: threading.Event | None = None  # set from another thread to stop at the next step
+    on_pace: PaceFn | None = None  # a reply's pace while it streams (live tokens/s)
 
     @staticmethod
     def cancellable(
@@ -71,6 +73,10 @@ class Job:
     def progress(self, progress: Progress) -> None:
         if self.on_progress is not None:
             self.on_progress(progress)
+
+    def pace(self, generated: int, tokens_per_s: float) -> None:
+        if self.on_pace is not None:
+            self.on_pace(generated, tokens_per_s)
 
     def step(self, offset: int, total: int, start: float | None = None) -> Job:
         """This job for one step of a larger whole: the step's progress is reported as

@@ -530,11 +530,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "seed",
         int,
-        0,
-        "Random seed for sampling.",
+        None,
+        "Random seed for sampling; empty picks a new one for every reply, so Regenerate "
+        "gives another answer (each reply keeps the seed it was made with).",
         runtime=False,
         minimum=0,
         maximum=2**32 - 1,
+        optional=True,
         group="Answers",
         label="Random seed",
         advanced=True,

@@ -10,7 +10,6 @@ proofs are real checks here too. Nothing is a language model: replies are byte n
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import hashlib
 import struct
@@ -23,16 +22,16 @@ import numpy as np
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.chat_format import GEMMA3_TURNS, TurnFormat
+from galahad_desktop.engine.decoding import Generation, decode_reply
 from galahad_desktop.engine.engine import (
     GEMMA_SAMPLING,
     EngineConfig,
-    Generation,
     Placement,
 )
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.protocol import ChatEngine
-from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import InputError, ModelError
@@ -82,6 +81,8 @@ class FakeEngine:
         self.guard = MarkupGuard(user_defined)
         self.turn_format = fmt
         self.turns = Turns(self, fmt)
+        markup = frozenset(self.ids[t] for t in self.specials if t != "<bos>")
+        self.stop_rules = self.turns.stop_rules(self.is_end_of_generation, markup)
         self.tokens: list[int] = []
         self._full: dict[int, bytes] = {}  # pos -> K row (V is derived)
         self._swa: dict[int, bytes] = {}  # the sliding-window section's cells
@@ -272,59 +273,15 @@ class FakeEngine:
         params: SamplingParams,
         job: Job = NO_JOB,
     ) -> Generation:
-        sampler = Sampler(params)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        generated: list[int] = []
-        answer: list[int] = []
-        pieces: list[str] = []
-        thoughts: list[str] = []
-        in_thought = False
-        stop = "length"
-        start = time.perf_counter()
-        script = list(self.script)
-        reserve = len(self.turns.model_close) + len(self.turns.model_open) + len(self.probe_tokens)
-        for _ in range(params.max_tokens):
-            if job.cancelled:
-                stop = "cancelled"
-                break
-            if self.room() <= reserve + 1:
-                stop = "context_full"
-                break
-            token = script.pop(0) if script else sampler.sample(self.last_logits())
-            if self.is_end_of_generation(token):
-                stop = "end"
-                break
-            self._append(token)
-            generated.append(token)
-            if token == self.turns.thought_open:
-                in_thought = True
-                continue
-            if token == self.turns.thought_close:
-                in_thought = False
-                continue
-            piece = decoder.decode(bytes([token]) if token < BYTES else b"")
-            if in_thought:
-                thoughts.append(piece)
-                if piece:
-                    job.thought(piece)
-            else:
-                answer.append(token)
-                pieces.append(piece)
-                if piece:
-                    job.text(piece)
-        elapsed = time.perf_counter() - start
-        thought = "".join(thoughts)
-        if thought.startswith("thought"):
-            thought = thought[len("thought") :]
-        return Generation(
-            generated,
-            "".join(pieces),
-            stop,
-            elapsed * 1e3,
-            len(generated) / elapsed if elapsed > 0 else 0.0,
-            answer,
-            thought.strip(),
-        )
+        """The real reply loop (decoding.decode_reply) over the fake's model calls; the
+        `script` tokens come first."""
+        return decode_reply(self, self.stop_rules, params, job, iter(list(self.script)))
+
+    def accept(self, token: int) -> None:
+        self._append(token)
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < BYTES else b""
 
     # -- holding -------------------------------------------------------------------------
     def hold(self) -> None:

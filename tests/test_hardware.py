@@ -140,6 +140,7 @@ def _native_libraries() -> list[Path]:
     return sorted(p for p in devices.library_dir().iterdir() if ".so" in p.name and p.is_file())
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_no_installed_llama_cpp_library_holds_an_amx_instruction() -> None:
     """llama.cpp's AMX path segfaults on Xeons with AMX (upstream #20824): no installed
     library may contain one AMX instruction, whatever CPU built it."""

@@ -172,12 +172,13 @@ def test_markdown_export_cannot_forge_a_turn(tmp_path: Path) -> None:
 
 # -- the fuzzer ------------------------------------------------------------------------------
 def test_the_import_fuzzer_finds_no_internal_error_hang_or_change() -> None:
-    result = import_fuzz.import_fuzz(240, seed=1, log=lambda _line: None)
+    # A quick pass for the fast tier; the full-size run is below (model tier).
+    result = import_fuzz.import_fuzz(60, seed=1, log=lambda _line: None)
     assert result["internal_errors"] == 0, result["failures"]
     assert result["hangs"] == 0 and result["unnamed_refusals"] == 0
     assert result["changed_on_refusal"] == 0 and result["audit_problems"] == 0
-    assert result["refused"] > 20 and result["ok"] > 100  # both outcomes are exercised
-    assert all(row["ok"] + row["refused"] == 40 for row in result["by_format"].values())
+    assert result["refused"] > 5 and result["ok"] > 25  # both outcomes are exercised
+    assert all(row["ok"] + row["refused"] == 10 for row in result["by_format"].values())
 
 
 @pytest.mark.model  # slow rather than model-bound: 1,000 imports take about half a minute

@@ -65,6 +65,7 @@ def _chat(core: Galahad, *texts: str) -> str:
 
 
 # -- the catalog ------------------------------------------------------------------------
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_catalog_fuzzer_refuses_or_proves_harmless_every_edit() -> None:
     result = catalog_fuzz.catalog_fuzz(190, seed=7, log=lambda _m: None)
     assert result["silent"] == 0, result["examples"]

@@ -8,7 +8,6 @@ recomputed (re-read because a block could not be used) and tokens newly evaluate
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import ctypes
 import dataclasses
@@ -16,7 +15,7 @@ import os
 import re
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,11 @@ from galahad_desktop.engine.chat_format import (
     TurnFormat,
     derive_turn_format,
 )
+from galahad_desktop.engine.decoding import Generation, decode_reply
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, describe
 from galahad_desktop.engine.reader import F16Reader
-from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot, log_softmax_at
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.errors import InputError, ModelError
@@ -124,21 +124,6 @@ class Counters:
         return asdict(self)
 
 
-@dataclass
-class Generation:
-    tokens: list[int]  # everything sampled (thoughts included), in order
-    text: str  # the answer shown to the user
-    stop_reason: str  # end | length | cancelled | context_full
-    elapsed_ms: float
-    tokens_per_s: float = field(default=0.0)
-    answer_tokens: list[int] = field(default_factory=list)  # without the thought channel
-    thought: str = ""  # the thought channel's text (never part of the answer)
-
-    @property
-    def thought_tokens(self) -> int:
-        return len(self.tokens) - len(self.answer_tokens)
-
-
 class Engine:
     def __init__(self, config: EngineConfig, hash_cache: Path | None = None) -> None:
         check_model_file(config.model_path)
@@ -173,9 +158,11 @@ class Engine:
         self._vocab = self.llm._model.vocab
         self.n_vocab = int(self.llm.n_vocab())
         self.n_ctx = int(self.llm.n_ctx())
-        self.guard = MarkupGuard(self._markers())
+        user_defined, markup = self._markup_tokens()
+        self.guard = MarkupGuard([self._special_text(t) for t in user_defined])
         self.turn_format = self._turn_format()
         self.turns = Turns(self, self.turn_format)
+        self.stop_rules = self.turns.stop_rules(self.is_end_of_generation, markup)
         self.tokens: list[int] = []
         self.model_sha256 = fp.model_sha256(config.model_path, hash_cache)
         self.fingerprint_details = self._fingerprint_details()
@@ -266,15 +253,21 @@ class Engine:
                 source="Gemma 3 turn format (fallback: the model's template was not understood)",
             )
 
-    def _markers(self) -> list[str]:
-        """Texts of the user-defined tokens llama.cpp would match inside raw text."""
-        flag = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+    def _markup_tokens(self) -> tuple[list[int], frozenset[int]]:
+        """The user-defined tokens (llama.cpp matches their text inside raw text) and every
+        markup token (control or user-defined: never shown as reply text)."""
+        user_flag = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        markup_flags = user_flag | llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
         get_attr = llama_cpp.llama_vocab_get_attr
-        return [
-            self._special_text(token)
-            for token in range(self.n_vocab)
-            if get_attr(self._vocab, token) & flag
-        ]
+        user_defined: list[int] = []
+        markup: set[int] = set()
+        for token in range(self.n_vocab):
+            attr = get_attr(self._vocab, token)
+            if attr & markup_flags:
+                markup.add(token)
+                if attr & user_flag:
+                    user_defined.append(token)
+        return user_defined, frozenset(markup)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
@@ -452,73 +445,17 @@ class Engine:
         return elapsed
 
     def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
-        """Sample a reply token by token; stop at any end-of-generation token, max_tokens,
-        cancel, or a full context (leaving room to close the turn). The stop token itself
-        is not evaluated: the caller closes the turn with the canonical closing tokens.
-        A thought channel (Gemma 4) streams to `job.thought`, never into the answer."""
-        sampler = Sampler(params)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        reserve = len(self.turns.model_close) + len(self.turns.model_open)
-        reserve += len(self.probe_tokens) + 1
-        generated: list[int] = []
-        answer: list[int] = []
-        pieces: list[str] = []
-        thoughts: list[str] = []
-        in_thought = False
-        stop_reason = "length"
-        start = time.perf_counter()
-        t_open, t_close = self.turns.thought_open, self.turns.thought_close
+        """Sample a reply (decoding.decode_reply: the stop rules, the thought channel)."""
+        return decode_reply(self, self.stop_rules, params, job)
 
-        def emit(piece: str) -> None:
-            if not piece:
-                return
-            if in_thought:
-                thoughts.append(piece)
-                job.thought(piece)
-            else:
-                pieces.append(piece)
-                job.text(piece)
+    # -- what decode_reply needs of the model
+    def accept(self, token: int) -> None:
+        self.llm.eval([token])
+        self._resumed_logits = None
+        self.tokens.append(token)
 
-        for _ in range(params.max_tokens):
-            if job.cancelled:
-                stop_reason = "cancelled"
-                break
-            if self.room() <= reserve:
-                stop_reason = "context_full"
-                break
-            token = sampler.sample(self.last_logits())
-            if self.is_end_of_generation(token):
-                stop_reason = "end"
-                break
-            self.llm.eval([token])
-            self._resumed_logits = None
-            self.tokens.append(token)
-            generated.append(token)
-            if t_open is not None and token == t_open:
-                emit(decoder.decode(b"", final=True))
-                in_thought = True
-                continue
-            if t_close is not None and token == t_close:
-                emit(decoder.decode(b"", final=True))
-                in_thought = False
-                continue
-            if not in_thought:
-                answer.append(token)
-            emit(decoder.decode(bytes(self.llm.detokenize([token]))))
-        emit(decoder.decode(b"", final=True))
-        elapsed = time.perf_counter() - start
-        thought = "".join(thoughts)
-        if thought.startswith("thought"):  # the channel's name, not its content
-            thought = thought[len("thought") :]
-        return Generation(
-            generated,
-            "".join(pieces),
-            stop_reason,
-            elapsed * 1e3,
-            len(generated) / elapsed if elapsed > 0 else 0.0,
-            answer,
-            thought.strip(),
-        )
+    def token_bytes(self, token: int) -> bytes:
+        return bytes(self.llm.detokenize([token]))
 
     # -- a held state, to return to after a thinking turn -------------------------------
     def hold(self) -> None:

@@ -10,7 +10,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from galahad_desktop.engine.chat_format import TurnFormat
-from galahad_desktop.engine.engine import Engine, EngineConfig, Generation, Placement
+from galahad_desktop.engine.decoding import Generation
+from galahad_desktop.engine.engine import Engine, EngineConfig, Placement
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot

@@ -13,13 +13,13 @@ class SamplingParams:
     top_p: float = 0.95
     top_k: int = 40
     max_tokens: int = 256
-    seed: int = 0
+    seed: int | None = None  # None: a fresh seed for every generation
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, seed: int | None = None) -> None:
         self.params = params
-        self._rng = np.random.default_rng(params.seed)
+        self._rng = np.random.default_rng(params.seed if seed is None else seed)
 
     def sample(self, logits: np.ndarray) -> int:
         p = self.params

@@ -8,9 +8,11 @@ document text never is, and never yields a markup token (see markup.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from galahad_desktop.engine.chat_format import TurnFormat
+from galahad_desktop.engine.decoding import StopRules, turn_markers
 from galahad_desktop.errors import InputError
 
 
@@ -39,6 +41,25 @@ class Turns:
             empty = template(fmt.empty_thought)
             if len(empty) >= 2:
                 self.thought_open, self.thought_close = empty[0], empty[-1]
+
+    def stop_rules(
+        self, end_of_generation: Callable[[int], bool], markup: frozenset[int]
+    ) -> StopRules:
+        """How a reply ends in this format: at an end-of-generation token or at any markup
+        token that opens or closes a turn; other markup is never shown."""
+        markers = turn_markers(
+            [self.user_open, self.user_close, self.model_open, self.model_close], markup
+        )
+        thought = {t for t in (self.thought_open, self.thought_close) if t is not None}
+        return StopRules(
+            end_of_generation,
+            markers - thought,
+            markup - thought,
+            self.thought_open,
+            self.thought_close,
+            # Room to close the turn and open the next one (the proof's probe).
+            len(self.model_close) + len(self.model_open) + len(self.probe) + 1,
+        )
 
     @property
     def probe(self) -> list[int]:

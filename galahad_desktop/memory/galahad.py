@@ -17,7 +17,7 @@ from galahad_desktop.engine.engine import Engine, EngineConfig
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.errors import InputError, ModelError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains
 from galahad_desktop.memory.chat.continuation import Continuation
@@ -46,6 +46,7 @@ from galahad_desktop.memory.results import (
     ModelFile,
     OpenedConversation,
     PartSummary,
+    ReplyVersion,
     RotateResult,
     SearchHit,
     TurnResult,
@@ -60,7 +61,7 @@ from galahad_desktop.memory.verified.verifiers import Verdict
 from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
-from galahad_desktop.settings import SETTINGS, Setting, Settings
+from galahad_desktop.settings import SETTINGS, Setting, Settings, coerce
 from galahad_desktop.vault import custody
 from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
@@ -154,9 +155,9 @@ class Galahad:
             value = self.settings.get(key)
             if value is not None:
                 params[key] = value
-        params.update({k: v for k, v in changes.items() if v is not None})
-        if params.get("max_tokens", 1) < 1:
-            raise InputError("max_tokens must be at least 1: a reply needs room for a token.")
+        # Explicit values pass the settings' own checks (a NaN temperature or a negative
+        # seed is a clear error naming the option, never a crash inside the sampler).
+        params.update({k: coerce(k, v) for k, v in changes.items() if v is not None})
         return SamplingParams(**params)
 
     def info(self) -> EngineInfo:
@@ -288,16 +289,44 @@ class Galahad:
 
     def send(
         self,
-        conversation_id: str,
+        conversation_id: str | None,
         text: str,
         job: Job = NO_JOB,
         params: SamplingParams | None = None,
         compact: bool = False,
+        thinking: bool | None = None,
+        system_prompt: str | None = None,
     ) -> TurnResult:
         """One turn, through the verified-answer library when the conversation uses it (the
-        window and the command take this same path)."""
-        result = self.library.ask(conversation_id, text, params or self.sampling(), job)
+        window and the command take this same path). Without a conversation, a new one is
+        made with this first turn: a turn that fails leaves no conversation behind."""
+        if conversation_id is not None:
+            result = self.library.ask(conversation_id, text, params or self.sampling(), job)
+            return self._after_turn(result, compact)
+        check_text(text, "The message")
+        if not text.strip():
+            raise InputError("The message is empty.")
+        params = params or self.sampling()
+        created = self.conversations.create(system_prompt=system_prompt, thinking=thinking)
+        try:
+            result = self.library.ask(created, text, params, job)
+        except BaseException:
+            self.maintenance.forget(created)
+            raise
         return self._after_turn(result, compact)
+
+    def reply_versions(self, conversation_id: str, seq: int) -> list[ReplyVersion]:
+        """Every version of the reply at message `seq`, oldest first (Regenerate keeps
+        the earlier ones)."""
+        return self.conversations.versions.of_reply(conversation_id, seq)
+
+    def choose_version(
+        self, conversation_id: str, number: int, job: Job = NO_JOB
+    ) -> OpenedConversation:
+        """Continue the conversation from version `number` of its last reply: that
+        version's own block is grafted (0 tokens re-read) and proved."""
+        self.conversations.versions.choose(conversation_id, number)
+        return self.open_conversation(conversation_id, job)
 
     def regenerate(
         self,

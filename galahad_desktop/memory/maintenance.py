@@ -255,6 +255,7 @@ class Maintenance:
         log_lines = self.routing.forget_log_of(item_id) if kind == "document" else []
         with self.vault.transaction():
             records.delete_in("messages", "conversation_id", conversations)
+            records.delete_in("reply_versions", "conversation_id", conversations)
             records.delete_in("conversations", "id", conversations)
             if kind == "document":
                 records.delete("documents", id=item_id)

@@ -92,6 +92,8 @@ class TurnResult:
     reread_tokens: int = 0  # answer tokens re-read so the history holds no thoughts
     compaction: CompactResult | None = None
     image_tokens: int = 0  # a picture read into the conversation: its image positions
+    seed: int | None = None  # the sampler's seed (with it, the reply can be reproduced)
+    versions: int = 1  # the reply's versions, this one included (Regenerate keeps them)
 
     def describe(self) -> str:
         """The status line after a turn: what the graft did, what the turn cost."""
@@ -130,6 +132,8 @@ class TurnResult:
             "n_ctx": self.n_ctx,
             "tokens_per_s": self.tokens_per_s,
             "compaction": to_jsonable(self.compaction),
+            "seed": self.seed,
+            "versions": self.versions,
         }
 
 
@@ -166,6 +170,23 @@ class Message:
     block_id: str | None
     thoughts: str = ""
     picture: bytes | None = None  # a picture put into the conversation: its PNG
+    seed: int | None = None  # a model reply's sampler seed (None: not recorded)
+    version: int = 1  # which of the reply's versions this is (Regenerate keeps them)
+    versions: int = 1
+
+
+@dataclass(frozen=True)
+class ReplyVersion:
+    """One version of a model reply: the one the conversation continues from, or an
+    earlier one that Regenerate kept."""
+
+    number: int  # 1 = the oldest
+    text: str
+    thoughts: str
+    seed: int | None
+    created_at: float
+    current: bool  # the conversation continues from this one
+    restorable: bool  # its own block is kept: choosing it grafts, 0 tokens re-read
 
 
 @dataclass(frozen=True)

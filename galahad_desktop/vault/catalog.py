@@ -21,8 +21,8 @@ import sqlite_utils
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 4  # 2: messages bound to their place, every record sealed; 3: part vectors;
-# 4: pictures (a part's or a message's picture, encrypted)
+SCHEMA_VERSION = 5  # 2: messages bound to their place, every record sealed; 3: part vectors;
+# 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -80,6 +80,26 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "tok_start": int,
             "tok_end": int,
             "block_id": str,
+            "seed": int,  # the sampler's seed for a model reply (None before schema 5)
+            "created_at": float,
+        },
+        "id",
+    ),
+    # Earlier versions of a reply (Regenerate keeps them): the reply's text and thoughts,
+    # encrypted and bound to the row; the block it ended in while it is the last reply, so
+    # choosing it again grafts that block (0 tokens re-read); sealed like a conversation.
+    "reply_versions": (
+        {
+            "id": str,
+            "conversation_id": str,
+            "seq": int,
+            "tok_start": int,
+            "tok_end": int,
+            "block_id": str,
+            "seed": int,
+            "text_enc": bytes,
+            "thought_enc": bytes,
+            "seal": bytes,
             "created_at": float,
         },
         "id",

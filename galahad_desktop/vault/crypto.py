@@ -104,6 +104,7 @@ def damaged(table: str, column: str, row_id: object) -> str:
         "routing_log": "routing-log line",
         "usage": "usage line",
         "part_vectors": "passage vectors",
+        "reply_versions": "reply version",
     }.get(table, table)
     field = column.removesuffix("_enc")
     row_id = str(row_id).split("|")[0]  # a message's context starts with its id

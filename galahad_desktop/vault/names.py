@@ -132,7 +132,24 @@ class MessageRow(TypedDict):
     tok_end: int
     block_id: str | None  # the checkpoint stored after it, while kept
     created_at: float
+    seed: NotRequired[int | None]  # a model reply's sampler seed (schema 5)
     text_enc: NotRequired[bytes]
     thought_enc: NotRequired[bytes | None]
     content_enc: NotRequired[bytes | None]
     image_enc: NotRequired[bytes | None]
+
+
+class VersionRow(TypedDict):
+    """An earlier version of a model reply (Regenerate keeps them)."""
+
+    id: str
+    conversation_id: str
+    seq: int  # the reply's place in the conversation
+    tok_start: int
+    tok_end: int
+    block_id: str | None  # the block it ended in, while it is the last reply
+    seed: int | None
+    created_at: float
+    text_enc: NotRequired[bytes]
+    thought_enc: NotRequired[bytes | None]
+    seal: NotRequired[bytes]

@@ -28,6 +28,7 @@ from galahad_desktop.vault.names import (
     DocumentRow,
     MessageRow,
     PartRow,
+    VersionRow,
 )
 
 SEALED: dict[str, tuple[str, ...]] = {
@@ -44,6 +45,7 @@ SEALED: dict[str, tuple[str, ...]] = {
     "documents": ("block_id", "n_tokens", "n_parts", "source_bytes"),
     "parts": ("block_id", "document_id", "part_no", "n_parts", "n_tokens"),
     "verified": ("block_id", "lookup", "verifier"),
+    "reply_versions": ("conversation_id", "seq", "tok_start", "tok_end", "block_id", "seed"),
 }
 SEAL_SCHEME = 2
 MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc", "image_enc")
@@ -53,6 +55,7 @@ _WHAT = {
     "documents": "document",
     "parts": "document part",
     "verified": "verified answer",
+    "reply_versions": "reply version",
 }
 
 
@@ -242,6 +245,20 @@ class Records:
         row["image_enc"] = self.encrypt("messages", "image_enc", row, image) if image else None
         self.catalog.insert("messages", row)
 
+    def versions(self, conversation_id: str) -> list[VersionRow]:
+        """A conversation's earlier reply versions, oldest first."""
+        rows = self.catalog.select("reply_versions", "created_at", conversation_id=conversation_id)
+        return cast("list[VersionRow]", rows)
+
+    def add_version(self, row: Mapping[str, Any], text: str, thought: str = "") -> None:
+        """Keep a reply as an earlier version (its fields encrypted, the row sealed)."""
+        row = dict(row)
+        row["text_enc"] = self.encrypt("reply_versions", "text_enc", row, text)
+        row["thought_enc"] = (
+            self.encrypt("reply_versions", "thought_enc", row, thought) if thought else None
+        )
+        self.insert("reply_versions", row)
+
     def move_message(self, row: Mapping[str, Any], changes: dict[str, Any]) -> None:
         """Change a message's place (token range, position…): its private fields are
         decrypted under the old place and bound to the new one."""
@@ -366,6 +383,11 @@ class Records:
             f"Message {m['id']} belongs to no conversation ({m['conversation_id']})"
             for m in self.catalog.select("messages")
             if m["conversation_id"] not in ids["conversations"]
+        ]
+        problems += [
+            f"Reply version {v['id']} belongs to no conversation ({v['conversation_id']})"
+            for v in self.catalog.select("reply_versions")
+            if v["conversation_id"] not in ids["conversations"]
         ]
         problems += [
             f"Document part {p['id']} belongs to no document ({p['document_id']})"

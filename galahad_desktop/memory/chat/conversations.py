@@ -11,6 +11,7 @@ exactly the tokens an uninterrupted one does.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from galahad_desktop.errors import (
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.chat.versions import Versions
 from galahad_desktop.memory.results import (
     ConversationSummary,
     GraftReport,
@@ -36,7 +38,12 @@ from galahad_desktop.memory.results import (
     TurnResult,
 )
 from galahad_desktop.settings import SYSTEM_PROMPTS, coerce
-from galahad_desktop.vault.names import BlockRow, ConversationRow, DocumentRow, MessageRow
+from galahad_desktop.vault.names import (
+    BlockRow,
+    ConversationRow,
+    DocumentRow,
+    MessageRow,
+)
 from galahad_desktop.vault.vault import new_id
 
 TITLE_CHARS = 60
@@ -48,12 +55,17 @@ class Conversations:
         self.live = live
         self.vault = live.vault
         self.records = live.records
+        self.versions = Versions(live, self.check)
 
     @property
     def engine(self) -> ChatEngine:
         return self.live.engine
 
     # -- records -------------------------------------------------------------------------
+    def check(self, conversation_id: str) -> None:
+        """The conversation's record matches its seal, or IntegrityError names it."""
+        self.records.check("conversations", self.row(conversation_id))
+
     def row(self, conversation_id: str) -> ConversationRow:
         row = self.records.conversation(conversation_id)
         if row is None:
@@ -130,6 +142,8 @@ class Conversations:
         moved, dropped or reordered message is refused, never shown."""
         self.records.check("conversations", self.row(conversation_id))
         records = self.records
+        rows = self.message_rows(conversation_id)
+        places = self.versions.places(conversation_id, rows)
         return [
             Message(
                 r["id"],
@@ -143,8 +157,10 @@ class Conversations:
                 base64.b64decode(records.decrypt("messages", "image_enc", r))
                 if r.get("image_enc")
                 else None,
+                r.get("seed"),
+                *places.get(r["seq"], (1, 1)),
             )
-            for r in self.message_rows(conversation_id)
+            for r in rows
         ]
 
     def message_pictures(self, conversation_id: str, end: int | None = None) -> list[Picture]:
@@ -348,7 +364,7 @@ class Conversations:
         counters = Counters()
         graft, parent = self.rewind(conv, rows, seq, counters, job)
         replaced = [r["id"] for r in rows[seq:]]
-        return self.turn(
+        result = self.turn(
             conv,
             user_text,
             counters,
@@ -358,8 +374,10 @@ class Conversations:
             replaced,
             job,
             params,
-            retire_head=True,
+            keep_version=rows[-1],
         )
+        versions = sum(v["seq"] == seq + 1 for v in self.records.versions(conv["id"]))
+        return dataclasses.replace(result, versions=versions + 1)
 
     def branch(
         self,
@@ -478,9 +496,10 @@ class Conversations:
         replaced_messages: list[str],
         job: Job,
         params: SamplingParams,
-        retire_head: bool = False,
+        keep_version: MessageRow | None = None,
     ) -> TurnResult:
-        """Evaluate a user message on the live context, stream the reply, persist the turn."""
+        """Evaluate a user message on the live context, stream the reply, persist the turn
+        (`keep_version`: the reply this one replaces, kept as an earlier version)."""
         if not text.strip():
             raise InputError("The message is empty.")
         engine = self.engine
@@ -535,8 +554,9 @@ class Conversations:
             generation.text.strip() if generation.thought_tokens else generation.text,
             (user_start, reply_start, reply_end),
             replaced_messages,
-            retire_head,
             thoughts=generation.thought,
+            seed=generation.seed,
+            keep_version=keep_version,
         )
         counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
         return TurnResult(
@@ -552,6 +572,7 @@ class Conversations:
             thoughts=generation.thought,
             thought_tokens=generation.thought_tokens,
             reread_tokens=reread,
+            seed=generation.seed,
         )
 
     def live_parent(self, conv: ConversationRow, grafted: str | None) -> str | None:
@@ -576,32 +597,33 @@ class Conversations:
         reply: str,
         boundaries: tuple[int, int, int],
         replaced_messages: list[str],
-        retire_head: bool = False,
         roles: tuple[str, str] = ("user", "model"),
         thoughts: str = "",
         content: str = "",
         picture: Picture | None = None,
+        seed: int | None = None,
+        keep_version: MessageRow | None = None,
     ) -> None:
         """One transaction: the turn's block row, its two messages, the sealed new head (and,
-        for a regenerated reply, the replaced head when nothing continues from it)."""
+        for a regenerated reply, the replaced reply kept as an earlier version)."""
         user_start, reply_start, reply_end = boundaries
         crashpoint("persist-before-commit")
         records = self.records
-        records = self.records
         now = time.time()
-        old_head = conv["head_block_id"]
-        retired = (
-            [old_head]
-            if retire_head
-            and old_head
-            and old_head != row["parent_id"]
-            and not self.vault.children(old_head)
-            else []
-        )
+        versions = records.versions(conv["id"])
+        # Earlier replies' versions keep their text; only the last reply's versions keep
+        # their blocks (only they can be chosen again), so older ones let theirs go.
+        released = [v for v in versions if v["block_id"] and v["seq"] < seq + 1]
+        retired = [
+            str(v["block_id"]) for v in released if not self.vault.children(str(v["block_id"]))
+        ]
         if not self.live.settings.get("chain_blocks"):
             # Whole-state turns: keep the newest `checkpoints` of them.
+            keep = {v["block_id"] for v in versions if v not in released}
+            if keep_version is not None:
+                keep.add(keep_version["block_id"])
             owned = records.blocks("generation desc", owner_id=conv["id"])
-            kept = [r["id"] for r in owned if r["id"] not in retired]
+            kept = [r["id"] for r in owned if r["id"] not in retired and r["id"] not in keep]
             retired += [
                 b
                 for b in kept[self.live.settings.get("checkpoints") - 1 :]
@@ -609,6 +631,13 @@ class Conversations:
             ]
         with self.vault.transaction():
             records.insert("blocks", row)
+            if keep_version is not None:
+                self.versions.keep(keep_version)
+            records.update_in(
+                "reply_versions", {"block_id": None}, "id", [v["id"] for v in released]
+            )
+            for v in released:
+                records.reseal("reply_versions", v["id"])
             records.delete_in("messages", "id", replaced_messages)
             for offset, (role, message, tok_start, tok_end, block_id, thought) in enumerate(
                 (
@@ -626,6 +655,7 @@ class Conversations:
                         "tok_start": tok_start,
                         "tok_end": tok_end,
                         "block_id": block_id,
+                        "seed": seed if offset == 1 else None,
                         "created_at": now,
                     },
                     message,

@@ -1,0 +1,162 @@
+"""The reply loop, once: sample, stop, split the thought channel, stream.
+
+Both engines run this: the llama.cpp session (engine.py) and the fast tier's fake
+(galahad_dev/fake_engine.py) supply only the model calls (the logits, evaluating a token, a
+token's bytes), so the stop rules the tests check are the ones users get. It imports no
+llama.cpp.
+
+Stop rules: an end-of-generation token ends the reply; so does any markup token that opens
+or closes a turn (a reply that starts a new turn has ended its own, and the rest would be the
+model playing the user). Other markup tokens (an image marker, an unused control token) are
+evaluated, as the model chose them, but never shown as text. The thought channel's markers
+switch the stream between the answer and the thoughts.
+"""
+
+from __future__ import annotations
+
+import codecs
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.jobs import Job
+
+StopReason = Literal["end", "length", "cancelled", "context_full"]
+STOP_REASONS: tuple[StopReason, ...] = ("end", "length", "cancelled", "context_full")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # everything sampled (thoughts included), in order
+    text: str  # the answer shown to the user
+    stop_reason: StopReason
+    elapsed_ms: float
+    tokens_per_s: float = field(default=0.0)
+    answer_tokens: list[int] = field(default_factory=list)  # without the thought channel
+    thought: str = ""  # the thought channel's text (never part of the answer)
+    seed: int = 0  # the seed the sampler ran with (a reply can be reproduced with it)
+
+    @property
+    def thought_tokens(self) -> int:
+        return len(self.tokens) - len(self.answer_tokens)
+
+
+@dataclass(frozen=True)
+class StopRules:
+    """Which tokens end a reply, which are never shown, and the thought channel's markers."""
+
+    end_of_generation: Callable[[int], bool]
+    turn_markers: frozenset[int]  # markup that opens or closes a turn: the reply has ended
+    hidden: frozenset[int]  # markup never shown as text (control and user-defined tokens)
+    thought_open: int | None = None
+    thought_close: int | None = None
+    reserve: int = 0  # context left free to close the turn and open the next one
+
+    def ends_reply(self, token: int) -> bool:
+        return token in self.turn_markers or self.end_of_generation(token)
+
+
+def turn_markers(
+    template_pieces: Sequence[Sequence[int]], markup: frozenset[int]
+) -> frozenset[int]:
+    """The markup tokens found in a turn format's pieces (user and model openings and
+    closings): `<start_of_turn>`/`<end_of_turn>` on Gemma 3, `<|turn>`/`<turn|>` on Gemma 4."""
+    return frozenset(t for piece in template_pieces for t in piece if t in markup)
+
+
+class Decoder(Protocol):
+    """What the loop needs of a model: the logits now, evaluate one token, its bytes."""
+
+    def last_logits(self) -> np.ndarray: ...
+    def accept(self, token: int) -> None: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def room(self) -> int: ...
+
+
+def fresh_seed() -> int:
+    """A seed for one generation: regenerating the same turn gives another reply."""
+    return secrets.randbits(32)
+
+
+def decode_reply(
+    model: Decoder,
+    rules: StopRules,
+    params: SamplingParams,
+    job: Job,
+    scripted: Iterator[int] | None = None,
+) -> Generation:
+    """Sample a reply token by token until a stop rule, max_tokens, cancel or a full
+    context. The stop token itself is not evaluated: the caller closes the turn with the
+    canonical closing tokens. `scripted` tokens (tests) come before sampled ones. The
+    pace (tokens so far, tokens/s) goes to `job.pace` as the reply streams."""
+    seed = fresh_seed() if params.seed is None else params.seed
+    sampler = Sampler(params, seed)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    generated: list[int] = []
+    answer: list[int] = []
+    pieces: list[str] = []
+    thoughts: list[str] = []
+    in_thought = False
+    stop_reason: StopReason = "length"
+    start = time.perf_counter()
+
+    def emit(piece: str) -> None:
+        if not piece:
+            return
+        if in_thought:
+            thoughts.append(piece)
+            job.thought(piece)
+        else:
+            pieces.append(piece)
+            job.text(piece)
+
+    for _ in range(params.max_tokens):
+        if job.cancelled:
+            stop_reason = "cancelled"
+            break
+        if model.room() <= rules.reserve:
+            stop_reason = "context_full"
+            break
+        token = next(scripted, None) if scripted is not None else None
+        if token is None:
+            token = sampler.sample(model.last_logits())
+        if rules.ends_reply(token):
+            stop_reason = "end"
+            break
+        model.accept(token)
+        generated.append(token)
+        elapsed = time.perf_counter() - start
+        job.pace(len(generated), len(generated) / elapsed if elapsed > 0 else 0.0)
+        if rules.thought_open is not None and token == rules.thought_open:
+            emit(decoder.decode(b"", final=True))
+            in_thought = True
+            continue
+        if rules.thought_close is not None and token == rules.thought_close:
+            emit(decoder.decode(b"", final=True))
+            in_thought = False
+            continue
+        if token in rules.hidden:
+            continue
+        if not in_thought:
+            answer.append(token)
+        emit(decoder.decode(model.token_bytes(token)))
+    emit(decoder.decode(b"", final=True))
+    elapsed = time.perf_counter() - start
+    thought = "".join(thoughts)
+    if thought.startswith("thought"):  # the channel's name, not its content
+        thought = thought[len("thought") :]
+    return Generation(
+        generated,
+        "".join(pieces),
+        stop_reason,
+        elapsed * 1e3,
+        len(generated) / elapsed if elapsed > 0 else 0.0,
+        answer,
+        thought.strip(),
+        seed,
+    )

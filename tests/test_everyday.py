@@ -1,0 +1,171 @@
+"""Everyday chat on the fake core (fast tier): the reply loop's stop rules, fresh seeds,
+Regenerate's versions (each restored from its own block), a first turn that makes its
+conversation, and sampling flags checked like settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from galahad_desktop.engine.decoding import StopRules, decode_reply
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.errors import InputError
+from galahad_desktop.jobs import Job
+from galahad_desktop.memory.galahad import Galahad
+
+CoreFactory = Callable[..., Galahad]
+
+
+class ScriptedModel:
+    """Logits that always favour the next scripted token (the loop samples it)."""
+
+    def __init__(self, script: list[int], vocab: int = 300) -> None:
+        self.script = list(script)
+        self.vocab = vocab
+        self.accepted: list[int] = []
+
+    def last_logits(self) -> np.ndarray:
+        logits = np.zeros(self.vocab, dtype=np.float32)
+        logits[self.script[len(self.accepted)] if len(self.accepted) < len(self.script) else 0] = 9
+        return logits
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b"<markup>"
+
+    def room(self) -> int:
+        return 1000
+
+
+RULES = StopRules(
+    end_of_generation=lambda t: t == 257,
+    turn_markers=frozenset({258, 259}),  # <start_of_turn>, <end_of_turn>
+    hidden=frozenset({257, 258, 259, 260}),  # 260: an image marker
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, seed=1)
+
+
+def test_a_reply_stops_where_the_model_opens_a_new_turn() -> None:
+    model = ScriptedModel([*b"Hello", 258, *b"model\nmore"])
+    generation = decode_reply(model, RULES, GREEDY, Job())
+    assert generation.text == "Hello" and generation.stop_reason == "end"
+    assert model.accepted == list(b"Hello")  # the marker is not evaluated
+
+
+def test_markup_is_never_shown_as_reply_text() -> None:
+    streamed: list[str] = []
+    model = ScriptedModel([*b"a", 260, *b"b", 257])
+    generation = decode_reply(model, RULES, GREEDY, Job(on_text=streamed.append))
+    assert generation.text == "ab" and "<markup>" not in "".join(streamed)
+    assert 260 in generation.tokens and 260 not in generation.answer_tokens
+
+
+def test_a_length_stop_is_reported_and_the_pace_streams() -> None:
+    paces: list[tuple[int, float]] = []
+    model = ScriptedModel(list(b"x" * 50))
+    generation = decode_reply(
+        model,
+        RULES,
+        SamplingParams(temperature=0.0, max_tokens=5),
+        Job(on_pace=lambda n, r: paces.append((n, r))),
+    )
+    assert generation.stop_reason == "length" and [n for n, _r in paces] == [1, 2, 3, 4, 5]
+
+
+def test_each_generation_gets_its_own_seed_unless_one_is_fixed() -> None:
+    seeds = {
+        decode_reply(ScriptedModel(list(b"abc")), RULES, SamplingParams(max_tokens=2), Job()).seed
+        for _ in range(5)
+    }
+    assert len(seeds) >= 4
+    fixed = decode_reply(ScriptedModel(list(b"abc")), RULES, GREEDY, Job())
+    assert fixed.seed == 1
+
+
+def test_fake_engine_runs_the_real_loop_and_stops_at_a_turn_marker(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    engine = core.engine
+    engine.script = [*b"Hi", engine.ids["<start_of_turn>"], *b"user\nforged"]  # type: ignore[attr-defined]
+    turn = core.send(None, "Hello", params=core.sampling(max_tokens=30))
+    assert turn.reply == "Hi" and turn.stop_reason == "end"
+    assert "<start_of_turn>" not in core.messages(turn.conversation_id)[-1].text
+
+
+def test_three_regenerations_give_different_replies_kept_as_versions(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core(temperature=1.0)
+    first = core.send(None, "Tell me a story.", params=core.sampling(max_tokens=12))
+    conversation = first.conversation_id
+    replies = [first.reply]
+    for _ in range(3):
+        again = core.regenerate(conversation, params=core.sampling(max_tokens=12))
+        replies.append(again.reply)
+        assert again.seed is not None and again.counters.recomputed_tokens == 0
+    assert len(set(replies)) >= 2 and again.versions == 4
+    versions = core.reply_versions(conversation, 1)
+    assert [v.text for v in versions] == replies and versions[-1].current
+    assert all(v.restorable for v in versions)
+    shown = core.messages(conversation)[-1]
+    assert (shown.version, shown.versions) == (4, 4)
+    # Back to the first version: its own block is grafted, nothing re-read, proved.
+    core.reload_engine()
+    opened = core.choose_version(conversation, 1)
+    assert opened.graft.recomputed_tokens == 0 and opened.graft.proof.verdict == "exact"
+    assert opened.messages[-1].text == replies[0] and opened.messages[-1].version == 1
+    next_turn = core.send(conversation, "Go on.", params=core.sampling(max_tokens=6))
+    assert next_turn.counters.recomputed_tokens == 0
+    # Earlier versions keep their text once the conversation has moved on, not their blocks.
+    kept = core.reply_versions(conversation, 1)
+    assert [v.text for v in kept] == replies and not any(v.restorable for v in kept[1:])
+    assert core.audit().problems == []
+    core.forget(conversation)
+    assert core.vault.catalog.count("reply_versions") == 0
+
+
+def test_a_seed_reproduces_a_reply(make_fake_core: CoreFactory) -> None:
+    core = make_fake_core(temperature=1.0)
+    first = core.send(None, "Pick a word.", params=core.sampling(max_tokens=10))
+    assert first.seed is not None
+    assert core.messages(first.conversation_id)[-1].seed == first.seed
+    again = core.send(None, "Pick a word.", params=core.sampling(max_tokens=10, seed=first.seed))
+    assert again.reply == first.reply
+
+
+def test_a_first_turn_that_fails_leaves_no_conversation(make_fake_core: CoreFactory) -> None:
+    core = make_fake_core()
+    with pytest.raises(InputError):
+        core.send(None, "   ")
+    with pytest.raises(InputError, match="encoding|surrogate|character"):
+        core.send(None, "bad\udcffbyte")
+    job = Job.cancellable()
+
+    def boom(_piece: str) -> None:
+        raise RuntimeError("the window went away")
+
+    with pytest.raises(RuntimeError):
+        core.send(None, "Hello", Job(on_text=boom, cancel=job.cancel))
+    assert core.list_conversations() == []
+    assert core.vault.catalog.count("blocks") == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"seed": -1}, "seed"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_sampling_flags_are_checked_like_settings(
+    make_fake_core: CoreFactory, change: dict[str, float], named: str
+) -> None:
+    core = make_fake_core()
+    with pytest.raises(InputError, match=named):
+        core.sampling(**change)
