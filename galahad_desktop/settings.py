@@ -464,6 +464,16 @@ SETTINGS: tuple[Setting, ...] = (
         label="Assistant style",
     ),
     Setting(
+        "enter_sends",
+        bool,
+        True,
+        "In the message box, Enter sends and Shift+Enter starts a new line; off swaps them "
+        "(Ctrl+Enter always sends).",
+        runtime=False,
+        group="Answers",
+        label="Enter sends the message",
+    ),
+    Setting(
         "thinking",
         bool,
         False,

@@ -142,7 +142,7 @@ def test_a_first_turn_that_fails_leaves_no_conversation(make_fake_core: CoreFact
     core = make_fake_core()
     with pytest.raises(InputError):
         core.send(None, "   ")
-    with pytest.raises(InputError, match="encoding|surrogate|character"):
+    with pytest.raises(InputError, match=r"encoding|surrogate|character"):
         core.send(None, "bad\udcffbyte")
     job = Job.cancellable()
 

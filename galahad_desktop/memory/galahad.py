@@ -26,7 +26,7 @@ from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.search import Search
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.maintenance import Maintenance
-from galahad_desktop.memory.model_files import ModelShelf, engine_config, same_file
+from galahad_desktop.memory.model_files import ModelShelf, download_into, engine_config, same_file
 from galahad_desktop.memory.results import (
     AskResult,
     CompactResult,
@@ -67,6 +67,19 @@ from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
 EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
+
+
+class ModelDownloads:
+    """Model files fetched beside the core (the window's downloads lane): it writes only the
+    models folder and never touches the engine, the vault or the settings, so a download
+    runs while the chat goes on; switching to the file is then the core's `use_model`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.models_dir = Path(data_dir) / "models"
+
+    def get_gemma4(self, size: str | None = None, job: Job = NO_JOB) -> Downloaded:
+        chosen = ModelShelf.gemma4_for(size)
+        return download_into(self.models_dir, chosen.repo, chosen.file, job)
 
 
 class Galahad:
@@ -180,6 +193,12 @@ class Galahad:
             engine.placement.as_dict(),
             self.vision_status(),
         )
+
+    @staticmethod
+    def stored_settings(data_dir: Path) -> dict[str, Any]:
+        """The data directory's settings as stored (read at once, for a dialog that must
+        open filled while the core is busy)."""
+        return Settings(Path(data_dir)).as_dict()
 
     def settings_values(self) -> dict[str, Any]:
         return self.settings.as_dict()

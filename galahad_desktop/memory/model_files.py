@@ -50,6 +50,11 @@ def flash_attention(setting: str) -> bool:
     return setting != "off"
 
 
+def download_into(models_dir: Path, repo: str, filename: str, job: Job = NO_JOB) -> Downloaded:
+    """A GGUF (resumable, SHA-256 checked against the Hub) into `models_dir`."""
+    return download_gguf(repo, filename, ensure_private_dir(models_dir), job=job)
+
+
 class ModelShelf:
     def __init__(self, data_dir: Path, settings: Settings, model_path: Path | None) -> None:
         self.models_dir = data_dir / "models"
@@ -88,7 +93,7 @@ class ModelShelf:
         job: Job = NO_JOB,
     ) -> Downloaded:
         """A GGUF (resumable, SHA-256 checked against the Hub) into the models folder."""
-        return download_gguf(repo, filename, ensure_private_dir(self.models_dir), job=job)
+        return download_into(self.models_dir, repo, filename, job)
 
     @staticmethod
     def gemma4_for(size: str | None) -> catalog.Gemma4Model:

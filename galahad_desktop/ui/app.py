@@ -91,7 +91,7 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
 
     from galahad_desktop.paths import asset_path
     from galahad_desktop.ui.main_window import MainWindow
-    from galahad_desktop.ui.worker import CoreBridge, default_core_factory
+    from galahad_desktop.ui.worker import default_bridge
 
     os.umask(0o077)  # every file this process creates is private, whoever creates it
     data_dir = ensure_private_dir(Path(data_dir or default_data_dir()))
@@ -107,7 +107,7 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
     if passphrase is False:
         return 1
     chosen = passphrase if isinstance(passphrase, str) else None
-    bridge = CoreBridge(default_core_factory(data_dir, model_path, chosen))
+    bridge = default_bridge(data_dir, model_path, chosen)
     window = MainWindow(bridge, data_dir)
     window.show()
     code = app.exec()

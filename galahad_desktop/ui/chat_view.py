@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QMimeData, QTimer, QUrl, Signal
+from PySide6.QtCore import QMimeData, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QGuiApplication,
     QImage,
+    QKeyEvent,
     QKeySequence,
     QShortcut,
     QTextCursor,
@@ -45,6 +46,9 @@ class ShownMessage:
     expanded: bool = False
     created_at: float = 0.0
     picture: bytes | None = None  # a picture put into the conversation (its PNG)
+    version: int = 1  # a reply's version (Regenerate keeps the earlier ones)
+    versions: int = 1
+    note: str = ""  # how a reply ended, when not at its end ("stopped", "length limit")
 
 
 class Transcript(QTextBrowser):
@@ -69,6 +73,23 @@ class MessageBox(QPlainTextEdit):
     window as an image, never inserted as text."""
 
     picture_pasted = Signal(QImage)
+    submitted = Signal()  # Enter (or Shift+Enter, when swapped): send the message
+    enter_sends = True
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            modifiers = event.modifiers()
+            shift = bool(modifiers & Qt.KeyboardModifier.ShiftModifier)
+            if not modifiers & Qt.KeyboardModifier.ControlModifier and shift != self.enter_sends:
+                if not event.isAutoRepeat():  # a held key sends once
+                    self.submitted.emit()
+                event.accept()
+                return
+            if shift:  # a new line either way round
+                self.insertPlainText("\n")
+                event.accept()
+                return
+        super().keyPressEvent(event)
 
     def canInsertFromMimeData(self, source: QMimeData) -> bool:
         return source.hasImage() or super().canInsertFromMimeData(source)
@@ -87,6 +108,7 @@ class ChatView(QWidget):
     regenerate_requested = Signal()
     edit_requested = Signal(int)  # the index of a user message: edit it into a new branch
     branch_requested = Signal(int)  # the index of a reply: ask its question again, branched
+    version_requested = Signal(int, int)  # a reply's index and the version to show
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,9 +130,12 @@ class ChatView(QWidget):
         self.transcript.setOpenExternalLinks(False)
         self.transcript.anchorClicked.connect(self._anchor)
         self.input = MessageBox()
-        self.input.setPlaceholderText("Message the model (Ctrl+Enter to send)")
+        self.input.setPlaceholderText("Message the model (Enter sends, Shift+Enter a new line)")
         self.input.setAccessibleName("Message")
-        self.input.setToolTip("Write a message; Ctrl+Enter sends it, Escape stops a reply.")
+        self.input.setToolTip(
+            "Write a message; Enter sends it (Shift+Enter makes a new line; the setting "
+            "'enter_sends' swaps them), Escape stops a reply."
+        )
         self.input.setTabChangesFocus(True)  # Tab leaves the box: the app works without a mouse
         self.input.setFixedHeight(90)
         self.send_button = QPushButton(theme.icon("send"), "Send")
@@ -121,7 +146,7 @@ class ChatView(QWidget):
         self.edit_button = QPushButton(theme.icon("edit"), "Edit a message…")
         self.verify_button = QPushButton(theme.icon("verified"), "Mark verified")
         for button, tip in (
-            (self.send_button, "Send the message (Ctrl+Enter)"),
+            (self.send_button, "Send the message (Enter, or Ctrl+Enter)"),
             (self.stop_button, "Stop the reply; what was written is kept (Escape)"),
             (self.regenerate_button, "Write the last reply again (Ctrl+R)"),
             (self.edit_button, "Change a message you sent and continue in a new branch (Ctrl+E)"),
@@ -223,6 +248,9 @@ class ChatView(QWidget):
             when,
             self.model_name,
             picture,
+            m.version,
+            m.versions,
+            m.note,
         )
         cached = self._html.get(index)
         if cached is not None and cached[0] == key:
@@ -238,6 +266,8 @@ class ChatView(QWidget):
             actions,
             when,
             picture,
+            (m.version, m.versions),
+            m.note,
         )
         self._html[index] = (key, html)
         return html
@@ -307,6 +337,10 @@ class ChatView(QWidget):
             blocks = code_blocks(message.text)
             if numbers[1] < len(blocks):
                 self.copy(blocks[numbers[1]])
+        elif action in ("version-previous", "version-next") and message.versions > 1:
+            step = -1 if action == "version-previous" else 1
+            wanted = (message.version - 1 + step) % message.versions + 1
+            self.version_requested.emit(numbers[0], wanted)
         elif action == "toggle-thoughts":
             message.expanded = not message.expanded
             position = self.transcript.verticalScrollBar().value()

@@ -35,6 +35,7 @@ from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import memory_summary
 from galahad_desktop.ui.host import Host
 from galahad_desktop.ui.render import markdown_html
+from galahad_desktop.ui.worker import CANCELLED, Request
 
 
 class SecurityDialog(QDialog):
@@ -354,6 +355,11 @@ class AskDialog(QDialog):
         theme.describe(self.ask_button, "Ask", "Find the part that answers, and answer from it")
         theme.set_primary(self.ask_button)
         self.ask_button.clicked.connect(self.ask)
+        self.stop_button = QPushButton("Stop")
+        theme.describe(self.stop_button, "Stop", "Stop this question (closing the window does too)")
+        self.stop_button.clicked.connect(self.stop)
+        self.stop_button.setEnabled(False)
+        self.request: Request | None = None
         self.answer = QTextBrowser()
         self.answer.setAccessibleName("Answer")
         self.source = QLabel()
@@ -371,6 +377,7 @@ class AskDialog(QDialog):
         row = QHBoxLayout()
         row.addWidget(self.question, 1)
         row.addWidget(self.ask_button)
+        row.addWidget(self.stop_button)
         layout = QVBoxLayout(self)
         layout.addLayout(row)
         layout.addWidget(self.answer, 1)
@@ -389,14 +396,28 @@ class AskDialog(QDialog):
         self.answer.setHtml("<p><i>Finding the part that answers…</i></p>")
         self.source.setText("")
         self.ask_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
         document_id = self.document_id
         part_id = part_id if isinstance(part_id, str) else None
-        self.host.bridge.run(
+        self.request = self.host.bridge.run(
             lambda core, job: core.ask(question, document_id, part_id, job),
             on_done=self._done,
             on_error=self._failed,
             on_stream=self._streamed,
+            label="Asking the library",
         )
+        if self.host.bridge.ahead_of(self.request):
+            self.answer.setHtml("<p><i>Waiting for the model (another operation runs)…</i></p>")
+
+    def stop(self) -> None:
+        """Stop the question: a waiting one never runs, a running one ends at its next step."""
+        self.host.bridge.cancel(self.request)
+
+    def done(self, result: int) -> None:
+        # Closing the dialog (Escape, the window's close button) stops its question: no
+        # answer nobody can see is computed.
+        self.stop()
+        super().done(result)
 
     def _streamed(self, piece: str) -> None:
         self.text += piece
@@ -408,7 +429,9 @@ class AskDialog(QDialog):
             self.ask(item.data(Qt.ItemDataRole.UserRole))
 
     def _done(self, result: AskResult) -> None:
+        self.request = None
         self.ask_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
         gated = not result.answered
         candidates = result.decision.candidates
         for widget in (self.candidates, self.choose_button):
@@ -445,7 +468,12 @@ class AskDialog(QDialog):
         self.answered.emit(result)
 
     def _failed(self, message: str, kind: str) -> None:
+        self.request = None
         self.ask_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+        if kind in (CANCELLED, "CancelledError"):
+            self.answer.setHtml("<p><i>Stopped.</i></p>")
+            return
         self.answer.setHtml("")
         self.host.show_error(message, kind)
 

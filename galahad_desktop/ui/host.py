@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -14,6 +15,7 @@ class Host(Protocol):
     bridge: CoreBridge
     info: EngineInfo | None
     prompts: Prompts
+    data_dir: Path
 
     def show_error(self, message: str, kind: str = "") -> None: ...
 
@@ -23,5 +25,8 @@ class Host(Protocol):
         """The model or a runtime setting changed: load the model's description again."""
 
     def forget_conversation(self) -> None: ...
+
+    def settings_saved(self) -> None:
+        """Settings were saved: the window takes up what it shows from them."""
 
     def conversation_changed(self, conversation_id: str) -> Any: ...

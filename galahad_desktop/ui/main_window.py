@@ -7,12 +7,11 @@ every result arrives as a typed value in a callback on the main thread.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import threading
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QAction,
     QActionGroup,
@@ -33,32 +32,37 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from galahad_desktop.jobs import Job
+from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import (
-    ContextFull,
-    Continued,
     ConversationSummary,
     EngineInfo,
     GraftReport,
     ModelFile,
     OpenedConversation,
-    TurnResult,
 )
 from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
-from galahad_desktop.ui.format import graft_status, resume_note, turn_status
+from galahad_desktop.ui.format import graft_status, resume_note
 from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.sidebar import Sidebar
 from galahad_desktop.ui.welcome import Welcome
 from galahad_desktop.ui.window_documents import DocumentActions
 from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
+from galahad_desktop.ui.window_turns import TurnActions
 from galahad_desktop.ui.worker import CoreBridge, Request
 
 
-class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
+def first_size(screen: QSize) -> tuple[int, int]:
+    """A first window that fits the screen: most of it, never past it, and not tiny."""
+    width = max(min(screen.width(), 900), min(int(screen.width() * 0.8), 1600))
+    height = max(min(screen.height(), 600), min(int(screen.height() * 0.85), 1100))
+    return width, height
+
+
+class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainWindow):
     # Emitted after requests the tests and the stall benchmark wait on.
     opened = Signal(object)  # EngineInfo
     conversation_opened = Signal(object)  # OpenedConversation
@@ -81,7 +85,8 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.ui_settings = QSettings(str(data_dir / "ui.ini"), QSettings.Format.IniFormat)
         self.info: EngineInfo | None = None
         self.conversation_id: str | None = None
-        self.generating: Request | None = None
+        self.generating: Request | None = None  # the turn's reply, once it is asked for
+        self.turn_cancel: threading.Event | None = None  # the turn under way (all its steps)
         self.working: Request | None = None  # a deposit, an import or a download
         self.model_files: list[ModelFile] = []
         self.recommendation: Recommendation | None = None
@@ -96,7 +101,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
         else:
-            self.resize(1180, 760)
+            self.resize(*first_size(self.screen().availableGeometry().size()))
         splitter_state = self.ui_settings.value("splitter")
         if isinstance(splitter_state, QByteArray):
             self.splitter.restoreState(splitter_state)
@@ -104,6 +109,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self._search_timer.setSingleShot(True)
         self._search_timer.setInterval(200)
         self._search_timer.timeout.connect(self._search)
+        self.settings_saved()
         self.set_status("Loading the model…")
         self.engine_changed()
         self.refresh_lists()
@@ -126,6 +132,8 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.sidebar.deposit_cancel.clicked.connect(self.cancel_work)
         self.chat = ChatView()
         self.chat.send_button.clicked.connect(self.send)
+        self.chat.input.submitted.connect(self.send)
+        self.chat.version_requested.connect(self.show_version)
         self.chat.input.picture_pasted.connect(self.paste_picture)
         self.chat.stop_button.clicked.connect(self.stop)
         self.chat.regenerate_button.clicked.connect(self.regenerate)
@@ -217,8 +225,34 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.context_meter.setValue(0)
         self.context_meter.setAccessibleName("Context used")
         self.context_meter.setToolTip("Tokens in this conversation's context, of the most it holds")
+        self.lane_label = QLabel()
+        self.lane_label.setAccessibleName("Running now")
+        self.lane_label.setToolTip("What is running and what waits for the model")
+        self.lane_label.setVisible(False)
+        self.lane_stop = QToolButton()
+        self.lane_stop.setIcon(theme.icon("stop"))
+        self.lane_stop.setText("Stop")
+        self.lane_stop.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.lane_stop.setAccessibleName("Stop what is running")
+        self.lane_stop.clicked.connect(self.stop_running)
+        self.lane_stop.setVisible(False)
+        self.bridge.queue_changed.connect(self.show_lanes)
+        self.download_bar = QProgressBar()
+        self.download_bar.setAccessibleName("Download")
+        self.download_bar.setFixedWidth(320)
+        self.download_bar.setVisible(False)
+        self.download_cancel = QToolButton()
+        self.download_cancel.setText("Stop download")
+        self.download_cancel.setAccessibleName("Stop the download")
+        self.download_cancel.setToolTip("Stop the download; starting it again resumes it")
+        self.download_cancel.clicked.connect(self.cancel_work)
+        self.download_cancel.setVisible(False)
         bar = self.statusBar()
         bar.addWidget(self.graft_label, 1)
+        bar.addPermanentWidget(self.download_bar)
+        bar.addPermanentWidget(self.download_cancel)
+        bar.addPermanentWidget(self.lane_label)
+        bar.addPermanentWidget(self.lane_stop)
         bar.addPermanentWidget(self.proof_button)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.context_meter)
@@ -308,6 +342,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
 
     def _set_generating(self, request: Request | None) -> None:
         self.generating = request
+        self.turn_cancel = request.cancel if request is not None else None
         self.chat.set_busy(request is not None)
 
     # -- lists and search ----------------------------------------------------------------
@@ -363,7 +398,8 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.chat.input.setFocus()
 
     def open_conversation(self, conversation_id: str) -> None:
-        if self.generating is not None:
+        if self.turn_cancel is not None:
+            self.set_status("A reply is being written here; Stop it before opening another.")
             return
         self.set_status("Resuming…")
         self.bridge.run(
@@ -383,7 +419,15 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.library_action.setChecked(opened.library_enabled)
         self.chat.set_messages(
             [
-                ShownMessage(m.role, m.text, m.thoughts, created_at=m.created_at, picture=m.picture)
+                ShownMessage(
+                    m.role,
+                    m.text,
+                    m.thoughts,
+                    created_at=m.created_at,
+                    picture=m.picture,
+                    version=m.version,
+                    versions=m.versions,
+                )
                 for m in opened.messages
             ]
         )
@@ -422,132 +466,9 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.show_error(message, kind)
         self.refresh_lists()
 
-    # -- turns ---------------------------------------------------------------------------
-    def send(self) -> None:
-        text = self.chat.input.toPlainText().strip()
-        if not text or self.generating is not None:
-            return
-        if self.conversation_id is None:
-            thinking = self.chat.thinking_box.isChecked() and self.chat.thinking_box.isVisible()
-            self.bridge.run(
-                lambda core, _job: core.new_conversation(thinking=thinking),
-                on_done=lambda cid: self._send_to(cid, text),
-                on_error=self.show_error,
-            )
-            return
-        conversation_id = self.conversation_id
-        self.bridge.run(
-            lambda core, _job: core.context_check(conversation_id, text),
-            on_done=lambda full: self._checked(conversation_id, text, full),
-            on_error=self.show_error,
-        )
-
-    def _checked(self, conversation_id: str, text: str, full: ContextFull | None) -> None:
-        if full is None:
-            self._send_to(conversation_id, text)
-            return
-        self.set_status(full.describe())
-        self.context_full.emit(full)
-        choice = self.prompts.context_full(full)
-        if choice == "stop":
-            self.set_status("Not sent: the conversation is full. Your message is still here.")
-            return
-        work: Callable[[Galahad, Job], Continued] = (
-            (lambda core, job: core.continue_with_summary(conversation_id, job))
-            if choice == "summary"
-            else (lambda core, job: core.continue_with_recent(conversation_id, text, job))
-        )
-        self.set_status("Continuing in a new conversation…")
-        request = self.bridge.run(
-            work,
-            on_done=lambda continued: self._continued(continued, text),
-            on_error=self._turn_failed,
-            on_progress=self._reread_progress,
-        )
-        self._set_generating(request)
-
-    def _continued(self, continued: Continued, text: str) -> None:
-        self._set_generating(None)
-        self.set_status(
-            f"Continued in a new conversation ({continued.kind}); re-read "
-            f"{continued.reread_tokens:,} tokens"
-        )
-        self.conversation_id = continued.conversation_id
-
-        def shown(messages: list[Any]) -> None:
-            self.chat.set_messages(
-                [ShownMessage(m.role, m.text, picture=m.picture) for m in messages]
-            )
-            self._send_to(continued.conversation_id, text)
-
-        conversation_id = continued.conversation_id
-        self.bridge.run(
-            lambda core, _job: core.messages(conversation_id),
-            on_done=shown,
-            on_error=self.show_error,
-        )
-
-    def _send_to(self, conversation_id: str, text: str) -> None:
-        self.conversation_id = conversation_id
-        self.pages.setCurrentWidget(self.chat)
-        self.chat.thinking_box.setEnabled(False)
-        self.chat.input.clear()
-        self.chat.append("user", text, time.time())
-        self._start_turn(lambda core, job: core.send(conversation_id, text, job, compact=True))
-
-    def _start_turn(self, work: Callable[[Galahad, Job], TurnResult]) -> None:
-        self.chat.append("model")
-        self.set_status("Thinking…")
-        request = self.bridge.run(
-            work,
-            on_done=self._turn_done,
-            on_error=self._turn_failed,
-            on_stream=self.chat.stream,
-            on_thought=lambda piece: self.chat.stream(piece, thought=True),
-            on_progress=self._reread_progress,
-        )
-        self._set_generating(request)
-
-    def _turn_done(self, result: TurnResult) -> None:
-        self._set_generating(None)
-        self.conversation_id = result.conversation_id
-        last = self.chat.messages[-1]
-        last.text, last.thoughts = result.reply, result.thoughts
-        self.chat.redraw()
-        self.set_context(result.context_tokens, result.n_ctx)
-        self.speed_label.setText(f"{result.tokens_per_s:.1f} tok/s")
-        status = turn_status(result)
-        if result.compaction is not None and result.compaction.merged:
-            status += f" · compacted {result.compaction.merged} older turns"
-        self.set_status(status)
-        self.refresh_lists()
-        self.turn_finished.emit(result)
-
-    def _turn_failed(self, message: str, kind: str) -> None:
-        self._set_generating(None)
-        messages = self.chat.messages
-        if messages and messages[-1].role == "model" and not messages[-1].text:
-            messages.pop()
-        self.chat.redraw()
-        self.show_error(message, kind)
-
-    def stop(self) -> None:
-        if self.generating is not None:
-            self.generating.cancel.set()
-            self.set_status("Stopping…")
-
-    def regenerate(self) -> None:
-        if self.generating is not None or self.conversation_id is None:
-            return
-        messages = self.chat.messages
-        if not messages or messages[-1].role != "model":
-            return
-        messages.pop()
-        conversation_id = self.conversation_id
-        self._start_turn(lambda core, job: core.regenerate(conversation_id, job, compact=True))
-
+    # -- editing ---------------------------------------------------------------------------
     def edit_message(self) -> None:
-        if self.generating is not None or self.conversation_id is None:
+        if self.turn_cancel is not None or self.conversation_id is None:
             return
         users = [(i, m) for i, m in enumerate(self.chat.messages) if m.role == "user"]
         if not users:
@@ -559,35 +480,9 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         if ok:
             self.edit_message_at(users[labels.index(choice)][0])
 
-    def edit_message_at(self, index: int) -> None:
-        """A user message's "Edit" link: change it and continue from it in a new branch."""
-        if self.generating is not None or self.conversation_id is None:
-            return
-        text = self.prompts.edit_text(
-            "Edit a message",
-            "Continue from this message in a new branch:",
-            self.chat.messages[index].text,
-        )
-        if text:
-            self.start_branch(index, text)
-
-    def branch_reply(self, index: int) -> None:
-        """An earlier reply's "Branch" link: ask its question again in a new branch."""
-        if self.generating is not None or self.conversation_id is None or index < 1:
-            return
-        question = self.chat.messages[index - 1]
-        if question.role == "user":
-            self.start_branch(index - 1, question.text)
-
-    def start_branch(self, seq: int, text: str) -> None:
-        assert self.conversation_id is not None
-        conversation_id = self.conversation_id
-        self.chat.set_messages([*self.chat.messages[:seq], ShownMessage("user", text)])
-        self._start_turn(lambda core, job: core.branch(conversation_id, seq, text, job))
-
     # -- verified answers ----------------------------------------------------------------
     def mark_verified(self) -> None:
-        if self.conversation_id is None or self.generating is not None:
+        if self.conversation_id is None or self.turn_cancel is not None:
             return
         conversation_id = self.conversation_id
         self.bridge.run(
@@ -627,7 +522,7 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
             )
 
     def forget_conversation(self) -> None:
-        if self.conversation_id is not None and self.generating is None:
+        if self.conversation_id is not None and self.turn_cancel is None:
             self.forget(self.conversation_id)
 
     def forget_document(self) -> None:
@@ -646,6 +541,14 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         self.refresh_lists()
 
     # -- dialogs -------------------------------------------------------------------------
+    def settings_saved(self) -> None:
+        """Take up the window's own settings (which key sends a message)."""
+        try:
+            enter_sends = bool(Galahad.stored_settings(self.data_dir).get("enter_sends", True))
+        except (InputError, OSError):
+            enter_sends = True
+        self.chat.input.enter_sends = enter_sends
+
     def open_settings(self) -> None:
         from galahad_desktop.ui.settings_dialog import SettingsDialog
 
@@ -669,8 +572,8 @@ class MainWindow(LookActions, ModelActions, DocumentActions, QMainWindow):
         ui_ini = self.data_dir / "ui.ini"
         if ui_ini.exists():  # QSettings creates files with the umask's mode
             ui_ini.chmod(0o600)
-        if self.generating is not None:
-            self.generating.cancel.set()
+        if self.turn_cancel is not None:
+            self.turn_cancel.set()
         if self.working is not None:
             self.working.cancel.set()
         super().closeEvent(event)

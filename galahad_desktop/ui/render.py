@@ -110,10 +110,14 @@ def message_html(
     actions: Sequence[str] = (),
     when: float = 0.0,
     picture: tuple[str, int, int] | None = None,
+    version: tuple[int, int] = (1, 1),
+    note: str = "",
 ) -> str:
     """One turn as a card; `actions` name the links shown in its header; `when` (a Unix
     time, 0 for none) adds the time it was written; `picture` (a resource key, width,
-    height) shows a picture put into the conversation."""
+    height) shows a picture put into the conversation; `version` (which, of how many) pages
+    a regenerated reply's versions ("‹ 2/3 ›"); `note` says how a reply ended, when that
+    is not simply its end ("stopped", "the length limit")."""
     p = palette or theme.current()
     anchor = f'<a name="m{index}"></a>'
     if role == "document" and picture is not None:
@@ -139,9 +143,22 @@ def message_html(
     if when:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
         head += f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{stamp}</span>'
+    number, count = version
+    if count > 1:
+        link = f'style="color:{p.muted};text-decoration:none"'
+        head += (
+            f'&nbsp;&nbsp;<span style="font-size:small">'
+            f'<a href="galahad:version-previous/{index}" {link} title="Previous version">‹</a>'
+            f"&nbsp;{number}/{count}&nbsp;"
+            f'<a href="galahad:version-next/{index}" {link} title="Next version">›</a></span>'
+        )
     if actions:
         head += (
             f'&nbsp;&nbsp;&nbsp;<span style="font-size:small">{_actions(index, actions, p)}</span>'
+        )
+    if note:
+        head += (
+            f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{html.escape(note)}</span>'
         )
     thinking = ""
     if thoughts:

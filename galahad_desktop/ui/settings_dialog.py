@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from galahad_desktop.errors import InputError
+from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import ModelInfo
 from galahad_desktop.settings import GROUPS, Setting, coerce
 from galahad_desktop.ui import theme
@@ -190,11 +191,15 @@ class SettingsDialog(QDialog):
         self.buttons.accepted.connect(self.save)
         self.buttons.rejected.connect(self.reject)
         layout.addWidget(self.buttons)
-        host.bridge.run(
-            lambda core, _job: core.declared_settings(),
-            on_done=self._declared,
-            on_error=host.show_error,
-        )
+        # Filled at once from what is stored, never behind the model's work: the dialog
+        # opens filled while a reply or a read is running.
+        try:
+            stored = Galahad.stored_settings(host.data_dir)
+        except (InputError, OSError) as exc:
+            host.show_error(f"The settings could not be read: {exc}")
+            stored = {spec.key: spec.default for spec in Galahad.declared_settings()}
+        self.declared = Galahad.declared_settings()
+        self._loaded(stored)
 
     def _privacy(self) -> None:
         section = self.sections["Privacy"]
@@ -212,14 +217,6 @@ class SettingsDialog(QDialog):
         from galahad_desktop.ui.dialogs import SecurityDialog
 
         SecurityDialog(self.host, self).exec()
-
-    def _declared(self, declared: tuple[Setting, ...]) -> None:
-        self.declared = declared
-        self.host.bridge.run(
-            lambda core, _job: core.settings_values(),
-            on_done=self._loaded,
-            on_error=self.host.show_error,
-        )
 
     def _editor(self, spec: Setting, value: Any) -> QWidget:
         editor: QWidget
@@ -345,11 +342,19 @@ class SettingsDialog(QDialog):
         if not changes:
             self.accept()
             return
+        self.save_button.setEnabled(False)
+        self.save_button.setText("Saving…")
         self.host.bridge.run(
             lambda core, _job: core.update_settings(changes),
             on_done=self._saved,
-            on_error=self.host.show_error,
+            on_error=self._save_failed,
+            label="Saving the settings",
         )
+
+    def _save_failed(self, message: str, kind: str) -> None:
+        self.save_button.setEnabled(True)
+        self.save_button.setText("Save")
+        self.host.show_error(message, kind)
 
     def _saved(self, runtime_changed: bool) -> None:
         if runtime_changed:
@@ -357,5 +362,8 @@ class SettingsDialog(QDialog):
                 "Settings saved · the model is reloaded; stored blocks will be re-read once"
             )
             self.host.engine_changed()
+        else:
+            self.host.set_status("Settings saved ✓")
+        self.host.settings_saved()
         self.saved.emit(runtime_changed)
         self.accept()

@@ -3,6 +3,7 @@ on a conversation, import and export conversations."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -47,6 +48,7 @@ class DocumentActions:
         ask_dialog: AskDialog
         conversation_id: str | None
         generating: Request | None
+        turn_cancel: threading.Event | None
         working: Request | None
         prompts: Prompts
         deposit_finished: SignalInstance
@@ -101,6 +103,7 @@ class DocumentActions:
             on_done=lambda result: self._deposited(result, open_chat),
             on_error=self._work_failed,
             on_progress=self._work_progress,
+            label=f"Reading {path.name}",
         )
 
     def _work_progress(self, done: int, total: int, tps: float, eta: float) -> None:
@@ -180,7 +183,7 @@ class DocumentActions:
         self.prompts.show(self.ask_dialog)
 
     def choose_stacked_document(self) -> None:
-        if self.conversation_id is None or self.generating is not None:
+        if self.conversation_id is None or self.turn_cancel is not None:
             self.show_error("Open a conversation first: the document is added to it.")
             return
         path, _ = QFileDialog.getOpenFileName(
@@ -201,13 +204,14 @@ class DocumentActions:
             on_done=lambda result: self._document_added(result, path),
             on_error=self._stack_failed,
             on_progress=self._reread_progress,
+            label=f"Reading {path.name}",
         )
         self._set_generating(request)
 
     def paste_picture(self, image: QImage) -> None:
         """A picture pasted into the message box: encoded to PNG here (in memory, never a
         file), read into the open conversation (a new one when none is open)."""
-        if self.generating is not None:
+        if self.turn_cancel is not None:
             self.show_error("Wait for the reply to finish, then paste the picture again.")
             return
         buffer = QBuffer()
@@ -235,6 +239,7 @@ class DocumentActions:
             on_done=lambda result: self._document_added(result, Path(name)),
             on_error=self._stack_failed,
             on_progress=self._reread_progress,
+            label="Reading the pasted picture",
         )
         self._set_generating(request)
 
@@ -300,6 +305,7 @@ class DocumentActions:
             on_done=self._imported,
             on_error=self._work_failed,
             on_progress=self._work_progress,
+            label=f"Importing {path.name}",
         )
 
     def _imported(self, result: ImportResult) -> None:

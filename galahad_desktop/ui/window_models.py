@@ -11,9 +11,10 @@ from galahad_desktop.ui.format import human_bytes, keyring_label
 
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
-    from PySide6.QtWidgets import QComboBox
+    from PySide6.QtWidgets import QComboBox, QProgressBar, QToolButton
 
     from galahad_desktop.ui.chat_view import ChatView
+    from galahad_desktop.ui.prompts import Prompts
     from galahad_desktop.ui.welcome import Welcome
     from galahad_desktop.ui.worker import CoreBridge, Request
 
@@ -32,6 +33,9 @@ class ModelActions:
         recommendation: Recommendation | None
         n_ctx: int
         working: Request | None
+        prompts: Prompts
+        download_bar: QProgressBar
+        download_cancel: QToolButton
         opened: SignalInstance
         models_listed: SignalInstance
 
@@ -109,7 +113,21 @@ class ModelActions:
     def _model_chosen(self, index: int) -> None:
         target = str(self.model_switcher.itemData(index))
         if target.startswith("get:"):
-            self.get_gemma4(target[4:])
+            size = target[4:]
+            candidate = (
+                next((c for c in self.recommendation.candidates if c.size == size), None)
+                if self.recommendation is not None
+                else None
+            )
+            what = f" ({human_bytes(candidate.bytes)})" if candidate is not None else ""
+            if self.prompts.confirm(
+                "Download a model",
+                f"Download Gemma 4 {size}{what} now? It downloads beside the chat (you can "
+                "go on chatting with the current model) and can be stopped and resumed.",
+            ):
+                self.get_gemma4(size)
+            else:
+                self._models(self.model_files)  # the picker shows the model in use again
             return
         current = next((m for m in self.model_files if m.in_use), None)
         if current is not None and current.path == target:
@@ -139,20 +157,53 @@ class ModelActions:
         self.welcome.show_progress(0, 1)
         self.set_status(f"Downloading Gemma 4 {size or '(recommended)'}…")
         chosen = size or None
-        self.working = self.bridge.run(
-            lambda core, job: core.get_gemma4(chosen, job),
-            on_done=self._downloaded,
-            on_error=self._download_failed,
-            on_progress=lambda done, total, _r, _e: self.welcome.show_progress(done, total),
-        )
+        label = f"Downloading Gemma 4 {size}" if size else "Downloading Gemma 4"
+
+        def progress(done: int, total: int, _rate: float, _eta: float) -> None:
+            self.welcome.show_progress(done, total)
+            self.download_bar.setVisible(True)
+            self.download_bar.setMaximum(max(1, total))
+            self.download_bar.setValue(done)
+            self.download_bar.setFormat(f"{label} · {human_bytes(done)} of {human_bytes(total)}")
+
+        if self.bridge.has_downloads_lane:  # beside the chat: replies go on meanwhile
+            self.working = self.bridge.download(
+                lambda downloads, job: downloads.get_gemma4(chosen, job),
+                on_done=self._downloaded,
+                on_error=self._download_failed,
+                on_progress=progress,
+                label=label,
+            )
+        else:
+            self.working = self.bridge.run(
+                lambda core, job: core.get_gemma4(chosen, job, use=False),
+                on_done=self._downloaded,
+                on_error=self._download_failed,
+                on_progress=progress,
+                label=label,
+            )
+        self.download_cancel.setVisible(True)
 
     def _downloaded(self, done: Any) -> None:
         self.working = None
         self.welcome.download_over()
-        self.set_status(f"Downloaded and verified {done.path.name}; switched to it.")
+        self.download_bar.setVisible(False)
+        self.download_cancel.setVisible(False)
+        path = done.path
+        self.bridge.run(
+            lambda core, _job: core.use_model(path),
+            on_done=lambda _changed: self._switched_to_download(path),
+            on_error=self.show_error,
+            label="Switching to the downloaded model",
+        )
+
+    def _switched_to_download(self, path: Path) -> None:
+        self.set_status(f"Downloaded and verified {path.name}; switched to it.")
         self.engine_changed()
 
     def _download_failed(self, message: str, kind: str) -> None:
         self.working = None
         self.welcome.download_over()
+        self.download_bar.setVisible(False)
+        self.download_cancel.setVisible(False)
         self.show_error(message, kind)

@@ -1,15 +1,20 @@
-"""One worker thread owns the core (engine, vault, catalog); the window never waits on it.
+"""Lanes: the threads that run the window's work, each a queue the window can see and stop.
 
-The window runs core work through one typed helper, in the Anki style:
+The model lane owns the core (engine, vault, catalog): one llama.cpp context serialises
+model work, so requests on it run one at a time, in order. The downloads lane fetches model
+files beside it (it never touches the core), so chatting goes on while a file downloads.
 
-    bridge.run(lambda core, job: core.send(conversation_id, text, job), on_done=shown)
+The window runs work through one typed helper, in the Anki style:
 
-The work crosses to the worker thread as a queued signal; the worker calls it there with the
-core and a `Job` whose streaming, thought and progress callbacks emit signals, and whose
-cancel is the request's. Results and errors come back as signals delivered on the main
-thread, where the callbacks run. mypy checks every call against the core's API (`Galahad`);
-the worker only marshals, every piece of logic lives in the core, which the command calls
-the same way.
+    bridge.run(lambda core, job: core.send(conversation_id, text, job), label="Reply",
+               on_done=shown)
+
+A request with a label is an operation the user started: it is shown (running or waiting,
+`queue_changed`), and it can be stopped (`cancel`); a request stopped while it waits never
+runs. Unlabelled requests are the window's own quick reads. Results and errors come back as
+signals delivered on the main thread, where the callbacks run. mypy checks every call
+against the core's API (`Galahad`); the worker only marshals, every piece of logic lives in
+the core, which the command calls the same way.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
 from galahad_desktop.errors import as_user_error
 from galahad_desktop.jobs import Job
-from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.galahad import Galahad, ModelDownloads
 from galahad_desktop.memory.results import Progress
 
 log = logging.getLogger("galahad.ui")
 CoreFactory = Callable[[], Galahad]
 T = TypeVar("T")
-Work = Callable[[Galahad, Job], Any]
+Work = Callable[[Any, Job], Any]
+MODEL_LANE, DOWNLOAD_LANE = "model", "downloads"
+CANCELLED = "cancelled"  # the error kind of a request stopped before it ran
 
 
 def _where(work: Work) -> str:
@@ -49,21 +56,27 @@ class Request:
     request_id: int
     work: Work
     cancel: threading.Event = field(default_factory=threading.Event)
+    label: str = ""  # what the user started, in words ("" for the window's own reads)
+    lane: str = MODEL_LANE
+    running: bool = False
 
 
 class CoreWorker(QObject):
-    """Lives in the worker thread; the only object that touches the core."""
+    """Lives in a lane's thread; the only object that touches what the lane owns (the
+    core, for the model lane)."""
 
     finished = Signal(int, object)
     failed = Signal(int, str, str)
+    started = Signal(int)
     streamed = Signal(int, str)
     thought = Signal(int, str)
     progressed = Signal(int, int, int, float, float)
+    paced = Signal(int, int, float)
 
-    def __init__(self, core_factory: CoreFactory) -> None:
+    def __init__(self, core_factory: Callable[[], Any]) -> None:
         super().__init__()
         self._core_factory = core_factory
-        self.core: Galahad | None = None
+        self.core: Any = None
 
     def _job(self, request: Request) -> Job:
         rid = request.request_id
@@ -72,10 +85,15 @@ class CoreWorker(QObject):
             on_thought=lambda piece: self.thought.emit(rid, piece),
             on_progress=lambda p: self._progress(rid, p),
             cancel=request.cancel,
+            on_pace=lambda n, rate: self.paced.emit(rid, n, rate),
         )
 
     @Slot(object)
     def run(self, request: Request) -> None:
+        if request.cancel.is_set():  # stopped while it waited: it never runs
+            self.failed.emit(request.request_id, "Stopped before it started.", CANCELLED)
+            return
+        self.started.emit(request.request_id)
         try:
             if self.core is None:
                 self.core = self._core_factory()
@@ -107,36 +125,69 @@ class CoreWorker(QObject):
     @Slot()
     def shutdown(self) -> None:
         if self.core is not None:
-            self.core.close()
+            close = getattr(self.core, "close", None)
+            if close is not None:
+                close()
             self.core = None
 
 
+class Lane:
+    """A thread and the worker that lives in it."""
+
+    def __init__(self, name: str, factory: Callable[[], Any]) -> None:
+        self.name = name
+        self.thread = QThread()
+        self.thread.setObjectName(f"galahad-{name}")
+        self.worker = CoreWorker(factory)
+        self.worker.moveToThread(self.thread)
+
+
 class CoreBridge(QObject):
-    """Main-thread side: sends requests, routes replies to callbacks."""
+    """Main-thread side: sends requests to their lanes, routes replies to callbacks, and
+    says what runs and what waits."""
 
     _submit = Signal(object)
+    _submit_download = Signal(object)
     _shutdown = Signal()
+    _shutdown_downloads = Signal()
     busy_changed = Signal(bool)
+    queue_changed = Signal()  # a labelled request started, finished or began to wait
 
-    def __init__(self, core_factory: CoreFactory) -> None:
+    def __init__(
+        self,
+        core_factory: CoreFactory,
+        downloads_factory: Callable[[], ModelDownloads] | None = None,
+    ) -> None:
         super().__init__()
         self._ids = itertools.count(1)
         self._callbacks: dict[int, dict[str, Callable[..., None] | None]] = {}
         self._requests: dict[int, Request] = {}
-        self.core_thread = QThread()
-        self.core_thread.setObjectName("galahad-core")
-        self.worker = CoreWorker(core_factory)
-        self.worker.moveToThread(self.core_thread)
+        model = Lane(MODEL_LANE, core_factory)
+        self.core_thread, self.worker = model.thread, model.worker
+        self._lanes = [model]
         self._submit.connect(self.worker.run)
         self._shutdown.connect(self.worker.shutdown)
-        self.worker.finished.connect(self._on_finished)
-        self.worker.failed.connect(self._on_failed)
-        # Bound slots, never lambdas: a lambda has no thread, so PySide would call it in the
-        # core thread and the window would be touched from there.
-        self.worker.streamed.connect(self._on_streamed)
-        self.worker.thought.connect(self._on_thought)
-        self.worker.progressed.connect(self._on_progressed)
-        self.core_thread.start()
+        if downloads_factory is not None:
+            downloads = Lane(DOWNLOAD_LANE, downloads_factory)
+            self._lanes.append(downloads)
+            self._submit_download.connect(downloads.worker.run)
+            self._shutdown_downloads.connect(downloads.worker.shutdown)
+        for lane in self._lanes:
+            worker = lane.worker
+            worker.finished.connect(self._on_finished)
+            worker.failed.connect(self._on_failed)
+            # Bound slots, never lambdas: a lambda has no thread, so PySide would call it in
+            # the lane's thread and the window would be touched from there.
+            worker.started.connect(self._on_started)
+            worker.streamed.connect(self._on_streamed)
+            worker.thought.connect(self._on_thought)
+            worker.progressed.connect(self._on_progressed)
+            worker.paced.connect(self._on_paced)
+            lane.thread.start()
+
+    @property
+    def has_downloads_lane(self) -> bool:
+        return len(self._lanes) > 1
 
     def run(
         self,
@@ -146,30 +197,114 @@ class CoreBridge(QObject):
         on_stream: Callable[[str], None] | None = None,
         on_thought: Callable[[str], None] | None = None,
         on_progress: Callable[[int, int, float, float], None] | None = None,
+        label: str = "",
+        cancel: threading.Event | None = None,
+        on_pace: Callable[[int, float], None] | None = None,
     ) -> Request:
-        """Run `work(core, job)` on the worker thread; `on_done(result)` on this one."""
-        request = Request(next(self._ids), work)
+        """Run `work(core, job)` on the model lane; `on_done(result)` on this thread. A
+        `label` shows the request as an operation (running or waiting); requests given
+        the same `cancel` are stopped together."""
+        request = self._request(work, label, MODEL_LANE, cancel)
+        self._register(request, on_done, on_error, on_stream, on_thought, on_progress, on_pace)
+        self._submit.emit(request)
+        return request
+
+    def download(
+        self,
+        work: Callable[[ModelDownloads, Job], T],
+        on_done: Callable[[T], None] | None = None,
+        on_error: Callable[[str, str], None] | None = None,
+        on_progress: Callable[[int, int, float, float], None] | None = None,
+        label: str = "Download",
+    ) -> Request:
+        """Run `work(downloads, job)` on the downloads lane, beside the model's work (on the
+        model lane when this bridge has no downloads lane)."""
+        if not self.has_downloads_lane:
+            raise RuntimeError("this bridge was made without a downloads lane")
+        request = self._request(work, label, DOWNLOAD_LANE, None)
+        self._register(request, on_done, on_error, None, None, on_progress, None)
+        self._submit_download.emit(request)
+        return request
+
+    def _request(
+        self, work: Work, label: str, lane: str, cancel: threading.Event | None
+    ) -> Request:
+        return Request(next(self._ids), work, cancel or threading.Event(), label, lane)
+
+    def _register(
+        self,
+        request: Request,
+        on_done: Callable[..., None] | None,
+        on_error: Callable[[str, str], None] | None,
+        on_stream: Callable[[str], None] | None,
+        on_thought: Callable[[str], None] | None,
+        on_progress: Callable[[int, int, float, float], None] | None,
+        on_pace: Callable[[int, float], None] | None,
+    ) -> None:
         self._callbacks[request.request_id] = {
             "done": on_done,
             "error": on_error,
             "stream": on_stream,
             "thought": on_thought,
             "progress": on_progress,
+            "pace": on_pace,
         }
         self._requests[request.request_id] = request
         self.busy_changed.emit(True)
-        self._submit.emit(request)
-        return request
+        if request.label:
+            self.queue_changed.emit()
 
     def pending(self) -> int:
         return len(self._requests)
 
+    def running(self, lane: str = MODEL_LANE) -> Request | None:
+        """The labelled request running on `lane` now, if any."""
+        return next(
+            (r for r in self._requests.values() if r.lane == lane and r.running and r.label),
+            None,
+        )
+
+    def waiting(self, lane: str = MODEL_LANE) -> list[Request]:
+        """Labelled requests queued on `lane`, in the order they will run."""
+        return [
+            r
+            for r in self._requests.values()
+            if r.lane == lane and not r.running and r.label and not r.cancel.is_set()
+        ]
+
+    def ahead_of(self, request: Request) -> list[Request]:
+        """Labelled requests on the same lane that run before `request`."""
+        return [
+            r
+            for r in self._requests.values()
+            if r.lane == request.lane
+            and r.label
+            and r.request_id < request.request_id
+            and not r.cancel.is_set()
+        ]
+
+    def cancel(self, request: Request | None) -> None:
+        """Stop a request: a running one at its next step, a waiting one before it runs."""
+        if request is not None and request.request_id in self._requests:
+            request.cancel.set()
+            self.queue_changed.emit()
+
     def _pop(self, request_id: int) -> dict[str, Callable[..., None] | None]:
-        self._requests.pop(request_id, None)
+        request = self._requests.pop(request_id, None)
         callbacks = self._callbacks.pop(request_id, {})
         if not self._requests:
             self.busy_changed.emit(False)
+        if request is not None and request.label:
+            self.queue_changed.emit()
         return callbacks
+
+    @Slot(int)
+    def _on_started(self, request_id: int) -> None:
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.running = True
+            if request.label:
+                self.queue_changed.emit()
 
     @Slot(int, object)
     def _on_finished(self, request_id: int, result: Any) -> None:
@@ -182,7 +317,7 @@ class CoreBridge(QObject):
         callback = self._pop(request_id).get("error")
         if callback is not None:
             callback(message, kind)
-        else:
+        elif kind != CANCELLED:
             log.warning("unhandled %s error", kind)
 
     @Slot(int, str)
@@ -193,34 +328,38 @@ class CoreBridge(QObject):
     def _on_thought(self, request_id: int, piece: str) -> None:
         self._relay(request_id, "thought", piece)
 
-    def _relay(self, request_id: int, kind: str, piece: str) -> None:
+    def _relay(self, request_id: int, kind: str, *args: Any) -> None:
         callback = self._callbacks.get(request_id, {}).get(kind)
         if callback is not None:
-            callback(piece)
+            callback(*args)
 
     @Slot(int, int, int, float, float)
     def _on_progressed(
         self, request_id: int, done: int, total: int, tps: float, eta: float
     ) -> None:
-        callback = self._callbacks.get(request_id, {}).get("progress")
-        if callback is not None:
-            callback(done, total, tps, eta)
+        self._relay(request_id, "progress", done, total, tps, eta)
+
+    @Slot(int, int, float)
+    def _on_paced(self, request_id: int, generated: int, rate: float) -> None:
+        self._relay(request_id, "pace", generated, rate)
 
     def stop(self, timeout_ms: int = 30000) -> None:
         for request in self._requests.values():
             request.cancel.set()
         self._shutdown.emit()
-        self.core_thread.quit()
-        finished = self.core_thread.wait(timeout_ms)
-        # quit() can end the worker's loop before it reaches the queued shutdown (when a
-        # request is still running at stop time), and an open core keeps the catalog's
-        # exclusive lock. Once the thread has finished, nothing else owns the core, so it
-        # is closed from here.
-        if finished:
-            self.worker.shutdown()
-        else:
-            log.error("the core thread did not stop within %d ms", timeout_ms)
-        # Deliver replies the worker queued while stopping, so no queued event holding
+        self._shutdown_downloads.emit()
+        for lane in self._lanes:
+            lane.thread.quit()
+            finished = lane.thread.wait(timeout_ms)
+            # quit() can end the worker's loop before it reaches the queued shutdown (when
+            # a request is still running at stop time), and an open core keeps the
+            # catalog's exclusive lock. Once the thread has finished, nothing else owns the
+            # core, so it is closed from here.
+            if finished:
+                lane.worker.shutdown()
+            else:
+                log.error("the %s thread did not stop within %d ms", lane.name, timeout_ms)
+        # Deliver replies the workers queued while stopping, so no queued event holding
         # Python objects outlives the bridge (PySide would free them during teardown).
         QCoreApplication.sendPostedEvents()
         self._callbacks.clear()
@@ -231,3 +370,13 @@ def default_core_factory(
     data_dir: Path, model_path: Path | None, passphrase: str | None = None
 ) -> CoreFactory:
     return lambda: Galahad(data_dir, model_path=model_path, passphrase=passphrase)
+
+
+def default_bridge(
+    data_dir: Path, model_path: Path | None, passphrase: str | None = None
+) -> CoreBridge:
+    """The window's lanes: the model lane over the core, a downloads lane beside it."""
+    return CoreBridge(
+        default_core_factory(data_dir, model_path, passphrase),
+        lambda: ModelDownloads(data_dir),
+    )

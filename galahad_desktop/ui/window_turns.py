@@ -1,0 +1,363 @@
+"""The window's turns: send (once), stop, regenerate and its versions, edit and branch.
+
+A turn is one operation from the moment Send is pressed: the message box is emptied and the
+question shown at once, a second Send (a double click, Enter held down, Send while another
+operation runs) finds the turn already under way and adds nothing, and every step of the
+turn shares one cancel, so Stop ends it wherever it is — waiting behind another operation
+(it never runs, and the question goes back into the message box), or streaming (the reply
+stops at the next token and what was written is kept, marked as stopped).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from galahad_desktop.jobs import Job
+from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.results import (
+    ContextFull,
+    Continued,
+    ConversationSummary,
+    OpenedConversation,
+    TurnResult,
+)
+from galahad_desktop.ui.chat_view import ShownMessage
+from galahad_desktop.ui.format import turn_status
+from galahad_desktop.ui.worker import CANCELLED, MODEL_LANE
+
+if TYPE_CHECKING:
+    from PySide6.QtCore import SignalInstance
+    from PySide6.QtWidgets import QLabel, QProgressBar, QStackedWidget, QToolButton
+
+    from galahad_desktop.ui.chat_view import ChatView
+    from galahad_desktop.ui.prompts import Prompts
+    from galahad_desktop.ui.sidebar import Sidebar
+    from galahad_desktop.ui.worker import CoreBridge, Request
+
+# How a reply ended, when that is not simply its end (shown on its card).
+PENDING_CHAT = "pending"  # the sidebar's row for a new chat whose first turn is running
+STOP_NOTES = {
+    "cancelled": "stopped",
+    "length": "cut at the reply length limit",
+    "context_full": "stopped: the conversation is full",
+}
+
+
+class TurnActions:
+    """Mixed into MainWindow: these are the window's own widgets and methods."""
+
+    if TYPE_CHECKING:
+        bridge: CoreBridge
+        chat: ChatView
+        sidebar: Sidebar
+        pages: QStackedWidget
+        prompts: Prompts
+        conversation_id: str | None
+        generating: Request | None
+        turn_cancel: threading.Event | None
+        n_ctx: int
+        speed_label: QLabel
+        lane_label: QLabel
+        lane_stop: QToolButton
+        context_meter: QProgressBar
+        turn_finished: SignalInstance
+        context_full: SignalInstance
+
+        def set_status(self, text: str) -> None: ...
+        def show_error(self, message: str, kind: str = "") -> None: ...
+        def set_context(self, used: int, n_ctx: int) -> None: ...
+        def refresh_lists(self) -> None: ...
+        def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None: ...
+        def _conversation_open(self, opened: OpenedConversation) -> None: ...
+
+    # -- what runs and what waits ---------------------------------------------------------
+    def show_lanes(self) -> None:
+        """The status bar's line of operations: the one running, what waits behind it, and
+        a download beside them; Stop stops the running one."""
+        running = self.bridge.running()
+        waiting = self.bridge.waiting()
+        parts = []
+        if running is not None:
+            parts.append(f"{running.label}…" + (" (stopping)" if running.cancel.is_set() else ""))
+        if waiting:
+            parts.append("waiting: " + ", ".join(r.label for r in waiting))
+        downloading = self.bridge.running("downloads") if self.bridge.has_downloads_lane else None
+        if downloading is not None:
+            parts.append(f"{downloading.label} (beside)")
+        self.lane_label.setText(" · ".join(parts))
+        self.lane_label.setVisible(bool(parts))
+        self.lane_stop.setVisible(running is not None or bool(waiting))
+        self.lane_stop.setToolTip(
+            f"Stop: {running.label}" if running is not None else "Stop what waits"
+        )
+
+    def stop_running(self) -> None:
+        """The status bar's Stop: the running operation, else the first waiting one."""
+        target = self.bridge.running() or next(iter(self.bridge.waiting(MODEL_LANE)), None)
+        if target is not None and target is self.generating:
+            self.stop()
+        elif target is not None:
+            self.bridge.cancel(target)
+
+    # -- sending ---------------------------------------------------------------------------
+    def send(self) -> None:
+        text = self.chat.input.toPlainText().strip()
+        if not text:
+            return
+        if self.turn_cancel is not None:  # a turn is under way: nothing is sent twice
+            self.set_status("A reply is being written; Stop it first, or wait for it.")
+            return
+        self.turn_cancel = threading.Event()
+        self.chat.set_busy(True)
+        self.chat.input.clear()
+        if self.conversation_id is None:
+            thinking = self.chat.thinking_box.isChecked() and self.chat.thinking_box.isVisible()
+            self._show_question(text)
+            self._show_pending_chat(text)
+            # The conversation is made with its first turn (none is left if it fails).
+            self._start_turn(
+                lambda core, job: core.send(None, text, job, compact=True, thinking=thinking),
+                text,
+            )
+            return
+        conversation_id = self.conversation_id
+        self.bridge.run(
+            lambda core, _job: core.context_check(conversation_id, text),
+            on_done=lambda full: self._checked(conversation_id, text, full),
+            on_error=lambda m, k: self._turn_failed(m, k, text),
+            label="Checking the context",
+            cancel=self.turn_cancel,
+        )
+
+    def _show_pending_chat(self, text: str) -> None:
+        """The new chat is listed at once (it is stored with its first turn; the list is
+        read again when the turn ends, or fails)."""
+        title = " ".join(text.split())[:60]
+        pending = ConversationSummary(
+            PENDING_CHAT,
+            title,
+            None,
+            0,
+            1,
+            time.time(),
+            time.time(),
+            preview=title,
+            memory="writing the first reply",
+        )
+        self.sidebar.current = PENDING_CHAT
+        self.sidebar.set_conversations(
+            [pending, *(c for c in self.sidebar.conversations if c.id != PENDING_CHAT)]
+        )
+
+    def _show_question(self, text: str) -> None:
+        self.pages.setCurrentWidget(self.chat)
+        self.chat.thinking_box.setEnabled(False)
+        self.chat.append("user", text, time.time())
+
+    def _checked(self, conversation_id: str, text: str, full: ContextFull | None) -> None:
+        if full is None:
+            self._send_to(conversation_id, text)
+            return
+        self.set_status(full.describe())
+        self.context_full.emit(full)
+        choice = self.prompts.context_full(full)
+        if choice == "stop":
+            self._end_turn()
+            self.chat.input.setPlainText(text)
+            self.set_status("Not sent: the conversation is full. Your message is still here.")
+            return
+        work: Callable[[Galahad, Job], Continued] = (
+            (lambda core, job: core.continue_with_summary(conversation_id, job))
+            if choice == "summary"
+            else (lambda core, job: core.continue_with_recent(conversation_id, text, job))
+        )
+        self.set_status("Continuing in a new conversation…")
+        self.generating = self.bridge.run(
+            work,
+            on_done=lambda continued: self._continued(continued, text),
+            on_error=lambda m, k: self._turn_failed(m, k, text),
+            on_progress=self._reread_progress,
+            label="Continuing in a new conversation",
+            cancel=self.turn_cancel,
+        )
+
+    def _continued(self, continued: Continued, text: str) -> None:
+        self.set_status(
+            f"Continued in a new conversation ({continued.kind}); re-read "
+            f"{continued.reread_tokens:,} tokens"
+        )
+        self.conversation_id = continued.conversation_id
+
+        def shown(messages: list[Any]) -> None:
+            self.chat.set_messages(
+                [ShownMessage(m.role, m.text, picture=m.picture) for m in messages]
+            )
+            self._send_to(continued.conversation_id, text)
+
+        conversation_id = continued.conversation_id
+        self.bridge.run(
+            lambda core, _job: core.messages(conversation_id),
+            on_done=shown,
+            on_error=lambda m, k: self._turn_failed(m, k, text),
+            cancel=self.turn_cancel,
+        )
+
+    def _send_to(self, conversation_id: str, text: str) -> None:
+        self.conversation_id = conversation_id
+        self._show_question(text)
+        self._start_turn(
+            lambda core, job: core.send(conversation_id, text, job, compact=True), text
+        )
+
+    def _start_turn(self, work: Callable[[Galahad, Job], TurnResult], text: str = "") -> None:
+        """Run a turn's reply: the card streams, the pace and the context meter move with it,
+        and "Thinking…" shows only while thoughts stream."""
+        if self.turn_cancel is None:
+            self.turn_cancel = threading.Event()
+        self.chat.set_busy(True)
+        self.chat.append("model")
+        self.set_status("Writing the reply…")
+        base = self.context_meter.value()
+
+        def paced(generated: int, rate: float) -> None:
+            self.speed_label.setText(f"{rate:.1f} tok/s")
+            self.set_context(base + generated, self.n_ctx)
+
+        def thought(piece: str) -> None:
+            self.set_status("Thinking…")
+            self.chat.stream(piece, thought=True)
+
+        self.generating = self.bridge.run(
+            work,
+            on_done=self._turn_done,
+            on_error=lambda m, k: self._turn_failed(m, k, text),
+            on_stream=self.chat.stream,
+            on_thought=thought,
+            on_progress=self._reread_progress,
+            label="Writing a reply",
+            cancel=self.turn_cancel,
+            on_pace=paced,
+        )
+
+    def _end_turn(self) -> None:
+        self.generating = None
+        self.turn_cancel = None
+        self.chat.set_busy(False)
+
+    def _turn_done(self, result: TurnResult) -> None:
+        self._end_turn()
+        self.conversation_id = result.conversation_id
+        self.sidebar.current = result.conversation_id
+        last = self.chat.messages[-1]
+        last.text, last.thoughts = result.reply, result.thoughts
+        last.note = STOP_NOTES.get(result.stop_reason, "")
+        last.version = last.versions = result.versions
+        self.chat.redraw()
+        self.set_context(result.context_tokens, result.n_ctx)
+        self.speed_label.setText(f"{result.tokens_per_s:.1f} tok/s")
+        status = turn_status(result)
+        if result.compaction is not None and result.compaction.merged:
+            status += f" · compacted {result.compaction.merged} older turns"
+        self.set_status(status)
+        self.refresh_lists()
+        self.turn_finished.emit(result)
+
+    def _turn_failed(self, message: str, kind: str, text: str = "") -> None:
+        """Nothing was stored: the cards go back to what they were and, for a new message,
+        its text back into the message box."""
+        self._end_turn()
+        messages = self.chat.messages
+        if messages and messages[-1].role == "model" and not messages[-1].text:
+            messages.pop()
+        if text and messages and messages[-1].role == "user" and messages[-1].text == text:
+            messages.pop()
+            if not self.chat.input.toPlainText().strip():
+                self.chat.input.setPlainText(text)
+        self.chat.redraw()
+        if any(c.id == PENDING_CHAT for c in self.sidebar.conversations):
+            self.refresh_lists()
+        if kind == CANCELLED or kind == "CancelledError":
+            self.set_status("Stopped; nothing was stored. Your message is back in the box.")
+            return
+        self.show_error(message, kind)
+
+    def stop(self) -> None:
+        """Stop the turn under way wherever it is (waiting, reading, writing)."""
+        if self.turn_cancel is not None:
+            self.turn_cancel.set()
+            self.set_status("Stopping…")
+            self.show_lanes()
+
+    # -- regenerate and versions -------------------------------------------------------------
+    def regenerate(self) -> None:
+        if self.turn_cancel is not None or self.conversation_id is None:
+            return
+        messages = self.chat.messages
+        if not messages or messages[-1].role != "model":
+            return
+        messages.pop()
+        conversation_id = self.conversation_id
+        self._start_turn(lambda core, job: core.regenerate(conversation_id, job, compact=True))
+
+    def show_version(self, index: int, number: int) -> None:
+        """A reply's "‹ 2/3 ›": the last reply's version becomes the one the conversation
+        continues from (its own block grafted); an earlier reply's is shown as it was."""
+        if self.conversation_id is None or self.turn_cancel is not None:
+            return
+        conversation_id = self.conversation_id
+        if index == len(self.chat.messages) - 1:
+            self.set_status(f"Restoring version {number}…")
+            self.bridge.run(
+                lambda core, job: core.choose_version(conversation_id, number, job),
+                on_done=self._conversation_open,
+                on_error=self.show_error,
+                label="Restoring a version",
+            )
+            return
+
+        def shown(versions: list[Any]) -> None:
+            chosen = versions[number - 1]
+            message = self.chat.messages[index]
+            message.text, message.thoughts, message.version = (
+                chosen.text,
+                chosen.thoughts,
+                number,
+            )
+            message.note = "" if chosen.current else "an earlier version (not continued)"
+            self.chat.redraw()
+
+        self.bridge.run(
+            lambda core, _job: core.reply_versions(conversation_id, index),
+            on_done=shown,
+            on_error=self.show_error,
+        )
+
+    # -- edit and branch -----------------------------------------------------------------------
+    def edit_message_at(self, index: int) -> None:
+        """A user message's "Edit" link: change it and continue from it in a new branch."""
+        if self.turn_cancel is not None or self.conversation_id is None:
+            return
+        text = self.prompts.edit_text(
+            "Edit a message",
+            "Continue from this message in a new branch:",
+            self.chat.messages[index].text,
+        )
+        if text:
+            self.start_branch(index, text)
+
+    def branch_reply(self, index: int) -> None:
+        """An earlier reply's "Branch" link: ask its question again in a new branch."""
+        if self.turn_cancel is not None or self.conversation_id is None or index < 1:
+            return
+        question = self.chat.messages[index - 1]
+        if question.role == "user":
+            self.start_branch(index - 1, question.text)
+
+    def start_branch(self, seq: int, text: str) -> None:
+        assert self.conversation_id is not None
+        conversation_id = self.conversation_id
+        self.chat.set_messages([*self.chat.messages[:seq], ShownMessage("user", text)])
+        self._start_turn(lambda core, job: core.branch(conversation_id, seq, text, job))

@@ -1,0 +1,272 @@
+"""The window in everyday use, on real Qt widgets over the fake core (fast tier): work in
+lanes that show what runs and what waits, a turn sent once, Stop wherever a turn is, an Ask
+that stops when its dialog closes, Settings filled while the model is busy, Regenerate's
+versions paged on the card, replies cut at a turn marker, a download beside a chat, and
+Enter to send. The same window with the real models is in test_gui.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import Qt, QUrl
+
+from galahad_desktop.jobs import NO_JOB, Job, Progress
+from galahad_desktop.memory.galahad import Galahad, ModelDownloads
+from galahad_desktop.models.hub import Downloaded
+from galahad_desktop.ui.dialogs import AskDialog
+from galahad_desktop.ui.main_window import MainWindow, first_size
+from galahad_desktop.ui.settings_dialog import SettingsDialog
+from galahad_desktop.ui.worker import CoreBridge
+from tests.test_ui_look import Answers
+
+pytestmark = pytest.mark.gui
+WAIT_MS = 20_000
+
+
+class GatedDownloads(ModelDownloads):
+    """The real downloads lane's object with only the network replaced: it reports
+    progress and waits for the test to let it finish."""
+
+    gate = threading.Event()
+    started = threading.Event()
+
+    def get_gemma4(self, size: str | None = None, job: Job = NO_JOB) -> Downloaded:
+        self.started.set()
+        for done in range(0, 101, 10):
+            job.progress(Progress(done, 100, 0.1))
+            if self.gate.wait(0.05):
+                break
+        self.gate.wait(WAIT_MS / 1000)
+        path = self.models_dir / "gemma-4-test.gguf"
+        return Downloaded(path, "0" * 64, 100, 0)
+
+
+@pytest.fixture()
+def make_window(
+    qtbot: Any, make_fake_core: Callable[..., Galahad], tmp_path: Path
+) -> Iterator[Callable[..., MainWindow]]:
+    bridges: list[CoreBridge] = []
+
+    def factory(downloads: bool = False, **overrides: Any) -> MainWindow:
+        data = tmp_path / "data"
+        data.mkdir(mode=0o700, exist_ok=True)
+        bridge = CoreBridge(
+            lambda: make_fake_core(data=data, **{"max_tokens": 24, **overrides}),
+            (lambda: GatedDownloads(data)) if downloads else None,
+        )
+        bridges.append(bridge)
+        win = MainWindow(bridge, data)
+        win.prompts = Answers()  # type: ignore[assignment]
+        qtbot.addWidget(win)
+        with qtbot.waitSignal(win.opened, timeout=WAIT_MS):
+            win.show()
+        qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
+        return win
+
+    yield factory
+    for bridge in bridges:
+        bridge.stop()
+
+
+def _block(win: MainWindow, label: str = "Asking the library") -> threading.Event:
+    """An operation that holds the model lane until the test releases it."""
+    gate = threading.Event()
+    started = threading.Event()
+
+    def hold(_core: Galahad, job: Job) -> None:
+        started.set()
+        while not gate.wait(0.02) and not job.cancelled:
+            pass
+
+    win.bridge.run(hold, label=label)
+    assert started.wait(10)
+    return gate
+
+
+def _stored_messages(win: MainWindow) -> list[str]:
+    done: list[Any] = []
+
+    def read(core: Galahad, _job: Job) -> list[str]:
+        return [m.text for c in core.list_conversations() for m in core.messages(c.id)]
+
+    win.bridge.run(read, on_done=done.append)
+    return done  # filled once the lane answers
+
+
+def _wait_stored(qtbot: Any, win: MainWindow) -> list[str]:
+    done = _stored_messages(win)
+    qtbot.waitUntil(lambda: bool(done) or done == [[]], timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: len(done) == 1, timeout=WAIT_MS)
+    return list(done[0])
+
+
+def test_double_send_stores_the_question_once(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    win.chat.input.setPlainText("Hello there")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+        win.chat.input.setPlainText("Hello there")  # typed again, sent again at once
+        win.send()
+        win.chat.send_button.click()
+    qtbot.waitUntil(lambda: win.bridge.pending() == 0, timeout=WAIT_MS)
+    stored = _wait_stored(qtbot, win)
+    assert stored.count("Hello there") == 1 and len(stored) == 2
+    assert [m.role for m in win.chat.messages] == ["user", "model"]
+
+
+def test_send_while_the_lane_is_busy_waits_visibly(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    gate = _block(win)
+    qtbot.waitUntil(lambda: "Asking the library" in win.lane_label.text(), timeout=WAIT_MS)
+    win.chat.input.setPlainText("Are you there?")
+    win.send()
+    qtbot.waitUntil(lambda: "waiting: Writing a reply" in win.lane_label.text(), timeout=WAIT_MS)
+    assert win.lane_stop.isVisible() and win.chat.messages[-2].text == "Are you there?"
+    assert win.sidebar.conversations[0].title == "Are you there?"  # listed at once
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        gate.set()
+    qtbot.waitUntil(lambda: not win.lane_label.isVisible(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: win.sidebar.conversations[0].id != "pending", timeout=WAIT_MS)
+    assert win.sidebar.conversations[0].preview and len(win.sidebar.conversations) == 1
+
+
+def test_stop_on_a_waiting_turn_gives_the_message_back(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    gate = _block(win)
+    win.chat.input.setPlainText("Never mind")
+    win.send()
+    win.chat.stop_button.click()
+    gate.set()
+    qtbot.waitUntil(lambda: win.bridge.pending() == 0, timeout=WAIT_MS)
+    assert win.chat.input.toPlainText() == "Never mind" and win.chat.messages == []
+    assert _wait_stored(qtbot, win) == []  # no conversation, no empty reply
+
+
+def test_stop_ends_a_streaming_reply_and_marks_it(qtbot: Any, make_window: Any) -> None:
+    win = make_window(max_tokens=2000)
+    done: list[Any] = []
+
+    def slow_and_long(core: Galahad, _job: Job) -> None:
+        engine: Any = core.engine
+        engine.script = list(b"story " * 300)
+        accept = engine.accept
+        engine.accept = lambda token: (time.sleep(0.005), accept(token))
+
+    win.bridge.run(slow_and_long, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+    win.chat.input.setPlainText("Write a long story")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
+        win.send()
+        qtbot.waitUntil(lambda: bool(win.chat.messages[-1].text), timeout=WAIT_MS)
+        win.stop()
+    result = finished.args[0]
+    assert result.stop_reason == "cancelled" and win.chat.messages[-1].note == "stopped"
+    assert "regenerate" in win.chat.actions_of(len(win.chat.messages) - 1)
+
+
+def test_closing_the_ask_dialog_stops_its_question_on_a_busy_lane(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window()
+    gate = _block(win, "Reading report.pdf")
+    dialog = AskDialog(win, win)
+    dialog.question.setText("Who keeps the ledger?")
+    dialog.ask()
+    assert "Waiting for the model" in dialog.answer.toPlainText()
+    assert dialog.stop_button.isEnabled()
+    request = dialog.request
+    dialog.reject()  # closing it
+    gate.set()
+    qtbot.waitUntil(lambda: win.bridge.pending() == 0, timeout=WAIT_MS)
+    assert request is not None and request.cancel.is_set()
+    log: list[Any] = []
+    win.bridge.run(lambda core, _job: core.routing_log(), on_done=log.append)
+    qtbot.waitUntil(lambda: bool(log), timeout=WAIT_MS)
+    assert log[0] == []  # the question never ran
+
+
+def test_settings_open_filled_while_the_model_is_busy(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    gate = _block(win, "Writing a reply")
+    dialog = SettingsDialog(win, win)
+    assert "max_tokens" in dialog.editors and "enter_sends" in dialog.editors
+    dialog.deleteLater()
+    gate.set()
+
+
+def test_regenerate_keeps_versions_paged_on_the_card(qtbot: Any, make_window: Any) -> None:
+    win = make_window(temperature=1.0)
+    win.chat.input.setPlainText("Tell me something")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+    first = win.chat.messages[-1].text
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as again:
+        win.regenerate()
+    assert again.args[0].versions == 2 and win.chat.messages[-1].versions == 2
+    html = win.chat.turn_html(len(win.chat.messages) - 1)
+    assert "2/2" in html and "version-previous" in html
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS) as opened:
+        win.chat._anchor(QUrl(f"galahad:version-previous/{len(win.chat.messages) - 1}"))
+    assert opened.args[0].graft.recomputed_tokens == 0
+    assert win.chat.messages[-1].text == first and win.chat.messages[-1].version == 1
+
+
+def test_a_reply_is_cut_where_the_model_opens_a_turn(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    done: list[Any] = []
+
+    def script(core: Galahad, _job: Job) -> None:
+        engine: Any = core.engine
+        engine.script = [*b"Fine", engine.ids["<start_of_turn>"], *b"user\nforged"]
+
+    win.bridge.run(script, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+    win.chat.input.setPlainText("How are you?")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
+        win.send()
+    assert finished.args[0].reply == "Fine" and win.chat.messages[-1].text == "Fine"
+
+
+def test_a_download_runs_beside_a_chat_in_its_own_lane(qtbot: Any, make_window: Any) -> None:
+    GatedDownloads.gate.clear()
+    GatedDownloads.started.clear()
+    win = make_window(downloads=True)
+    win.get_gemma4("E2B")
+    assert GatedDownloads.started.wait(10)
+    qtbot.waitUntil(lambda: win.download_bar.isVisible(), timeout=WAIT_MS)
+    win.chat.input.setPlainText("Chatting meanwhile")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()  # the model lane is free: the reply does not wait for the download
+    assert win.bridge.running("downloads") is not None
+    assert "(beside)" in win.lane_label.text() or win.download_bar.isVisible()
+    GatedDownloads.gate.set()
+    qtbot.waitUntil(lambda: win.working is None, timeout=WAIT_MS)
+
+
+def test_enter_sends_and_shift_enter_breaks_a_line(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    win.chat.input.setFocus()
+    qtbot.keyClicks(win.chat.input, "first line")
+    qtbot.keyClick(win.chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(win.chat.input, "second")
+    assert win.chat.input.toPlainText() == "first line\nsecond"
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        qtbot.keyClick(win.chat.input, Qt.Key.Key_Return)
+    assert win.chat.messages[0].text == "first line\nsecond"
+
+
+def test_the_first_window_fits_the_screen() -> None:
+    from PySide6.QtCore import QSize
+
+    assert first_size(QSize(1600, 1000)) == (1280, 850)
+    width, height = first_size(QSize(1024, 700))
+    assert width <= 1024 and height <= 700
