@@ -61,7 +61,7 @@ def test_markup_is_never_shown_as_reply_text() -> None:
     model = ScriptedModel([*b"a", 260, *b"b", 257])
     generation = decode_reply(model, RULES, GREEDY, Job(on_text=streamed.append))
     assert generation.text == "ab" and "<markup>" not in "".join(streamed)
-    assert 260 in generation.tokens and 260 not in generation.answer_tokens
+    assert 260 in generation.answer_tokens and generation.thought_tokens == 0
 
 
 def test_a_length_stop_is_reported_and_the_pace_streams() -> None:

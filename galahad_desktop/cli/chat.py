@@ -47,11 +47,18 @@ def make_room(
 
 
 def run_turn(
-    core: Galahad, out: Output, conversation_id: str, message: str, args: argparse.Namespace
+    core: Galahad,
+    out: Output,
+    conversation_id: str | None,
+    message: str,
+    args: argparse.Namespace,
 ) -> TurnResult:
-    conversation_id = make_room(
-        core, out, conversation_id, message, getattr(args, "when_full", "stop")
-    )
+    """One turn; without a conversation, the first turn of a new one (made with it, so a
+    turn that fails leaves none behind)."""
+    if conversation_id is not None:
+        conversation_id = make_room(
+            core, out, conversation_id, message, getattr(args, "when_full", "stop")
+        )
     params = sampling_of(core, args)
     with command_job(out, "re-reading", answer=True) as job:
         result = core.send(
@@ -60,6 +67,8 @@ def run_turn(
             job,
             params,
             compact=True,  # after the reply is out: the user has it
+            thinking=getattr(args, "thinking", None),
+            system_prompt=getattr(args, "system", None),
         )
     if result.graft and result.graft.fallback_reason:
         out.info(f"Note: re-read the conversation because {result.graft.fallback_reason}.")
@@ -69,13 +78,23 @@ def run_turn(
     return result
 
 
+CHAT_HELP = """Commands:
+  /help        this list
+  /new         start a new conversation
+  /list        your conversations, numbered
+  /resume N    continue conversation N of /list (or its id)
+  /quit        leave (Ctrl-D too); Ctrl-C stops a reply"""
+
+
 def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     info = core.info()  # the model loads first: one that does not leaves nothing behind
-    conversation_id = args.conversation or core.new_conversation(
-        document_id=args.document, system_prompt=args.system, thinking=args.thinking
-    )
+    conversation_id: str | None = args.conversation
+    if conversation_id is None and args.document:
+        conversation_id = core.new_conversation(
+            document_id=args.document, system_prompt=args.system, thinking=args.thinking
+        )
     if args.conversation and args.thinking is not None:
-        core.set_thinking(conversation_id, args.thinking)
+        core.set_thinking(args.conversation, args.thinking)
     if args.message is not None:
         result = run_turn(core, out, conversation_id, args.message, args)
         if out.as_json:
@@ -83,28 +102,83 @@ def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         return 0
     if info.model.kind != "chat":
         out.info(f"Model: {info.model.name} — a {info.model.label}.")
-    if args.conversation:
-        report = core.resume(conversation_id, Job(on_progress=progress_printer("re-reading")))
-        out.info(report.describe())
-        for message in core.messages(conversation_id)[-6:]:
-            out.info(f"{message.role}> {message.text}")
-    out.info(f"Conversation {conversation_id}. Type /quit to leave; Ctrl-C stops a reply.")
+    if conversation_id is not None:
+        show_resumed(core, out, conversation_id)
+    out.info(
+        (f"Conversation {conversation_id}. " if conversation_id else "A new conversation. ")
+        + "Type /help for commands, /quit to leave; Ctrl-C stops a reply."
+    )
+    listed: list[str] = []
     while True:
         try:
             line = input("you> ")
         except (EOFError, KeyboardInterrupt):
             print()
             break
-        if line.strip() in ("/quit", "/exit"):
+        command, _, rest = line.strip().partition(" ")
+        if command in ("/quit", "/exit"):
             break
         if not line.strip():
             continue
+        if command.startswith("/") and command[1:].isalpha():
+            try:
+                conversation_id, listed = chat_command(
+                    core, out, command, rest.strip(), conversation_id, listed
+                )
+            except GalahadError as exc:
+                out.info(f"error: {exc}")
+            continue
         print("model> ", end="", flush=True)
         try:
-            run_turn(core, out, conversation_id, line, args)
+            conversation_id = run_turn(core, out, conversation_id, line, args).conversation_id
         except GalahadError as exc:
             out.info(f"error: {exc}")
     return 0
+
+
+def show_resumed(core: Galahad, out: Output, conversation_id: str) -> None:
+    report = core.resume(conversation_id, Job(on_progress=progress_printer("re-reading")))
+    out.info(report.describe())
+    for message in core.messages(conversation_id)[-6:]:
+        out.info(f"{message.role}> {message.text}")
+
+
+def chat_command(
+    core: Galahad,
+    out: Output,
+    command: str,
+    argument: str,
+    conversation_id: str | None,
+    listed: list[str],
+) -> tuple[str | None, list[str]]:
+    """A /command of the terminal chat: (the conversation now, the last /list's ids)."""
+    if command == "/help":
+        out.info(CHAT_HELP)
+    elif command == "/new":
+        out.info("A new conversation: it is stored with its first message.")
+        return None, listed
+    elif command == "/list":
+        conversations = core.list_conversations()
+        listed = [c.id for c in conversations]
+        for number, c in enumerate(conversations, start=1):
+            mark = "*" if c.id == conversation_id else " "
+            out.info(f"{mark}{number:>3}  {c.title or '(untitled)'}  ({c.n_messages} messages)")
+        if not conversations:
+            out.info("No conversations yet.")
+    elif command == "/resume":
+        if not argument:
+            raise InputError("Say which: /resume N (a number from /list) or an id.")
+        if argument.isdigit():
+            listed = listed or [c.id for c in core.list_conversations()]
+            number = int(argument)
+            if not 1 <= number <= len(listed):
+                raise InputError(f"There is no conversation {number}; /list shows them.")
+            argument = listed[number - 1]
+        show_resumed(core, out, argument)
+        return argument, listed
+    else:
+        out.info(f"Unknown command {command}; /help lists them.")
+    return conversation_id, listed
 
 
 def cmd_resume(core: Galahad, out: Output, args: argparse.Namespace) -> int:
@@ -214,7 +288,11 @@ def register(add: Any) -> None:
     p.add_argument("--conversation", help="continue this conversation")
     p.add_argument("--document", help="start a conversation on this document")
     p.add_argument("--message", help="send one message and exit")
-    p.add_argument("--system", help="system prompt preset for a new conversation")
+    p.add_argument(
+        "--system",
+        help="a new conversation's system prompt: your own words, or a preset's name "
+        "(concise, coder, tutor, translator); kept encrypted",
+    )
     thinking = p.add_mutually_exclusive_group()
     thinking.add_argument(
         "--thinking",

@@ -140,10 +140,10 @@ def decode_reply(
             emit(decoder.decode(b"", final=True))
             in_thought = False
             continue
+        if not in_thought:
+            answer.append(token)  # evaluated as the model chose it, shown or not
         if token in rules.hidden:
             continue
-        if not in_thought:
-            answer.append(token)
         emit(decoder.decode(model.token_bytes(token)))
     emit(decoder.decode(b"", final=True))
     elapsed = time.perf_counter() - start

@@ -7,8 +7,8 @@ from typing import Any
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.vision import holds_pictures
 from galahad_desktop.errors import InputError, NotFoundError
-from galahad_desktop.memory.chat.conversations import Conversations, engine_answer
-from galahad_desktop.memory.chat.live import LiveContext, Rendered
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import LiveContext, Rendered, engine_answer
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult, VerifyResult
 from galahad_desktop.memory.retrieval.routing import Routing

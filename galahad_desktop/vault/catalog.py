@@ -22,7 +22,8 @@ from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
 SCHEMA_VERSION = 5  # 2: messages bound to their place, every record sealed; 3: part vectors;
-# 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds
+# 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds,
+# a conversation's own system prompt
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -59,6 +60,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "n_messages": int,
             "library": int,
             "system_prompt": str,
+            "system_enc": bytes,  # the user's own system prompt, when not a preset
             "thinking": int,
             "model_sha256": str,
             "seal": bytes,

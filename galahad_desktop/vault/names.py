@@ -63,11 +63,12 @@ class ConversationRow(TypedDict):
     head_block_id: str | None  # the latest checkpoint (None: nothing stored yet)
     n_tokens: int
     n_messages: int
-    system_prompt: str | None
+    system_prompt: str | None  # a preset's name, or "custom" (the words in system_enc)
     thinking: int
     created_at: float
     updated_at: float
     title_enc: NotRequired[bytes]
+    system_enc: NotRequired[bytes | None]  # the user's own system prompt (schema 5)
     library: NotRequired[int | None]  # the verified-answer library: on (1), off (0), default
     model_sha256: NotRequired[str | None]  # the model it was last stored under
     seal: NotRequired[bytes]

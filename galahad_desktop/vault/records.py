@@ -49,7 +49,12 @@ SEALED: dict[str, tuple[str, ...]] = {
 }
 SEAL_SCHEME = 2
 MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc", "image_enc")
-OPTIONAL = ("thought_enc", "content_enc", "image_enc")  # private fields a record may lack
+OPTIONAL = (
+    "thought_enc",
+    "content_enc",
+    "image_enc",
+    "system_enc",
+)  # private fields a record may lack
 _WHAT = {
     "conversations": "conversation",
     "documents": "document",
@@ -304,6 +309,10 @@ class Records:
         values.update({k: _plain(row.get(k)) for k in SEALED[table]})
         if table == "conversations":
             values["transcript"] = self.transcript(str(row["id"]))
+            if isinstance(row.get("system_enc"), bytes):
+                # Its own system prompt cannot be removed or swapped without breaking the
+                # seal (the seals of conversations on a preset are what they always were).
+                values["system"] = hashlib.sha256(row["system_enc"]).hexdigest()
         elif table == "parts" and isinstance(row.get("image_enc"), bytes):
             # A picture part's picture cannot be removed or swapped without breaking the
             # seal (a text part's seal is what it always was).

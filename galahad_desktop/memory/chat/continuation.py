@@ -217,7 +217,8 @@ class Continuation:
         engine = live.engine
         turns = engine.turns
         title = (conversations.title(conv) or "Conversation") + " (continued)"
-        new = conversations.create(document_id, title, conv.get("system_prompt"), False)
+        own = conversations.system_text(conv) if conv.get("system_enc") else None
+        new = conversations.create(document_id, title, own or conv.get("system_prompt"), False)
         row = conversations.row(new)
         counters = Counters()
         live.drop()

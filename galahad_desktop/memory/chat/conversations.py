@@ -29,7 +29,8 @@ from galahad_desktop.errors import (
 )
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
-from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
+from galahad_desktop.memory.chat.system_prompt import set_system_prompt, system_text
 from galahad_desktop.memory.chat.versions import Versions
 from galahad_desktop.memory.results import (
     ConversationSummary,
@@ -37,7 +38,6 @@ from galahad_desktop.memory.results import (
     Message,
     TurnResult,
 )
-from galahad_desktop.settings import SYSTEM_PROMPTS, coerce
 from galahad_desktop.vault.names import (
     BlockRow,
     ConversationRow,
@@ -216,13 +216,13 @@ class Conversations:
             "head_block_id": None,
             "n_tokens": 0,
             "n_messages": 0,
-            "system_prompt": coerce("system_prompt", system_prompt)
-            if system_prompt is not None
-            else settings.get("system_prompt"),
+            "system_prompt": settings.get("system_prompt"),
             "thinking": 1 if thinking else 0,
             "created_at": now,
             "updated_at": now,
         }
+        if system_prompt is not None:
+            set_system_prompt(self.records, row, system_prompt)
         row["title_enc"] = self.records.encrypt("conversations", "title_enc", row, title)
         with self.vault.transaction():
             self.records.insert("conversations", row)
@@ -273,7 +273,7 @@ class Conversations:
         return int(min(max(self.live.settings.get("max_tokens"), 8), 512)) + 16
 
     def system_text(self, conv: ConversationRow) -> str:
-        return SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
+        return system_text(self.records, conv)
 
     # -- grafting the conversation -------------------------------------------------------
     def ensure_live(
@@ -415,6 +415,10 @@ class Conversations:
                 "created_at": now,
                 "updated_at": now,
             }
+            if conv.get("system_enc"):
+                branch["system_enc"] = records.encrypt(
+                    "conversations", "system_enc", branch, self.system_text(conv)
+                )
             branch["title_enc"] = records.encrypt(
                 "conversations", "title_enc", branch, f"{title} (edited)"
             )
@@ -683,18 +687,3 @@ class Conversations:
         crashpoint("persist-after-commit")
         self.vault.unlink_block_files(retired)
         self.live.mark(conv["id"], row["id"])
-
-
-def strip_whitespace_tokens(engine: ChatEngine, tokens: list[int]) -> list[int]:
-    """The answer without leading and trailing whitespace tokens (the template trims a model
-    turn's content in the history)."""
-    start, end = 0, len(tokens)
-    while start < end and not engine.detokenize(tokens[start : start + 1]).strip():
-        start += 1
-    while end > start and not engine.detokenize(tokens[end - 1 : end]).strip():
-        end -= 1
-    return tokens[start:end]
-
-
-def engine_answer(engine: ChatEngine, text: str) -> list[int]:
-    return engine.encode_text(text.strip())

@@ -466,3 +466,18 @@ class LiveContext:
     def next_generation(self, owner_id: str) -> int:
         rows = self.vault.records.blocks(owner_id=owner_id)
         return 1 + max([int(r["generation"]) for r in rows] or [0])
+
+
+def strip_whitespace_tokens(engine: ChatEngine, tokens: list[int]) -> list[int]:
+    """The answer without leading and trailing whitespace tokens (the template trims a model
+    turn's content in the history)."""
+    start, end = 0, len(tokens)
+    while start < end and not engine.detokenize(tokens[start : start + 1]).strip():
+        start += 1
+    while end > start and not engine.detokenize(tokens[end - 1 : end]).strip():
+        end -= 1
+    return tokens[start:end]
+
+
+def engine_answer(engine: ChatEngine, text: str) -> list[int]:
+    return engine.encode_text(text.strip())

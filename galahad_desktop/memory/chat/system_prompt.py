@@ -1,0 +1,39 @@
+"""A conversation's system prompt: a preset by name, or the user's own words, encrypted.
+
+A preset is product text and stays a plain name in the sealed record; the user's own words
+are private, so they are encrypted (system_enc) and bound into the conversation's seal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from galahad_desktop.errors import InputError, check_text
+from galahad_desktop.settings import SYSTEM_PROMPTS, coerce
+from galahad_desktop.vault.names import ConversationRow
+from galahad_desktop.vault.records import Records
+
+MAX_SYSTEM_CHARS = 20_000
+CUSTOM = "custom"  # the system_prompt column of a conversation with its own words
+
+
+def set_system_prompt(records: Records, row: dict[str, Any], system_prompt: str) -> None:
+    """Put a new conversation's system prompt into its row: a preset's name, or the user's
+    words encrypted (an empty prompt keeps the row's default)."""
+    if system_prompt.strip().lower() in SYSTEM_PROMPTS:
+        row["system_prompt"] = coerce("system_prompt", system_prompt)
+        return
+    words = check_text(system_prompt, "The system prompt").strip()
+    if not words:
+        return
+    if len(words) > MAX_SYSTEM_CHARS:
+        raise InputError(f"A system prompt can be at most {MAX_SYSTEM_CHARS:,} characters.")
+    row["system_prompt"] = CUSTOM
+    row["system_enc"] = records.encrypt("conversations", "system_enc", row, words)
+
+
+def system_text(records: Records, conv: ConversationRow) -> str:
+    """The words a conversation's system turn holds."""
+    if conv.get("system_enc"):
+        return records.decrypt("conversations", "system_enc", conv)
+    return SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
