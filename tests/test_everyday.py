@@ -169,3 +169,19 @@ def test_sampling_flags_are_checked_like_settings(
     core = make_fake_core()
     with pytest.raises(InputError, match=named):
         core.sampling(**change)
+
+
+@pytest.mark.parametrize("expression", ["0**-1", "0^-1", "0.0**-1", "(1-1)**-2", "(2-2)^-3"])
+def test_the_verifiers_arithmetic_is_total(expression: str) -> None:
+    from galahad_desktop.memory.verified.verifiers import ArithmeticVerifier
+
+    verdict = ArithmeticVerifier().check(f"What is {expression}?", "It is 0.")
+    assert not verdict.ok  # cannot verify: said, never raised
+
+
+def test_a_turn_with_arithmetic_that_divides_by_zero_is_answered(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    turn = core.send(None, "What is 0**-1?", params=core.sampling(max_tokens=4))
+    assert turn.conversation_id and len(core.messages(turn.conversation_id)) == 2

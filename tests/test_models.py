@@ -163,3 +163,18 @@ def test_this_machine_is_measured_through_llama_cpp(monkeypatch: pytest.MonkeyPa
     assert found and found[-1].kind == "CPU" and found[-1].total_bytes > 0
     monkeypatch.setenv("GALAHAD_FAKE_MEMORY_GIB", "5")
     assert catalog.Machine.detect().memory_bytes == 5 * catalog.GIB
+
+
+def test_no_connection_to_the_hub_is_said_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
+    with pytest.raises(InputError, match="No connection to the model hub"):
+        download_gguf("google/x", "x.gguf", tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -42,6 +42,36 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Names of the exceptions (httpx's, requests', the standard library's) that mean the Hub
+# could not be reached at all, as opposed to an answer saying the file is not there.
+_OFFLINE = (
+    "ConnectError",
+    "ConnectionError",
+    "ConnectTimeout",
+    "Timeout",
+    "TimeoutError",
+    "ReadTimeout",
+    "LocalEntryNotFoundError",
+    "OfflineModeIsEnabled",
+    "URLError",
+    "gaierror",
+    "ProxyError",
+    "SSLError",
+)
+
+
+def _hub_problem(exc: BaseException, repo_id: str, filename: str) -> str:
+    """What went wrong asking the Hub for a file, for the user: offline, or not there."""
+    chain = [exc, exc.__cause__, exc.__context__]
+    names = {type(e).__name__ for e in chain if e is not None}
+    if names & set(_OFFLINE):
+        return (
+            "No connection to the model hub (huggingface.co): check the network, or a "
+            "proxy setting, and try again. Nothing was downloaded; the current model stays."
+        )
+    return f"Could not find '{filename}' in '{repo_id}' on the Hub: {type(exc).__name__}."
+
+
 def _published(repo_id: str, filename: str, revision: str | None) -> tuple[str, int, str]:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
@@ -50,9 +80,7 @@ def _published(repo_id: str, filename: str, revision: str | None) -> tuple[str, 
     try:
         meta = get_hf_file_metadata(url)
     except Exception as exc:  # huggingface_hub raises many types for network and 404s
-        raise InputError(
-            f"Could not find '{filename}' in '{repo_id}' on the Hub: {type(exc).__name__}."
-        ) from None
+        raise InputError(_hub_problem(exc, repo_id, filename)) from None
     sha = (meta.etag or "").strip('"').lower()
     if not _SHA256.match(sha):
         raise IntegrityError(

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from galahad_desktop.memory.results import EngineInfo
-from galahad_desktop.models.catalog import GIB, Recommendation
+from galahad_desktop.models.catalog import GIB, Candidate, Recommendation
 from galahad_desktop.ui import theme
 
 
@@ -37,6 +37,18 @@ class DropZone(QLabel):
             self.clicked.emit()
         else:
             super().keyPressEvent(event)
+
+
+def offered(recommendation: Recommendation) -> tuple[Candidate | None, bool]:
+    """What the first screen offers: the recommended size, else the quickest size that fits
+    (shown with its honest speed, to download anyway); (None, False) when none fits."""
+    if recommendation.recommended is not None:
+        chosen = next(c for c in recommendation.candidates if c.size == recommendation.recommended)
+        return chosen, False
+    fitting = [c for c in recommendation.candidates if c.fits]
+    if not fitting:
+        return None, False
+    return max(fitting, key=lambda c: c.decode_tps), True
 
 
 class Welcome(QWidget):
@@ -135,17 +147,34 @@ class Welcome(QWidget):
             self.offer.setVisible(False)
             return
         self.offer.setVisible(True)
-        if recommendation.recommended is None:
+        chosen, anyway = offered(recommendation)
+        if chosen is None:
+            # Nothing fits in this computer's memory: say so, and the way forward.
             self.get_button.setEnabled(False)
-            self.offer_label.setText(f"<b>Gemma 4</b>: {html.escape(recommendation.reason)}")
+            self.offer_label.setText(
+                f"<b>Gemma 4</b>: {html.escape(recommendation.reason)}<br>No size fits in "
+                "this computer's memory. A smaller GGUF you already have can be chosen "
+                "under Settings → Model."
+            )
             return
-        chosen = next(c for c in recommendation.candidates if c.size == recommendation.recommended)
         self.chosen_size = chosen.size
         self.get_button.setEnabled(True)
-        self.get_button.setText(f"Download Gemma 4 {chosen.size}")
+        self.get_button.setText(
+            f"Download Gemma 4 {chosen.size} anyway ({chosen.bytes / 1e9:.1f} GB)"
+            if anyway
+            else f"Download Gemma 4 {chosen.size}"
+        )
+        headline = (
+            f"<b>The Gemma 4 that fits: {html.escape(chosen.size)}</b> — slow here: about "
+            f"{chosen.decode_tps:.1f} words a second, a page read in about "
+            f"{400 / max(chosen.prefill_tps, 0.1):.0f} s (estimated on this computer)"
+            if anyway
+            else f"<b>Recommended for this computer: Gemma 4 {html.escape(chosen.size)}</b> "
+            f"({html.escape(chosen.active_params)}, about {chosen.decode_tps:.0f} words a "
+            "second here)"
+        )
         self.offer_label.setText(
-            f"<b>Recommended for this computer: Gemma 4 {html.escape(chosen.size)}</b> "
-            f"({html.escape(chosen.active_params)}).<br>{html.escape(recommendation.reason)}"
+            f"{headline}.<br>{html.escape(recommendation.reason)}"
             f"<br>Download: about {chosen.bytes / 1e9:.1f} GB of disk · memory "
             f"{chosen.memory_needed / GIB:.1f} GiB · each token of chat or document costs "
             f"{chosen.kv_bytes_per_token / 1024:.0f} KiB of stored memory.<br>"

@@ -132,7 +132,10 @@ def safe_arithmetic(expression: str) -> Fraction:
                 raise UnsafeExpression("power too large")
             if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and right == 0:
                 raise UnsafeExpression("division by zero")
-            value = _BINARY[type(node.op)](left, right)
+            try:  # total: 0 ** -1 and the like are "cannot verify", never an exception
+                value = _BINARY[type(node.op)](left, right)
+            except (ArithmeticError, ValueError):
+                raise UnsafeExpression("not a number (division by zero or overflow)") from None
             if abs(value) > 10**30 or _bits(Fraction(value)) > MAX_BITS:
                 raise UnsafeExpression("value too large or too precise")
             return Fraction(value)
