@@ -270,3 +270,38 @@ def test_the_first_window_fits_the_screen() -> None:
     assert first_size(QSize(1600, 1000)) == (1280, 850)
     width, height = first_size(QSize(1024, 700))
     assert width <= 1024 and height <= 700
+
+
+def test_tables_and_quotes_are_drawn_from_the_theme() -> None:
+    from galahad_desktop.ui import theme
+    from galahad_desktop.ui.render import markdown_html
+
+    palette = theme.current()
+    html = markdown_html("| a | b |\n|---|---|\n| 1 | 2 |\n\n> quoted words", palette)
+    assert 'border="1"' in html and f"border:1px solid {palette.border}" in html
+    assert f'bgcolor="{palette.accent}"' in html and "quoted words" in html
+    assert "<blockquote>" not in html
+
+
+def test_a_document_in_a_chat_is_a_chip_and_its_acknowledgement_a_note(
+    qtbot: Any, make_window: Any, tmp_path: Path
+) -> None:
+    win = make_window()
+    win.chat.input.setPlainText("Hello")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The harbour ledger lists boats and nets.")
+    win.add_to_conversation(notes)
+    qtbot.waitUntil(lambda: win.bridge.pending() == 0, timeout=WAIT_MS)
+    assert win.chat.messages[-1].role == "note" and "notes.txt" in win.chat.documents
+    assert win.chat.documents_label.isVisible() or not win.isVisible()
+    conversation = win.conversation_id
+    win.new_chat()
+    assert not win.chat.documents
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        win.open_conversation(str(conversation))
+    roles = [m.role for m in win.chat.messages]
+    assert roles[-2:] == ["document", "note"] and win.chat.documents == ["notes.txt"]
+    bar = win.chat.transcript.verticalScrollBar()
+    assert bar.value() == bar.maximum()  # opened at the newest message

@@ -24,9 +24,12 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
+    QLabel,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QTextBrowser,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -161,6 +164,15 @@ class ChatView(QWidget):
         # the message box keeps its width in a narrow window.
         for button in (self.regenerate_button, self.edit_button, self.verify_button):
             button.setText("")
+        self.attach_button = QToolButton()
+        self.attach_button.setIcon(theme.icon("document"))
+        self.attach_button.setText("Attach")
+        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.attach_button.setAccessibleName("Attach a document")
+        self.attach_button.setToolTip("Add a document: from your library, or a file")
+        self.attach_menu = QMenu(self.attach_button)
+        self.attach_button.setMenu(self.attach_menu)
+        self.attach_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.thinking_box = QCheckBox("Think first")
         self.thinking_box.setToolTip(
             "Let the model think before answering (Gemma 4). Set when a conversation starts; "
@@ -170,6 +182,7 @@ class ChatView(QWidget):
         buttons = QHBoxLayout()
         for button in (self.regenerate_button, self.edit_button, self.verify_button):
             buttons.addWidget(button)
+        buttons.addWidget(self.attach_button)
         buttons.addStretch(1)
         buttons.addWidget(self.thinking_box)
         buttons.addWidget(self.stop_button)
@@ -177,6 +190,16 @@ class ChatView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(theme.SPACE[4], theme.SPACE[3], theme.SPACE[4], theme.SPACE[3])
         layout.setSpacing(theme.SPACE[2])
+        self.documents_label = QLabel()
+        self.documents_label.setAccessibleName("Documents in this conversation")
+        self.documents_label.setToolTip(
+            "What this conversation holds: its documents are part of its memory"
+        )
+        self.documents_label.setWordWrap(True)
+        theme.set_role(self.documents_label, "muted")
+        self.documents_label.setVisible(False)
+        self.documents: list[str] = []
+        layout.addWidget(self.documents_label)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.input)
         layout.addLayout(buttons)
@@ -206,12 +229,24 @@ class ChatView(QWidget):
             widget.setEnabled(not busy)
 
     # -- the transcript ------------------------------------------------------------------
+    def set_documents(self, names: list[str]) -> None:
+        """The chips above the transcript: the documents this conversation holds."""
+        self.documents = list(dict.fromkeys(names))
+        self.documents_label.setText("Holds: " + "  ·  ".join(f"📄 {n}" for n in self.documents))
+        self.documents_label.setVisible(bool(self.documents))
+
+    def add_document(self, name: str) -> None:
+        self.set_documents([*self.documents, name])
+
     def set_messages(self, messages: list[ShownMessage]) -> None:
+        """Show a conversation, opened at its newest message."""
         self.messages = messages
         self._html.clear()
         self._shown = []
         self.focus_index = len(messages) - 1
         self.redraw()
+        bar = self.transcript.verticalScrollBar()
+        bar.setValue(bar.maximum())
 
     def set_show_times(self, show: bool) -> None:
         self.show_times = show

@@ -134,6 +134,9 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.send_button.clicked.connect(self.send)
         self.chat.input.submitted.connect(self.send)
         self.chat.version_requested.connect(self.show_version)
+        self.chat.attach_menu.aboutToShow.connect(
+            lambda: self.fill_attach_menu(self.chat.attach_menu)
+        )
         self.chat.input.picture_pasted.connect(self.paste_picture)
         self.chat.stop_button.clicked.connect(self.stop)
         self.chat.regenerate_button.clicked.connect(self.regenerate)
@@ -392,6 +395,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.conversation_id = None
         self.sidebar.current = None
         self.chat.set_messages([])
+        self.chat.set_documents([])
         self.chat.thinking_box.setEnabled(True)
         self.pages.setCurrentWidget(self.chat)
         self.set_context(0, self.n_ctx)
@@ -417,10 +421,21 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.conversation_id = opened.summary.id
         self.sidebar.current = self.conversation_id
         self.library_action.setChecked(opened.library_enabled)
+        roles = [m.role for m in opened.messages]
+        self.chat.set_documents(
+            [
+                *(
+                    d.name
+                    for d in self.sidebar.documents
+                    if opened.summary.document_id and d.id == opened.summary.document_id
+                ),
+                *(m.text for m in opened.messages if m.role == "document"),
+            ]
+        )
         self.chat.set_messages(
             [
                 ShownMessage(
-                    m.role,
+                    "note" if m.role == "model" and i and roles[i - 1] == "document" else m.role,
                     m.text,
                     m.thoughts,
                     created_at=m.created_at,
@@ -428,7 +443,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
                     version=m.version,
                     versions=m.versions,
                 )
-                for m in opened.messages
+                for i, m in enumerate(opened.messages)
             ]
         )
         self.last_graft = opened.graft

@@ -72,10 +72,37 @@ _MD.add_render_rule("fence", _fence)
 _MD.add_render_rule("code_block", _fence)
 
 
+_CELL = re.compile(r'<(th|td)(?: style="([^"]*)")?>')
+
+
+def _styled(body: str, p: Palette) -> str:
+    """Markdown's tables and quotes drawn from the theme: a table with cell borders and a
+    shaded header, a quote with a bar on its left (Qt's rich text draws neither itself)."""
+    body = body.replace(
+        "<table>",
+        f'<table cellspacing="0" cellpadding="5" border="1" '
+        f'style="border-color:{p.border};border-style:solid;margin:6px 0">',
+    )
+    body = _CELL.sub(
+        lambda m: (
+            f'<{m.group(1)} style="border:1px solid {p.border};{m.group(2) or ""}"'
+            + (f' bgcolor="{p.surface}">' if m.group(1) == "th" else ">")
+        ),
+        body,
+    )
+    body = body.replace(
+        "<blockquote>",
+        f'<table cellspacing="0" cellpadding="0" style="margin:6px 0"><tr>'
+        f'<td width="4" bgcolor="{p.accent}"></td><td width="10"></td>'
+        f'<td style="color:{p.muted}">',
+    )
+    return body.replace("</blockquote>", "</td></tr></table>")
+
+
 def markdown_html(text: str, palette: Palette | None = None, index: int = 0) -> str:
     palette = palette or theme.current()
     body = str(_MD.render(text, {"palette": palette, "index": index}))
-    return _HEADING.sub(_heading, body)
+    return _styled(_HEADING.sub(_heading, body), palette)
 
 
 def _heading(match: re.Match[str]) -> str:
@@ -136,6 +163,11 @@ def message_html(
             f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>{anchor}'
             f'<span style="color:{p.muted};font-size:small">Document added</span><br>'
             f"📄 <b>{html.escape(text)}</b></td></tr></table>"
+        )
+    if role == "note":  # the app's own words (a document's acknowledgement): not the model's
+        return (
+            f'<p style="color:{p.muted};font-size:small;margin:0 0 10px 12px">{anchor}'
+            f"{html.escape(text)}</p>"
         )
     who = {"user": "You", "model": model_name}.get(role, role)
     card = p.user_card if role == "user" else p.model_card

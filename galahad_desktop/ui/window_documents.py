@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 from PySide6.QtCore import QBuffer, QIODevice
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
-from PySide6.QtWidgets import QFileDialog, QWidget
+from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
 from galahad_desktop.memory.results import DepositResult, ImportResult, Message, TurnResult
 from galahad_desktop.ui.format import deposit_note
@@ -155,6 +155,43 @@ class DocumentActions:
         if self.working is not None:
             self.working.cancel.set()
 
+    def fill_attach_menu(self, menu: QMenu) -> None:
+        """The attach button's menu: a file from this computer, or a library document — a
+        new chat grafts its stored block (0 tokens re-read); an open conversation cannot
+        (a block is exact only at the positions it was read at), and says so."""
+        menu.clear()
+        menu.addAction("A file from this computer…", self.attach_file)
+        documents = [d for d in self.sidebar.documents if d.n_parts == 1]
+        if not documents:
+            return
+        menu.addSection("From your library")
+        for doc in documents:
+            action = menu.addAction(f"📄 {doc.name}")
+            if self.conversation_id is None:
+                action.setToolTip("A new chat on it: its stored memory is grafted, nothing re-read")
+                action.triggered.connect(
+                    lambda _checked=False, d=doc.id: self.chat_with(d)
+                )
+            else:
+                action.setEnabled(False)
+                action.setToolTip(
+                    "Start a new chat to use it without re-reading: a stored document is "
+                    "exact only at the positions it was read at"
+                )
+
+    def attach_file(self) -> None:
+        if self.conversation_id is None:
+            self.choose_document()
+            return
+        self.choose_stacked_document()
+
+    def chat_with(self, document_id: str) -> None:
+        self.bridge.run(
+            lambda core, _job: core.new_conversation(document_id),
+            on_done=self.open_conversation,
+            on_error=self.show_error,
+        )
+
     def chat_with_document(self) -> None:
         document_id = self.sidebar.selected_document()
         if document_id is None:
@@ -251,7 +288,8 @@ class DocumentActions:
 
     def _document_added(self, result: TurnResult, path: Path) -> None:
         self._set_generating(None)
-        self.chat.append("model", result.reply)
+        self.chat.append("note", result.reply)  # the app's acknowledgement, not a reply
+        self.chat.add_document(path.name)
         self.set_context(result.context_tokens, result.n_ctx)
         c = result.counters
         if result.image_tokens:

@@ -62,7 +62,11 @@ class LookActions:
                 str(self.ui_settings.value("theme", "system")),
                 int(str(self.ui_settings.value("font_size", 0) or 0)),
             )
+        # Every card is drawn again in the new colours: the reader stays where they were.
+        bar = self.chat.transcript.verticalScrollBar()
+        at_end, position = bar.value() >= bar.maximum() - 8, bar.value()
         self.chat.redraw()
+        bar.setValue(bar.maximum() if at_end else position)
 
     def set_theme(self, name: str) -> None:
         self.ui_settings.setValue("theme", name)
