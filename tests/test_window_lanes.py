@@ -249,7 +249,7 @@ def test_a_download_runs_beside_a_chat_in_its_own_lane(qtbot: Any, make_window: 
     assert win.bridge.running("downloads") is not None
     assert "(beside)" in win.lane_label.text() or win.download_bar.isVisible()
     GatedDownloads.gate.set()
-    qtbot.waitUntil(lambda: win.working is None, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: win.downloading is None, timeout=WAIT_MS)
 
 
 def test_enter_sends_and_shift_enter_breaks_a_line(qtbot: Any, make_window: Any) -> None:

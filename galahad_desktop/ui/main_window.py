@@ -87,7 +87,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.conversation_id: str | None = None
         self.generating: Request | None = None  # the turn's reply, once it is asked for
         self.turn_cancel: threading.Event | None = None  # the turn under way (all its steps)
-        self.working: Request | None = None  # a deposit, an import or a download
+        self.working: Request | None = None  # a deposit or an import
+        self.downloading: Request | None = None  # a model file, on the downloads lane
         self.model_files: list[ModelFile] = []
         self.recommendation: Recommendation | None = None
         self.n_ctx = 0
@@ -148,7 +149,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.branch_requested.connect(self.branch_reply)
         self.welcome = Welcome()
         self.welcome.get_model.connect(self.get_gemma4)
-        self.welcome.cancel_download.connect(self.cancel_work)
+        self.welcome.cancel_download.connect(self.cancel_download)
         self.welcome.choose_documents.connect(self.choose_document)
         self.welcome.start_chat.connect(self.new_chat)
         self.pages = QStackedWidget()
@@ -248,7 +249,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.download_cancel.setText("Stop download")
         self.download_cancel.setAccessibleName("Stop the download")
         self.download_cancel.setToolTip("Stop the download; starting it again resumes it")
-        self.download_cancel.clicked.connect(self.cancel_work)
+        self.download_cancel.clicked.connect(self.cancel_download)
         self.download_cancel.setVisible(False)
         bar = self.statusBar()
         bar.addWidget(self.graft_label, 1)
@@ -589,6 +590,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             ui_ini.chmod(0o600)
         if self.turn_cancel is not None:
             self.turn_cancel.set()
-        if self.working is not None:
-            self.working.cancel.set()
+        for request in (self.working, self.downloading):
+            if request is not None:
+                request.cancel.set()
         super().closeEvent(event)

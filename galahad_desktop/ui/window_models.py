@@ -33,6 +33,7 @@ class ModelActions:
         recommendation: Recommendation | None
         n_ctx: int
         working: Request | None
+        downloading: Request | None
         prompts: Prompts
         download_bar: QProgressBar
         download_cancel: QToolButton
@@ -152,7 +153,8 @@ class ModelActions:
         self.engine_changed()
 
     def get_gemma4(self, size: str) -> None:
-        if self.working is not None:
+        if self.downloading is not None:
+            self.set_status("A download is already running; its progress is in the status bar.")
             return
         self.welcome.show_progress(0, 1)
         self.set_status(f"Downloading Gemma 4 {size or '(recommended)'}…")
@@ -167,7 +169,7 @@ class ModelActions:
             self.download_bar.setFormat(f"{label} · {human_bytes(done)} of {human_bytes(total)}")
 
         if self.bridge.has_downloads_lane:  # beside the chat: replies go on meanwhile
-            self.working = self.bridge.download(
+            self.downloading = self.bridge.download(
                 lambda downloads, job: downloads.get_gemma4(chosen, job),
                 on_done=self._downloaded,
                 on_error=self._download_failed,
@@ -175,7 +177,7 @@ class ModelActions:
                 label=label,
             )
         else:
-            self.working = self.bridge.run(
+            self.downloading = self.bridge.run(
                 lambda core, job: core.get_gemma4(chosen, job, use=False),
                 on_done=self._downloaded,
                 on_error=self._download_failed,
@@ -184,8 +186,11 @@ class ModelActions:
             )
         self.download_cancel.setVisible(True)
 
+    def cancel_download(self) -> None:
+        self.bridge.cancel(self.downloading)
+
     def _downloaded(self, done: Any) -> None:
-        self.working = None
+        self.downloading = None
         self.welcome.download_over()
         self.download_bar.setVisible(False)
         self.download_cancel.setVisible(False)
@@ -202,7 +207,7 @@ class ModelActions:
         self.engine_changed()
 
     def _download_failed(self, message: str, kind: str) -> None:
-        self.working = None
+        self.downloading = None
         self.welcome.download_over()
         self.download_bar.setVisible(False)
         self.download_cancel.setVisible(False)
