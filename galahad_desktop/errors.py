@@ -6,6 +6,9 @@ stderr and exits with its `exit_code`, the app shows it in a dialog.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class GalahadError(Exception):
     """Base class: a problem the user can understand and usually fix."""
@@ -125,3 +128,15 @@ def as_user_error(exc: BaseException) -> GalahadError | None:
     if isinstance(exc, RecursionError | MemoryError):
         return InputError(f"The input is too large or too deeply nested ({type(exc).__name__}).")
     return None
+
+
+def user_path(value: str | os.PathLike[str]) -> Path:
+    """A path as the user wrote it, `~` and `~name` expanded; a home that does not exist is
+    a clear error naming the path (Python raises RuntimeError), never a crash."""
+    path = Path(value)
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        raise InputError(
+            f"'{path}' names the home folder of a user this computer does not have."
+        ) from None

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
+from galahad_desktop.errors import user_path
+
 APP_NAME = "galahad-desktop"
 DATA_DIR_ENV = "GALAHAD_DATA_DIR"
 
@@ -17,7 +19,7 @@ def default_data_dir() -> Path:
     """The data directory: $GALAHAD_DATA_DIR, else the platform's user data directory."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
-        return Path(env).expanduser()
+        return user_path(env)
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
 
 

@@ -5,6 +5,9 @@ conversation, and sampling flags checked like settings."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -185,3 +188,27 @@ def test_a_turn_with_arithmetic_that_divides_by_zero_is_answered(
     core = make_fake_core()
     turn = core.send(None, "What is 0**-1?", params=core.sampling(max_tokens=4))
     assert turn.conversation_id and len(core.messages(turn.conversation_id)) == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--data-dir", "~nosuchuser/x", "list"],
+        ["backup", "~nosuchuser/b"],
+        ["restore", "~nosuchuser/b"],
+        ["keys", "import", "~nosuchuser/k.json"],
+        ["settings", "model_path=~nosuchuser/m.gguf"],
+        ["settings", "embedding_model=~nosuchuser/m.gguf"],
+    ],
+)
+def test_a_home_that_does_not_exist_is_a_clear_error(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], keystore: Any
+) -> None:
+    from galahad_desktop import cli
+
+    full = argv if argv[0] == "--data-dir" else ["--data-dir", str(tmp_path / "d"), *argv]
+    with mock.patch("galahad_desktop.vault.keys.KeyringKeyStore", lambda *a, **k: keystore):
+        assert cli.main(["--data-dir", str(tmp_path / "d"), "list"]) == 0  # a catalog exists
+        code = cli.main(full)
+    err = capsys.readouterr().err
+    assert code == 4 and "~nosuchuser" in err and "Traceback" not in err

@@ -16,7 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, KeyAccessError, StorageError
+from galahad_desktop.errors import InputError, KeyAccessError, StorageError, user_path
 from galahad_desktop.jobs import Job, Progress
 from galahad_desktop.memory.results import to_jsonable
 from galahad_desktop.paths import DATA_DIR_ENV, default_data_dir
@@ -120,7 +120,7 @@ def data_dir_of(args: argparse.Namespace) -> Path:
     """The data directory, checked before anything is created in it."""
     path = Path(args.data_dir) if args.data_dir else default_data_dir()
     try:
-        path = path.expanduser()
+        path = user_path(path)
         if path.exists() and not path.is_dir():
             raise StorageError(f"The data directory {path} is a file, not a directory.")
         resolved = path.resolve()

@@ -16,7 +16,7 @@ from galahad_desktop.cli.common import (
     data_dir_of,
     parse_pairs,
 )
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import InputError, user_path
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
@@ -199,7 +199,7 @@ def cmd_settings(args: argparse.Namespace, out: Output) -> int:
             if changes.get(key, "").strip():
                 from galahad_desktop.engine.modelinfo import check_model_file
 
-                check_model_file(Path(changes[key]).expanduser())
+                check_model_file(user_path(changes[key]))
         ensure_private_dir(data_dir)
         settings = Settings(data_dir)
         before = settings.as_dict()

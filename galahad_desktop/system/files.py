@@ -117,9 +117,9 @@ def check_export_destination(path: Path, protected: Path, force: bool) -> Path:
     """Where an export may be written: a new file (or, with `force`, an existing regular
     file), never through a symbolic link, never a device or a FIFO, never inside
     `protected` (the data directory: an export there could replace the catalog)."""
-    from galahad_desktop.errors import InputError
+    from galahad_desktop.errors import InputError, user_path
 
-    path = Path(path).expanduser()
+    path = user_path(path)
     if path.is_symlink():
         raise InputError(f"{path} is a symbolic link; give the file itself.")
     if not path.parent.is_dir():

@@ -169,9 +169,7 @@ class DocumentActions:
             action = menu.addAction(f"📄 {doc.name}")
             if self.conversation_id is None:
                 action.setToolTip("A new chat on it: its stored memory is grafted, nothing re-read")
-                action.triggered.connect(
-                    lambda _checked=False, d=doc.id: self.chat_with(d)
-                )
+                action.triggered.connect(lambda _checked=False, d=doc.id: self.chat_with(d))
             else:
                 action.setEnabled(False)
                 action.setToolTip(

@@ -38,6 +38,7 @@ from galahad_desktop.errors import (
     IntegrityError,
     KeyAccessError,
     StorageError,
+    user_path,
 )
 from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import (
@@ -153,7 +154,7 @@ class BackupResult:
 
 
 def _empty_target(dest: Path, what: str) -> Path:
-    dest = dest.expanduser()
+    dest = user_path(dest)
     if dest.is_symlink():
         raise InputError(
             f"{dest} is a symbolic link; choose a new {what} (links are not followed)."
@@ -277,7 +278,7 @@ def restore(
     `accept` opens the new directory as the current generation. A refusal at any step
     (exit 5 for a damaged backup) leaves the data directory and the counter as they were.
     """
-    backup_dir, data_dir = Path(backup_dir).expanduser(), Path(data_dir).expanduser()
+    backup_dir, data_dir = user_path(backup_dir), user_path(data_dir)
     catalog = backup_dir / "catalog.sqlite"
     if backup_dir.is_symlink() or catalog.is_symlink() or (backup_dir / "blocks").is_symlink():
         raise IntegrityError(f"{backup_dir} holds links where a backup holds files; refused.")
@@ -392,7 +393,7 @@ def check_recovery_passphrase(passphrase: str) -> None:
 
 def export_kit(vault: Vault, passphrase: str, out: Path) -> list[str]:
     check_recovery_passphrase(passphrase)
-    out = Path(out).expanduser()
+    out = user_path(out)
     if out.exists():
         raise InputError(f"{out} already exists; choose a new file for the recovery kit.")
     if not out.parent.is_dir():
@@ -414,7 +415,7 @@ def export_kit(vault: Vault, passphrase: str, out: Path) -> list[str]:
 def _read_kit(path: Path) -> dict[str, Any]:
     try:
         # A kit is a few KiB: a larger file, a device or a FIFO is not one.
-        kit = json.loads(read_regular_file(Path(path).expanduser(), 1024 * 1024, "a recovery kit"))
+        kit = json.loads(read_regular_file(user_path(path), 1024 * 1024, "a recovery kit"))
     except (ValueError, RecursionError):
         raise InputError(f"{path} is not a Galahad recovery kit (not readable JSON).") from None
     ok = (

@@ -17,7 +17,7 @@ import numpy as np
 from galahad_desktop.engine.embedder import Embedder
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, NotFoundError, StorageError
+from galahad_desktop.errors import InputError, NotFoundError, StorageError, user_path
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.documents import Documents
@@ -112,7 +112,7 @@ class Routing:
     def embedder(self) -> Embedder | None:
         """The embedding model in settings, loaded on first use (None: words alone)."""
         setting = str(self.live.settings.get("embedding_model") or "").strip()
-        wanted = Path(setting).expanduser() if setting else None
+        wanted = user_path(setting) if setting else None
         if self._embedder is not None and self._embedder.path != wanted:
             self._embedder.close()
             self._embedder = None
