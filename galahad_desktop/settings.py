@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.system.files import atomic_write_bytes
+from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 log = logging.getLogger(__name__)
 AUTO = ("", "auto", "model", "none", "null")  # spellings of "use the model's recommendation"
@@ -636,16 +636,16 @@ class Settings:
         self.path = Path(data_dir) / self.FILE_NAME
         self._values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
         self.problems: list[str] = []  # saved values that were ignored, and why
-        if self.path.exists():
+        if os.path.lexists(self.path):
             self._load()
 
     def _load(self) -> None:
         try:
-            raw = self.path.read_bytes()
-            if len(raw) > 1_000_000:
-                raise ValueError("larger than any settings file")
+            # Bounded, from a regular file only: a FIFO there never blocks the app's start,
+            # a link to /dev/zero is refused before anything is read.
+            raw = read_regular_file(self.path, 1_000_000, "the settings file")
             stored = json.loads(raw.decode("utf-8"))
-        except (OSError, ValueError, RecursionError) as exc:
+        except (OSError, ValueError, RecursionError, InputError) as exc:
             self.problems.append(
                 f"The settings file {self.path} is unreadable ({type(exc).__name__}); the "
                 "defaults are used until settings are saved again."

@@ -212,3 +212,34 @@ def test_a_home_that_does_not_exist_is_a_clear_error(
         code = cli.main(full)
     err = capsys.readouterr().err
     assert code == 4 and "~nosuchuser" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_settings_file_that_is_not_a_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    import os
+    import threading
+
+    from galahad_desktop.settings import Settings
+
+    path = tmp_path / "settings.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    loaded: list[Settings] = []
+    reader = threading.Thread(target=lambda: loaded.append(Settings(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert loaded, "reading the settings hung"
+    assert loaded[0].get("max_tokens") == 1024 and "unreadable" in loaded[0].problems[0]
+
+
+def test_the_recovery_kit_never_goes_inside_the_data_directory(
+    make_fake_core: CoreFactory, tmp_path: Path
+) -> None:
+    core = make_fake_core()
+    for place in (core.data_dir / "kit.json", core.data_dir / "blocks" / "kit.json"):
+        with pytest.raises(InputError, match="inside Galahad's data directory"):
+            core.export_recovery_kit("a recovery phrase 42 horse", place)
+        assert not place.exists()
+    assert core.audit().problems == []

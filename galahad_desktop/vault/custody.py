@@ -43,6 +43,7 @@ from galahad_desktop.errors import (
 from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import (
     atomic_write_bytes,
+    check_export_destination,
     fsync_dir,
     open_plain_file,
     open_private,
@@ -394,10 +395,11 @@ def check_recovery_passphrase(passphrase: str) -> None:
 def export_kit(vault: Vault, passphrase: str, out: Path) -> list[str]:
     check_recovery_passphrase(passphrase)
     out = user_path(out)
-    if out.exists():
+    if out.exists() and not out.is_symlink():
         raise InputError(f"{out} already exists; choose a new file for the recovery kit.")
-    if not out.parent.is_dir():
-        raise InputError(f"The folder {out.parent} does not exist.")
+    # Never inside the data directory (the audit would call it a stranger; a kit kept
+    # beside what it protects is lost with it), never through a link or onto a device.
+    out = check_export_destination(out, vault.data_dir, force=False)
     n, r, p = KIT_SCRYPT
     params = {"n": n, "r": r, "p": p, "salt": base64.b64encode(os.urandom(16)).decode()}
     kek = _kit_kek(passphrase, params)
