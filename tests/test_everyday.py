@@ -243,3 +243,15 @@ def test_the_recovery_kit_never_goes_inside_the_data_directory(
             core.export_recovery_kit("a recovery phrase 42 horse", place)
         assert not place.exists()
     assert core.audit().problems == []
+
+
+def test_audit_repair_moves_a_file_it_did_not_write_instead_of_deleting_it(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    stranger = core.vault.blocks_dir / "kit.json"
+    stranger.write_text('{"format": "someone else\'s"}')
+    repaired = core.audit(repair=True)
+    moved = core.data_dir / "quarantine" / "kit.json"
+    assert not stranger.exists() and moved.read_text().startswith('{"format"')
+    assert any("not deleted" in line and str(moved) in line for line in repaired.repaired)

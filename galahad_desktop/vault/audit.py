@@ -4,11 +4,15 @@ belong there (links, folders: reported, never followed or removed)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from galahad_desktop.errors import IntegrityError
+from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import TMP_PREFIX
 from galahad_desktop.vault import blockfile
+from galahad_desktop.vault.blockfile import MAGIC
 from galahad_desktop.vault.names import AuditReport, BlockRow, block_file_of, tokens_digest
 
 if TYPE_CHECKING:  # the vault calls the audit with itself: a type, not an import
@@ -71,10 +75,29 @@ def audit(vault: Vault, repair: bool = False) -> AuditReport:
                 "the blocks folder"
             )
             continue
+        ours = path.name.startswith(TMP_PREFIX) or _is_block_file(path)
         what = "unfinished write" if path.name.startswith(TMP_PREFIX) else "orphan file"
-        if repair:
+        if not repair:
+            report.problems.append(f"{what} {path.name} is not in the catalog")
+        elif ours:
             path.unlink()
             report.repaired.append(f"removed {what} {path.name}")
         else:
-            report.problems.append(f"{what} {path.name} is not in the catalog")
+            # Not Galahad's to delete (a recovery kit someone saved there, say): moved aside.
+            quarantine = ensure_private_dir(vault.data_dir / QUARANTINE)
+            moved = quarantine / path.name
+            os.replace(path, moved)
+            report.repaired.append(f"moved {what} {path.name} to {moved} (not deleted)")
     return report
+
+
+QUARANTINE = "quarantine"  # where repair moves files in the blocks folder it did not write
+
+
+def _is_block_file(path: Path) -> bool:
+    """Whether a file starts as every block file Galahad writes does."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
