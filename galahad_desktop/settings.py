@@ -160,8 +160,9 @@ SETTINGS: tuple[Setting, ...] = (
         "kv_type",
         str,
         "f16",
-        "KV cache element type: q8_0 stores about half the bytes per token (it needs flash "
-        "attention), f16 is exact to the model's own arithmetic.",
+        "How precisely the model's memory of what it read is kept: q8_0 takes about half "
+        "the disk per word (it needs flash attention); f16 keeps it exactly as the model "
+        "computed it.",
         runtime=True,
         choices=("f16", "f32", "q8_0"),
         group="Memory and documents",

@@ -135,7 +135,9 @@ def test_first_screen_explains_itself(qtbot, open_window, monkeypatch: pytest.Mo
     text = window.welcome.model_label.text()
     assert "Gemma 3 270M" in text or "gemma" in text.lower()
     assert "does not follow instructions" in text  # the embedded demo model says what it is
-    assert "matched by words alone" in text  # no embedding model set: the router says so
+    # No embedding model set: the router says so, one hover away (plain words first).
+    assert "matched by words alone" in window.welcome.model_label.toolTip()
+    assert "BM25" not in text and "turn format" not in text
     qtbot.waitUntil(lambda: window.welcome.offer.isVisible(), timeout=WAIT_MS)
     offer = window.welcome.offer_label.text()
     assert "Recommended for this computer: Gemma 4 E4B" in offer and "KiB" in offer

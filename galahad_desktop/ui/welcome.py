@@ -133,13 +133,16 @@ class Welcome(QWidget):
             )
         elif model.kind == "base":
             note = f"<br>{html.escape(model.label)}."
+        words = int(info.n_ctx * 0.75)  # a token is about three quarters of a word
         self.model_label.setText(
-            f"Running <b>{html.escape(model.name)}</b> ({model.n_params / 1e6:,.0f}M "
-            f"parameters, {html.escape(model.quantization)}) on "
-            f"{html.escape(info.device_note())} · "
-            f"context {info.n_ctx:,} tokens · turn format: {html.escape(info.turn_format_note)}"
-            f"<br>Questions to the library are matched by {html.escape(info.routing)}."
-            f"{note}"
+            f"Running <b>{html.escape(model.name)}</b> on {html.escape(info.device_note())} · "
+            f"a conversation holds about {words:,} words{note}"
+        )
+        # The technical names stay one hover away.
+        self.model_label.setToolTip(
+            f"{model.n_params / 1e6:,.0f}M parameters, {model.quantization} · context "
+            f"{info.n_ctx:,} tokens · turn format: {info.turn_format_note} · library "
+            f"questions matched by {info.routing}"
         )
 
     def show_offer(self, recommendation: Recommendation, installed: bool) -> None:
