@@ -14,7 +14,7 @@ import pytest
 
 from galahad_desktop.engine.decoding import StopRules, decode_reply
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
 
@@ -255,3 +255,28 @@ def test_audit_repair_moves_a_file_it_did_not_write_instead_of_deleting_it(
     moved = core.data_dir / "quarantine" / "kit.json"
     assert not stranger.exists() and moved.read_text().startswith('{"format"')
     assert any("not deleted" in line and str(moved) in line for line in repaired.repaired)
+
+
+def test_a_conversation_keeps_its_own_creativity_reply_limit_and_system_prompt(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    first = core.send(
+        None, "Hello", system_prompt="Answer like a pirate-9183.", temperature=0.0, max_tokens=3
+    )
+    conversation = first.conversation_id
+    assert first.counters.generated_tokens <= 3
+    assert core.conversation_sampling(conversation) == {"temperature": 0.0, "max_tokens": 3}
+    assert core.conversation_system_prompt(conversation) == "Answer like a pirate-9183."
+    assert b"pirate-9183" not in (core.data_dir / "catalog.sqlite").read_bytes()
+    core.set_conversation_sampling(conversation, None, 5)
+    assert core.sampling(conversation).max_tokens == 5
+    assert core.sampling().max_tokens == 1024  # the settings' value elsewhere
+    with pytest.raises(InputError, match="temperature"):
+        core.set_conversation_sampling(conversation, float("nan"), None)
+    assert core.audit().problems == []
+    # Its own words are sealed with it: removed from the record, it is refused by name.
+    with core.vault.transaction():
+        core.vault.catalog.update("conversations", conversation, {"system_enc": None})
+    with pytest.raises(IntegrityError, match=conversation):
+        core.messages(conversation)

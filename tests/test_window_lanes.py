@@ -305,3 +305,36 @@ def test_a_document_in_a_chat_is_a_chip_and_its_acknowledgement_a_note(
     assert roles[-2:] == ["document", "note"] and win.chat.documents == ["notes.txt"]
     bar = win.chat.transcript.verticalScrollBar()
     assert bar.value() == bar.maximum()  # opened at the newest message
+
+
+def test_a_new_chat_takes_its_own_settings_from_the_first_message(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window()
+
+    class Chosen:
+        def __init__(self, *_args: Any) -> None:
+            pass
+
+        def exec(self) -> bool:
+            return True
+
+        def values(self) -> tuple[str, float | None, int | None]:
+            return ("Speak as a lighthouse keeper.", 0.0, 2)
+
+    win._conversation_dialog(Chosen, None, "", {})
+    win.chat.input.setPlainText("Hello")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
+        win.send()
+    assert finished.args[0].counters.generated_tokens <= 2
+    got: list[Any] = []
+    conversation = finished.args[0].conversation_id
+    win.bridge.run(
+        lambda core, _job: (
+            core.conversation_system_prompt(conversation),
+            core.conversation_sampling(conversation),
+        ),
+        on_done=got.append,
+    )
+    qtbot.waitUntil(lambda: bool(got), timeout=WAIT_MS)
+    assert got[0] == ("Speak as a lighthouse keeper.", {"temperature": 0.0, "max_tokens": 2})

@@ -164,8 +164,13 @@ def open_core(args: argparse.Namespace) -> Galahad:
     )
 
 
-def sampling_of(core: Galahad, args: argparse.Namespace) -> SamplingParams:
-    return core.sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+def sampling_of(core: Galahad, args: argparse.Namespace) -> SamplingParams | None:
+    """The sampling flags given, over the settings; None without any (the core then uses
+    the conversation's own values over the settings)."""
+    given = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+    if all(value is None for value in given.values()):
+        return None
+    return core.sampling(**given)
 
 
 def add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:

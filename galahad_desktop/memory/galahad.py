@@ -61,7 +61,7 @@ from galahad_desktop.memory.verified.verifiers import Verdict
 from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
-from galahad_desktop.settings import SETTINGS, Setting, Settings, coerce
+from galahad_desktop.settings import SETTINGS, SYSTEM_PROMPTS, Setting, Settings, coerce
 from galahad_desktop.vault import custody
 from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
@@ -161,13 +161,16 @@ class Galahad:
         self.live.reload()
 
     # -- the model and settings ----------------------------------------------------------
-    def sampling(self, **changes: Any) -> SamplingParams:
-        """Settings over the model publisher's recommendation; explicit changes over both."""
+    def sampling(self, conversation_id: str | None = None, **changes: Any) -> SamplingParams:
+        """Settings over the model publisher's recommendation, a conversation's own values
+        over those, explicit changes over all."""
         params: dict[str, Any] = dict(self.engine.sampling_defaults())
         for key in ("temperature", "top_p", "top_k", "max_tokens", "seed"):
             value = self.settings.get(key)
             if value is not None:
                 params[key] = value
+        if conversation_id is not None:
+            params.update(self.conversations.own_sampling(conversation_id))
         # Explicit values pass the settings' own checks (a NaN temperature or a negative
         # seed is a clear error naming the option, never a crash inside the sampler).
         params.update({k: coerce(k, v) for k, v in changes.items() if v is not None})
@@ -315,24 +318,49 @@ class Galahad:
         compact: bool = False,
         thinking: bool | None = None,
         system_prompt: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
     ) -> TurnResult:
         """One turn, through the verified-answer library when the conversation uses it (the
         window and the command take this same path). Without a conversation, a new one is
         made with this first turn: a turn that fails leaves no conversation behind."""
         if conversation_id is not None:
-            result = self.library.ask(conversation_id, text, params or self.sampling(), job)
+            params = params or self.sampling(conversation_id)
+            result = self.library.ask(conversation_id, text, params, job)
             return self._after_turn(result, compact)
         check_text(text, "The message")
         if not text.strip():
             raise InputError("The message is empty.")
-        params = params or self.sampling()
         created = self.conversations.create(system_prompt=system_prompt, thinking=thinking)
         try:
+            if temperature is not None or max_tokens is not None:
+                self.conversations.set_sampling(created, temperature, max_tokens)
+            params = params or self.sampling(created)
             result = self.library.ask(created, text, params, job)
         except BaseException:
             self.maintenance.forget(created)
             raise
         return self._after_turn(result, compact)
+
+    def set_conversation_sampling(
+        self, conversation_id: str, temperature: float | None, max_tokens: int | None
+    ) -> dict[str, Any]:
+        """A conversation's own creativity and longest reply (None: the settings'); returns
+        what it now sets."""
+        self.conversations.set_sampling(conversation_id, temperature, max_tokens)
+        return self.conversations.own_sampling(conversation_id)
+
+    def conversation_sampling(self, conversation_id: str) -> dict[str, Any]:
+        return self.conversations.own_sampling(conversation_id)
+
+    def conversation_system_prompt(self, conversation_id: str) -> str:
+        """The words of a conversation's system prompt (its own, or its preset's)."""
+        return self.conversations.system_text(self.conversations.row(conversation_id))
+
+    @staticmethod
+    def system_prompt_presets() -> dict[str, str]:
+        """The built-in system prompts, by name: starting points for the user's own."""
+        return dict(SYSTEM_PROMPTS)
 
     def reply_versions(self, conversation_id: str, seq: int) -> list[ReplyVersion]:
         """Every version of the reply at message `seq`, oldest first (Regenerate keeps
@@ -354,7 +382,8 @@ class Galahad:
         params: SamplingParams | None = None,
         compact: bool = False,
     ) -> TurnResult:
-        result = self.conversations.regenerate(conversation_id, params or self.sampling(), job)
+        params = params or self.sampling(conversation_id)
+        result = self.conversations.regenerate(conversation_id, params, job)
         return self._after_turn(result, compact)
 
     def branch(

@@ -173,6 +173,12 @@ class ChatView(QWidget):
         self.attach_menu = QMenu(self.attach_button)
         self.attach_button.setMenu(self.attach_menu)
         self.attach_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.conversation_button = QToolButton()
+        self.conversation_button.setIcon(theme.icon("settings"))
+        self.conversation_button.setAccessibleName("This conversation's settings")
+        self.conversation_button.setToolTip(
+            "This conversation: its system prompt, creativity and longest reply"
+        )
         self.thinking_box = QCheckBox("Think first")
         self.thinking_box.setToolTip(
             "Let the model think before answering (Gemma 4). Set when a conversation starts; "
@@ -183,6 +189,7 @@ class ChatView(QWidget):
         for button in (self.regenerate_button, self.edit_button, self.verify_button):
             buttons.addWidget(button)
         buttons.addWidget(self.attach_button)
+        buttons.addWidget(self.conversation_button)
         buttons.addStretch(1)
         buttons.addWidget(self.thinking_box)
         buttons.addWidget(self.stop_button)

@@ -10,8 +10,12 @@ from typing import Any
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
     QFileDialog,
+    QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -19,6 +23,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPlainTextEdit,
     QPushButton,
+    QSpinBox,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -509,3 +514,81 @@ class ContextFullDialog(QDialog):
     def _choose(self, kind: str) -> None:
         self.choice = kind
         self.accept()
+
+
+class ConversationDialog(QDialog):
+    """One conversation's own settings: its system prompt (a preset as a starting point,
+    or the user's own words; set before its first message, since it is the conversation's
+    first tokens), and its creativity and longest reply over the app's settings."""
+
+    def __init__(
+        self,
+        parent: QWidget,
+        system_prompt: str,
+        sampling: dict[str, Any],
+        started: bool,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("This conversation")
+        self.presets = Galahad.system_prompt_presets()
+        layout = QVBoxLayout(self)
+        self.preset = QComboBox()
+        self.preset.addItem("Start from a preset…", "")
+        for name in self.presets:
+            if name != "none":
+                self.preset.addItem(name.capitalize(), name)
+        theme.describe(self.preset, "Preset", "Fill the system prompt with a built-in one")
+        self.preset.activated.connect(self._preset_chosen)
+        self.system = QPlainTextEdit(system_prompt)
+        self.system.setPlaceholderText("How the model should behave in this conversation")
+        theme.describe(self.system, "System prompt", "Your own words, kept encrypted")
+        self.system.setFixedHeight(120)
+        note = QLabel(
+            "The system prompt is the conversation's first words: it is set before the first "
+            "message (start a new chat to change it)."
+            if started
+            else "Kept encrypted with the conversation."
+        )
+        note.setWordWrap(True)
+        theme.set_role(note, "muted")
+        for widget in (self.preset, self.system):
+            widget.setEnabled(not started)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(-0.1, 5.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setSpecialValueText("the settings' value")
+        self.temperature.setValue(float(sampling.get("temperature", -0.1)))
+        theme.describe(self.temperature, "Creativity", "0 always picks the likeliest word")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(0, 131_072)
+        self.max_tokens.setSpecialValueText("the settings' value")
+        self.max_tokens.setSuffix(" tokens")
+        self.max_tokens.setValue(int(sampling.get("max_tokens", 0)))
+        theme.describe(self.max_tokens, "Longest reply", "The longest a reply may be here")
+        form = QFormLayout()
+        form.addRow("System prompt", self.preset)
+        form.addRow("", self.system)
+        form.addRow("", note)
+        form.addRow("Creativity", self.temperature)
+        form.addRow("Longest reply", self.max_tokens)
+        layout.addLayout(form)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    def _preset_chosen(self, index: int) -> None:
+        name = self.preset.itemData(index)
+        if name:
+            self.system.setPlainText(self.presets[str(name)])
+
+    def values(self) -> tuple[str, float | None, int | None]:
+        """(system prompt, temperature, longest reply); None where the settings rule."""
+        temperature = self.temperature.value()
+        return (
+            self.system.toPlainText().strip(),
+            None if temperature < 0 else round(temperature, 2),
+            self.max_tokens.value() or None,
+        )

@@ -87,6 +87,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.conversation_id: str | None = None
         self.generating: Request | None = None  # the turn's reply, once it is asked for
         self.turn_cancel: threading.Event | None = None  # the turn under way (all its steps)
+        # A new chat's own settings, kept with it from its first message.
+        self.new_chat_settings: tuple[str, float | None, int | None] = ("", None, None)
         self.working: Request | None = None  # a deposit or an import
         self.downloading: Request | None = None  # a model file, on the downloads lane
         self.model_files: list[ModelFile] = []
@@ -135,6 +137,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.send_button.clicked.connect(self.send)
         self.chat.input.submitted.connect(self.send)
         self.chat.version_requested.connect(self.show_version)
+        self.chat.conversation_button.clicked.connect(self.open_conversation_settings)
         self.chat.attach_menu.aboutToShow.connect(
             lambda: self.fill_attach_menu(self.chat.attach_menu)
         )
@@ -394,6 +397,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
     # -- conversations -------------------------------------------------------------------
     def new_chat(self) -> None:
         self.conversation_id = None
+        self.new_chat_settings = ("", None, None)
         self.sidebar.current = None
         self.chat.set_messages([])
         self.chat.set_documents([])

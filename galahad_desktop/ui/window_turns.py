@@ -58,6 +58,7 @@ class TurnActions:
         conversation_id: str | None
         generating: Request | None
         turn_cancel: threading.Event | None
+        new_chat_settings: tuple[str, float | None, int | None]
         n_ctx: int
         speed_label: QLabel
         lane_label: QLabel
@@ -118,8 +119,18 @@ class TurnActions:
             self._show_question(text)
             self._show_pending_chat(text)
             # The conversation is made with its first turn (none is left if it fails).
+            system, temperature, max_tokens = self.new_chat_settings
             self._start_turn(
-                lambda core, job: core.send(None, text, job, compact=True, thinking=thinking),
+                lambda core, job: core.send(
+                    None,
+                    text,
+                    job,
+                    compact=True,
+                    thinking=thinking,
+                    system_prompt=system or None,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                ),
                 text,
             )
             return
@@ -290,6 +301,61 @@ class TurnActions:
             self.turn_cancel.set()
             self.set_status("Stopping…")
             self.show_lanes()
+
+    # -- this conversation's own settings ------------------------------------------------
+    def open_conversation_settings(self) -> None:
+        from galahad_desktop.ui.dialogs import ConversationDialog
+
+        conversation_id = self.conversation_id
+        if conversation_id is None:
+            system, temperature, max_tokens = self.new_chat_settings
+            sampling: dict[str, Any] = {
+                k: v
+                for k, v in (("temperature", temperature), ("max_tokens", max_tokens))
+                if v is not None
+            }
+            self._conversation_dialog(ConversationDialog, None, system, sampling)
+            return
+
+        def read(core: Galahad, _job: Job) -> tuple[str, dict[str, Any], bool]:
+            return (
+                core.conversation_system_prompt(conversation_id),
+                core.conversation_sampling(conversation_id),
+                bool(core.messages(conversation_id)),
+            )
+
+        self.bridge.run(
+            read,
+            on_done=lambda got: self._conversation_dialog(
+                ConversationDialog, conversation_id, got[0], got[1], got[2]
+            ),
+            on_error=self.show_error,
+        )
+
+    def _conversation_dialog(
+        self,
+        dialog_type: Any,
+        conversation_id: str | None,
+        system: str,
+        sampling: dict[str, Any],
+        started: bool = False,
+    ) -> None:
+        dialog = dialog_type(self, system, sampling, started)
+        if not dialog.exec():
+            return
+        system, temperature, max_tokens = dialog.values()
+        if conversation_id is None:
+            self.new_chat_settings = (system, temperature, max_tokens)
+            self.set_status("Saved for this new chat ✓ (kept with it from its first message)")
+            return
+        self.bridge.run(
+            lambda core, _job: core.set_conversation_sampling(
+                conversation_id, temperature, max_tokens
+            ),
+            on_done=lambda _own: self.set_status("This conversation's settings saved ✓"),
+            on_error=self.show_error,
+            label="Saving this conversation's settings",
+        )
 
     # -- regenerate and versions -------------------------------------------------------------
     def regenerate(self) -> None:

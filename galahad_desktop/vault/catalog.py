@@ -61,6 +61,8 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "library": int,
             "system_prompt": str,
             "system_enc": bytes,  # the user's own system prompt, when not a preset
+            "temperature": float,  # this conversation's own, over the settings (None: theirs)
+            "max_tokens": int,  # this conversation's longest reply (None: the setting)
             "thinking": int,
             "model_sha256": str,
             "seal": bytes,

@@ -69,6 +69,8 @@ class ConversationRow(TypedDict):
     updated_at: float
     title_enc: NotRequired[bytes]
     system_enc: NotRequired[bytes | None]  # the user's own system prompt (schema 5)
+    temperature: NotRequired[float | None]  # its own sampling, over the settings (schema 5)
+    max_tokens: NotRequired[int | None]
     library: NotRequired[int | None]  # the verified-answer library: on (1), off (0), default
     model_sha256: NotRequired[str | None]  # the model it was last stored under
     seal: NotRequired[bytes]

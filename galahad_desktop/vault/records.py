@@ -309,6 +309,9 @@ class Records:
         values.update({k: _plain(row.get(k)) for k in SEALED[table]})
         if table == "conversations":
             values["transcript"] = self.transcript(str(row["id"]))
+            for own in ("temperature", "max_tokens"):  # sealed where set (old seals hold)
+                if row.get(own) is not None:
+                    values[own] = _plain(row.get(own))
             if isinstance(row.get("system_enc"), bytes):
                 # Its own system prompt cannot be removed or swapped without breaking the
                 # seal (the seals of conversations on a preset are what they always were).

@@ -38,6 +38,7 @@ from galahad_desktop.memory.results import (
     Message,
     TurnResult,
 )
+from galahad_desktop.settings import coerce
 from galahad_desktop.vault.names import (
     BlockRow,
     ConversationRow,
@@ -246,6 +247,24 @@ class Conversations:
                 },
             )
         return self.summary(self.row(conversation_id))
+
+    def set_sampling(
+        self, conversation_id: str, temperature: float | None, max_tokens: int | None
+    ) -> None:
+        """This conversation's own creativity and longest reply (None: the settings')."""
+        self.check(conversation_id)
+        changes = {
+            "temperature": None if temperature is None else coerce("temperature", temperature),
+            "max_tokens": None if max_tokens is None else coerce("max_tokens", max_tokens),
+        }
+        with self.vault.transaction():
+            self.records.update("conversations", conversation_id, changes)
+            self.records.reseal("conversations", conversation_id)
+
+    def own_sampling(self, conversation_id: str) -> dict[str, Any]:
+        """What this conversation sets over the settings (temperature, max_tokens)."""
+        row = self.row(conversation_id)
+        return {k: row.get(k) for k in ("temperature", "max_tokens") if row.get(k) is not None}
 
     def set_thinking(self, conversation_id: str, enabled: bool) -> None:
         """Thinking is switched on in the conversation's first tokens (Gemma 4's system
