@@ -280,3 +280,10 @@ def test_a_conversation_keeps_its_own_creativity_reply_limit_and_system_prompt(
         core.vault.catalog.update("conversations", conversation, {"system_enc": None})
     with pytest.raises(IntegrityError, match=conversation):
         core.messages(conversation)
+
+
+def test_newlines_and_spaces_are_text_even_when_a_tokenizer_keeps_them_whole() -> None:
+    from galahad_desktop.engine.decoding import is_tag
+
+    assert is_tag("<|channel>") and is_tag("<start_of_image>") and is_tag("<unused12>")
+    assert not any(is_tag(t) for t in ("\n", "\n\n", "    ", "<", "a<b>", "<>"))

@@ -61,6 +61,12 @@ class StopRules:
         return token in self.turn_markers or self.end_of_generation(token)
 
 
+def is_tag(text: str) -> bool:
+    """Whether a token's text is written as markup (`<|turn>`, `<start_of_image>`,
+    `<unused12>`), as opposed to text a tokenizer keeps whole (newlines, runs of spaces)."""
+    return len(text) > 2 and text.startswith("<") and text.endswith(">") and not text.isspace()
+
+
 def turn_markers(
     template_pieces: Sequence[Sequence[int]], markup: frozenset[int]
 ) -> frozenset[int]:

@@ -30,7 +30,7 @@ from galahad_desktop.engine.chat_format import (
     TurnFormat,
     derive_turn_format,
 )
-from galahad_desktop.engine.decoding import Generation, decode_reply
+from galahad_desktop.engine.decoding import Generation, decode_reply, is_tag
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, describe
 from galahad_desktop.engine.reader import F16Reader
@@ -255,18 +255,22 @@ class Engine:
 
     def _markup_tokens(self) -> tuple[list[int], frozenset[int]]:
         """The user-defined tokens (llama.cpp matches their text inside raw text) and every
-        markup token (control or user-defined: never shown as reply text)."""
+        markup token, never shown as reply text: control tokens, and user-defined ones
+        written as a tag (`<|channel>`, `<start_of_image>`). Gemma also marks runs of
+        whitespace and newlines user-defined: those are text, and stay text."""
         user_flag = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
-        markup_flags = user_flag | llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        control_flag = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
         get_attr = llama_cpp.llama_vocab_get_attr
         user_defined: list[int] = []
         markup: set[int] = set()
         for token in range(self.n_vocab):
             attr = get_attr(self._vocab, token)
-            if attr & markup_flags:
+            if attr & control_flag:
                 markup.add(token)
-                if attr & user_flag:
-                    user_defined.append(token)
+            elif attr & user_flag:
+                user_defined.append(token)
+                if is_tag(self._special_text(token)):
+                    markup.add(token)
         return user_defined, frozenset(markup)
 
     def is_end_of_generation(self, token: int) -> bool:
