@@ -357,3 +357,16 @@ def test_the_catalog_gets_a_model_with_its_projector(tmp_path: Path, vision_mode
     assert info["vision"]["projector"] == got["projector"]["path"]
     deposited = cli_json("deposit", str(photo(tmp_path / "map.png")), data_dir=data)
     assert deposited["pictures"] == 1 and deposited["image_tokens"] >= 70
+
+
+@pytest.mark.model
+def test_picture_blocks_are_verified_under_their_own_fingerprint(
+    tmp_path: Path, open_core: Callable[..., Galahad]
+) -> None:
+    core = open_core()
+    deposited = core.deposit(photo(tmp_path / "receipt.png"))
+    core.deposit_text("notes.txt", "The harbour ledger lists boats and nets.")
+    results = core.verify()
+    assert len(results) == 2 and all(r.proof == "exact" for r in results), results
+    picture = core.verify(deposited.document_id)
+    assert picture[0].fingerprint_matches and picture[0].proof == "exact"

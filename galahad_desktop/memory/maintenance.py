@@ -189,10 +189,11 @@ class Maintenance:
 
     def verify_block(self, block_id: str) -> VerifyResult:
         """Re-run the graft proof of one block in this engine; report, change nothing."""
-        engine = self.engine
         row = self.vault.block_row(block_id)
-        matches = row["fingerprint"] == engine.fingerprint
-        base = {
+        # A block holding pictures is stored under its projector's fingerprint: checked
+        # against that, not the engine's alone.
+        matches = self.live.current(row)
+        base: dict[str, Any] = {
             "block_id": block_id,
             "owner_id": row["owner_id"],
             "kind": row["kind"],
