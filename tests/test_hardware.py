@@ -5,12 +5,15 @@ on 127.0.0.1 — states captured from the device and restored into it, every pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,6 +85,68 @@ def test_a_device_server_that_is_not_running_is_named_not_a_crash() -> None:
     port = _free_port()
     with pytest.raises(ModelError, match=f"No device server answers at 127.0.0.1:{port}"):
         devices.add_rpc_server(f"127.0.0.1:{port}")
+
+
+class FakeService:
+    """A loopback service that is not llama.cpp's device server: it closes at once, stays
+    silent, answers garbage or answers HTTP (bounded: it stops with the test)."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(10)
+        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                if self.behaviour == "stall":
+                    time.sleep(4)
+                elif self.behaviour == "garbage":
+                    conn.sendall(os.urandom(64))
+                elif self.behaviour == "http":
+                    conn.recv(64)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                elif self.behaviour == "old":
+                    conn.recv(64)
+                    conn.sendall(struct.pack("<Q", 28) + bytes([3, 0, 0, 0]) + bytes(24))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "said"),
+    [
+        ("close", "closed the connection"),
+        ("stall", "did not answer llama.cpp's handshake within 1 s"),
+        ("garbage", "is not llama.cpp's device server"),
+        ("http", "is not llama.cpp's device server"),
+        ("old", "speaks protocol 3.0.0"),
+    ],
+)
+def test_a_service_that_is_not_a_device_server_is_refused_never_an_abort(
+    behaviour: str, said: str, tmp_path: Path
+) -> None:
+    service = FakeService(behaviour)
+    try:
+        with pytest.raises(ModelError, match=said):
+            devices.probe_rpc_server(service.endpoint, timeout_s=1.0)
+        with pytest.raises(InputError, match="Not saved \\(rpc_servers\\)"):
+            Galahad.check_settings({"rpc_servers": service.endpoint})
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("value", ["/etc/shadow", "/dev/zero", "/nonexistent/mmproj.gguf"])
+def test_a_projector_that_is_not_a_gguf_is_refused_when_saved(value: str) -> None:
+    with pytest.raises(InputError, match="Not saved \\(projector\\)"):
+        Galahad.check_settings({"projector": value})
 
 
 def _build_choice(tmp_path: Path, gpu: str | None, tools: tuple[str, ...]) -> tuple[int, str]:
@@ -354,6 +419,15 @@ def test_a_block_from_the_cpu_is_re_read_on_the_device_never_grafted(
     assert report.fallback_reason == "the model or its runtime settings changed"
     assert report.recomputed_tokens == deposited.tokens and report.restored_tokens == 0
     on_device.close()
+
+
+@pytest.mark.model
+@pytest.mark.gpu
+def test_the_handshake_probe_accepts_llama_cpps_own_device_server(device_server: str) -> None:
+    if not device_server:
+        pytest.skip("a real GPU here: no device server to probe")
+    devices.probe_rpc_server(device_server)  # no error: it speaks llama.cpp's protocol
+    Galahad.check_settings({"rpc_servers": device_server})
 
 
 @pytest.mark.model

@@ -16,7 +16,7 @@ from galahad_desktop.cli.common import (
     data_dir_of,
     parse_pairs,
 )
-from galahad_desktop.errors import InputError, user_path
+from galahad_desktop.errors import InputError
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
@@ -194,12 +194,10 @@ def cmd_settings(args: argparse.Namespace, out: Output) -> int:
 
     data_dir = data_dir_of(args)
     if args.changes:
-        changes = parse_pairs(args.changes)
-        for key in ("model_path", "embedding_model"):
-            if changes.get(key, "").strip():
-                from galahad_desktop.engine.modelinfo import check_model_file
+        from galahad_desktop.memory.galahad import Galahad
 
-                check_model_file(user_path(changes[key]))
+        changes = parse_pairs(args.changes)
+        Galahad.check_settings(changes)
         ensure_private_dir(data_dir)
         settings = Settings(data_dir)
         before = settings.as_dict()

@@ -21,6 +21,7 @@ import ipaddress
 import os
 import re
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Iterator
@@ -322,18 +323,13 @@ _rpc_servers: dict[str, list[Device]] = {}  # registered once per process
 
 def add_rpc_server(endpoint: str) -> list[Device]:
     """Make the devices an RPC server offers usable by models loaded from now on."""
-    host, port = check_endpoint(endpoint)
+    check_endpoint(endpoint)
     with _load_lock:
         if endpoint in _rpc_servers:
             return _rpc_servers[endpoint]
-    # llama.cpp aborts the whole process when it cannot connect: ask first.
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-    except OSError:
-        raise ModelError(
-            f"No device server answers at {endpoint} (start one with `galahad serve-device "
-            f"--port {port}`, or clear the rpc_servers setting)."
-        ) from None
+    # llama.cpp aborts the whole process when a server is not its own or goes silent: the
+    # handshake is made here first, in Python, bounded by a timeout.
+    probe_rpc_server(endpoint)
     add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
         _proc("RPC", "ggml_backend_rpc_add_server")
     )
@@ -350,6 +346,64 @@ def add_rpc_server(endpoint: str) -> list[Device]:
             lib.ggml_backend_register(reg)
             _rpc_servers[endpoint] = found
     return found
+
+
+RPC_HELLO = 14  # llama.cpp's RPC_CMD_HELLO (fixed across protocol versions)
+RPC_PROTO_MAJOR = 7  # the protocol of the pinned llama.cpp (ggml-rpc.h)
+RPC_CAPS = 24  # RPC_CONN_CAPS_SIZE
+PROBE_TIMEOUT_S = 3.0
+
+
+def probe_rpc_server(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Make llama.cpp's RPC handshake (HELLO) with a device server and check the answer;
+    anything else is refused by name: nothing listening, a service that closes at once,
+    stays silent, answers garbage or HTTP, or speaks another protocol version. Nothing of
+    llama.cpp runs here, so no answer can abort the process."""
+    host, port = check_endpoint(endpoint)
+    hint = (
+        f"start one with `galahad serve-device --port {port}`, or clear the rpc_servers "
+        "setting"
+    )
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CAPS) + bytes(RPC_CAPS))
+            head = _recv_exact(sock, 8)
+            (size,) = struct.unpack("<Q", head)
+            if size != 4 + RPC_CAPS:
+                raise ModelError(
+                    f"The service at {endpoint} is not llama.cpp's device server (it answered "
+                    f"the handshake with {head[:4]!r}…); {hint}."
+                )
+            major, minor, patch = _recv_exact(sock, size)[:3]
+    except TimeoutError:
+        raise ModelError(
+            f"The service at {endpoint} did not answer llama.cpp's handshake within "
+            f"{timeout_s:.0f} s; {hint}."
+        ) from None
+    except ConnectionRefusedError:
+        raise ModelError(f"No device server answers at {endpoint} ({hint}).") from None
+    except OSError as exc:
+        raise ModelError(
+            f"The service at {endpoint} closed the connection during llama.cpp's handshake "
+            f"({exc.strerror or type(exc).__name__}); {hint}."
+        ) from None
+    if major != RPC_PROTO_MAJOR:
+        raise ModelError(
+            f"The device server at {endpoint} speaks protocol {major}.{minor}.{patch}; this "
+            f"Galahad speaks {RPC_PROTO_MAJOR}.x. Start it from this Galahad "
+            "(galahad serve-device)."
+        )
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        piece = sock.recv(n - len(data))
+        if not piece:
+            raise ConnectionResetError("closed")
+        data += piece
+    return data
 
 
 def check_port_free(endpoint: str) -> None:

@@ -57,8 +57,10 @@ class ModelInfo:
 
 def check_model_file(path: Path) -> None:
     try:
-        if not path.is_file():
+        if not path.exists():
             raise ModelError(f"The model file {path} does not exist.")
+        if not path.is_file():
+            raise ModelError(f"{path} is not a regular file, so it is not a model file.")
         with open(path, "rb") as handle:
             magic = handle.read(4)
     except OSError as exc:

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from galahad_desktop.engine.devices import probe_rpc_server
 from galahad_desktop.engine.engine import Engine, EngineConfig
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, ModelError, check_text
+from galahad_desktop.errors import InputError, ModelError, check_text, user_path
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains
 from galahad_desktop.memory.chat.continuation import Continuation
@@ -210,12 +211,29 @@ class Galahad:
     def declared_settings() -> tuple[Setting, ...]:
         return SETTINGS
 
-    def update_settings(self, changes: dict[str, Any]) -> bool:
-        """Save settings; a change to the runtime reloads the engine (blocks re-read once)."""
-        for key in ("model_path", "embedding_model"):
+    @staticmethod
+    def check_settings(changes: dict[str, Any]) -> None:
+        """What only the world can say about settings, checked when they are saved rather
+        than on the next model command: a missing or non-GGUF model or projector file, a
+        device server that does not answer llama.cpp's handshake."""
+        for key in ("model_path", "embedding_model", "projector"):
             model = changes.get(key)
             if isinstance(model, str) and model.strip():
-                check_model_file(Path(model))  # a missing or non-GGUF file is refused here
+                try:
+                    check_model_file(user_path(model))
+                except ModelError as exc:
+                    raise InputError(f"Not saved ({key}): {exc}") from None
+        servers = changes.get("rpc_servers")
+        if isinstance(servers, str):
+            for endpoint in (e.strip() for e in servers.split(",") if e.strip()):
+                try:
+                    probe_rpc_server(endpoint)
+                except ModelError as exc:
+                    raise InputError(f"Not saved (rpc_servers): {exc}") from None
+
+    def update_settings(self, changes: dict[str, Any]) -> bool:
+        """Save settings; a change to the runtime reloads the engine (blocks re-read once)."""
+        self.check_settings(changes)
         changed = self.settings.update(changes)
         if changed:
             self.reload_engine()
