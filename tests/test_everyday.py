@@ -287,3 +287,29 @@ def test_newlines_and_spaces_are_text_even_when_a_tokenizer_keeps_them_whole() -
 
     assert is_tag("<|channel>") and is_tag("<start_of_image>") and is_tag("<unused12>")
     assert not any(is_tag(t) for t in ("\n", "\n\n", "    ", "<", "a<b>", "<>"))
+
+
+def test_a_system_prompt_shared_by_conversations_is_read_once_and_grafted(
+    make_fake_core: CoreFactory,
+) -> None:
+    # Gemma 4's own system turn (Gemma 3 folds a system prompt into the first user turn).
+    core = make_fake_core("gemma4")
+    words = "You are the harbour master's assistant. Answer in one short sentence. " * 2
+    first = core.send(None, "Hello", system_prompt=words, max_tokens=4)
+    assert first.graft is None and first.counters.new_tokens > len(words)  # read once here
+    assert core.vault.catalog.count("prompts") == 1
+    second = core.send(None, "Hi again", system_prompt=words, max_tokens=4)
+    graft = second.graft
+    assert graft is not None and graft.recomputed_tokens == 0 and graft.restored_tokens > 100
+    assert graft.proof.verdict == "exact"
+    assert core.vault.catalog.count("prompts") == 1  # shared, not stored twice
+    # Each conversation's own first block holds the prompt too: it resumes on its own.
+    core.reload_engine()
+    assert core.resume(second.conversation_id).proof.verdict == "exact"
+    assert core.audit().problems == []
+    assert b"harbour master" not in (core.data_dir / "catalog.sqlite").read_bytes()
+    core.forget(first.conversation_id)
+    assert core.vault.catalog.count("prompts") == 1  # still used by the second
+    core.forget(second.conversation_id)
+    assert core.vault.catalog.count("prompts") == 0 and core.vault.catalog.count("blocks") == 0
+    assert list(core.vault.blocks_dir.iterdir()) == []

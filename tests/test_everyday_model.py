@@ -75,3 +75,28 @@ def test_the_terminal_chat_commands_and_no_empty_conversation(tmp_path: Path) ->
     assert "/resume N" in text and "Hello there" in text and "Second chat" in text
     assert "2  " in text  # /list numbered them
     assert "restored" in text or "exact" in text  # /resume 2 grafted the first chat
+
+
+def test_a_shared_system_prompt_is_grafted_exactly_on_the_gemma4_test_model(
+    gemma4_path: Path, tmp_path: Path
+) -> None:
+    from galahad_desktop.vault.keys import MemoryKeyStore
+    from tests.helpers import TEST_OVERRIDES
+
+    core = Galahad(
+        tmp_path / "data",
+        model_path=gemma4_path,
+        keystore=MemoryKeyStore(),
+        overrides=dict(TEST_OVERRIDES),
+    )
+    try:
+        words = "You are the archivist of a small harbour town. " * 8
+        first = core.send(None, "Hello", system_prompt=words, max_tokens=4)
+        second = core.send(None, "Hello again", system_prompt=words, max_tokens=4)
+        assert first.graft is None and second.graft is not None
+        assert second.graft.recomputed_tokens == 0 and second.graft.proof.verdict == "exact"
+        assert second.graft.restored_tokens > 64
+        core.reload_engine()
+        assert core.resume(second.conversation_id).proof.verdict == "exact"
+    finally:
+        core.close()

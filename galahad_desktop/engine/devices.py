@@ -360,10 +360,7 @@ def probe_rpc_server(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     stays silent, answers garbage or HTTP, or speaks another protocol version. Nothing of
     llama.cpp runs here, so no answer can abort the process."""
     host, port = check_endpoint(endpoint)
-    hint = (
-        f"start one with `galahad serve-device --port {port}`, or clear the rpc_servers "
-        "setting"
-    )
+    hint = f"start one with `galahad serve-device --port {port}`, or clear the rpc_servers setting"
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)

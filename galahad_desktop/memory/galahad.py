@@ -25,6 +25,7 @@ from galahad_desktop.memory.chat.continuation import Continuation
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.search import Search
+from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.maintenance import Maintenance
 from galahad_desktop.memory.model_files import ModelShelf, download_into, engine_config, same_file
@@ -171,7 +172,7 @@ class Galahad:
             if value is not None:
                 params[key] = value
         if conversation_id is not None:
-            params.update(self.conversations.own_sampling(conversation_id))
+            params.update(own_sampling(self.conversations.row(conversation_id)))
         # Explicit values pass the settings' own checks (a NaN temperature or a negative
         # seed is a clear error naming the option, never a crash inside the sampler).
         params.update({k: coerce(k, v) for k, v in changes.items() if v is not None})
@@ -352,7 +353,7 @@ class Galahad:
         created = self.conversations.create(system_prompt=system_prompt, thinking=thinking)
         try:
             if temperature is not None or max_tokens is not None:
-                self.conversations.set_sampling(created, temperature, max_tokens)
+                set_sampling(self.vault, created, temperature, max_tokens)
             params = params or self.sampling(created)
             result = self.library.ask(created, text, params, job)
         except BaseException:
@@ -365,11 +366,12 @@ class Galahad:
     ) -> dict[str, Any]:
         """A conversation's own creativity and longest reply (None: the settings'); returns
         what it now sets."""
-        self.conversations.set_sampling(conversation_id, temperature, max_tokens)
-        return self.conversations.own_sampling(conversation_id)
+        self.conversations.check(conversation_id)
+        set_sampling(self.vault, conversation_id, temperature, max_tokens)
+        return self.conversation_sampling(conversation_id)
 
     def conversation_sampling(self, conversation_id: str) -> dict[str, Any]:
-        return self.conversations.own_sampling(conversation_id)
+        return own_sampling(self.conversations.row(conversation_id))
 
     def conversation_system_prompt(self, conversation_id: str) -> str:
         """The words of a conversation's system prompt (its own, or its preset's)."""

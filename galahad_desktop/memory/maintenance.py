@@ -269,6 +269,13 @@ class Maintenance:
             records.delete_in("routing_log", "id", log_lines)
             records.delete_in("usage", "owner_id", owners)
             self.vault.delete_block_rows(block_ids)
+            # A shared system prompt no remaining conversation starts with goes too.
+            shared = self.conversations.shared
+            in_use = {
+                shared.tag(self.conversations.system_text(c), bool(c.get("thinking")))
+                for c in records.conversations()
+            }
+            block_ids += shared.forget_unused(in_use)
         self.vault.unlink_block_files(block_ids)
         records.checkpoint()
         if kind == "document":

@@ -23,7 +23,7 @@ from galahad_desktop.system.files import create_private_file
 
 SCHEMA_VERSION = 5  # 2: messages bound to their place, every record sealed; 3: part vectors;
 # 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds,
-# a conversation's own system prompt
+# a conversation's own system prompt and sampling, shared system prompts
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -174,6 +174,20 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     # Routing decisions, to measure the router: scores and margin, never the question's text.
     # Encrypted like everything else that says what the user did; deleted with what it names.
+    # A system prompt's opening read once and kept as a block, grafted into every new
+    # conversation that starts with it; `lookup` is a keyed tag of its words (no text).
+    "prompts": (
+        {
+            "id": str,
+            "lookup": str,
+            "block_id": str,
+            "n_tokens": int,
+            "fingerprint": str,
+            "seal": bytes,
+            "created_at": float,
+        },
+        "id",
+    ),
     "routing_log": ({"id": str, "at": float, "entry_enc": bytes}, "id"),
     # Backups taken with `galahad backup`: where (encrypted) and under which key, so a key
     # rotation can say which backups need the key it retires.

@@ -105,6 +105,7 @@ def damaged(table: str, column: str, row_id: object) -> str:
         "usage": "usage line",
         "part_vectors": "passage vectors",
         "reply_versions": "reply version",
+        "prompts": "shared system prompt",
     }.get(table, table)
     field = column.removesuffix("_enc")
     row_id = str(row_id).split("|")[0]  # a message's context starts with its id

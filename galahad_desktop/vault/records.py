@@ -46,6 +46,7 @@ SEALED: dict[str, tuple[str, ...]] = {
     "parts": ("block_id", "document_id", "part_no", "n_parts", "n_tokens"),
     "verified": ("block_id", "lookup", "verifier"),
     "reply_versions": ("conversation_id", "seq", "tok_start", "tok_end", "block_id", "seed"),
+    "prompts": ("lookup", "block_id", "n_tokens", "fingerprint"),
 }
 SEAL_SCHEME = 2
 MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc", "image_enc")
@@ -61,6 +62,7 @@ _WHAT = {
     "parts": "document part",
     "verified": "verified answer",
     "reply_versions": "reply version",
+    "prompts": "shared system prompt",
 }
 
 
@@ -212,8 +214,8 @@ class Records:
         """Verified answers whose lookup tag is the keyed hash of `key` (a question)."""
         return self.catalog.select("verified", lookup=self.lookup_tag(key))
 
-    def lookup_tag(self, key: str) -> str:
-        return str(self._fields().lookup_tag(key, "verified"))
+    def lookup_tag(self, key: str, purpose: str = "verified") -> str:
+        return str(self._fields().lookup_tag(key, purpose))
 
     # -- private fields ------------------------------------------------------------------
     def encrypt(self, table: str, column: str, row: Mapping[str, Any], text: str) -> bytes:
@@ -389,7 +391,7 @@ class Records:
         and blocks behind, so a deletion is named rather than silently missing."""
         ids = {
             table: {r["id"] for r in self.catalog.select(table)}
-            for table in ("conversations", "documents", "verified")
+            for table in ("conversations", "documents", "verified", "prompts")
         }
         problems = [
             f"Message {m['id']} belongs to no conversation ({m['conversation_id']})"
@@ -421,6 +423,7 @@ class Records:
             "conversation": "conversations",
             "document": "documents",
             "verified": "verified",
+            "prompt": "prompts",
         }
         problems += [
             f"Block {b['id']} belongs to a {b['kind']} that is not in the catalog"

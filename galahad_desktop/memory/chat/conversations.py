@@ -30,6 +30,7 @@ from galahad_desktop.errors import (
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
+from galahad_desktop.memory.chat.shared_prompts import SharedPrompts
 from galahad_desktop.memory.chat.system_prompt import set_system_prompt, system_text
 from galahad_desktop.memory.chat.versions import Versions
 from galahad_desktop.memory.results import (
@@ -38,7 +39,6 @@ from galahad_desktop.memory.results import (
     Message,
     TurnResult,
 )
-from galahad_desktop.settings import coerce
 from galahad_desktop.vault.names import (
     BlockRow,
     ConversationRow,
@@ -57,6 +57,7 @@ class Conversations:
         self.vault = live.vault
         self.records = live.records
         self.versions = Versions(live, self.check)
+        self.shared = SharedPrompts(live)
 
     @property
     def engine(self) -> ChatEngine:
@@ -248,24 +249,6 @@ class Conversations:
             )
         return self.summary(self.row(conversation_id))
 
-    def set_sampling(
-        self, conversation_id: str, temperature: float | None, max_tokens: int | None
-    ) -> None:
-        """This conversation's own creativity and longest reply (None: the settings')."""
-        self.check(conversation_id)
-        changes = {
-            "temperature": None if temperature is None else coerce("temperature", temperature),
-            "max_tokens": None if max_tokens is None else coerce("max_tokens", max_tokens),
-        }
-        with self.vault.transaction():
-            self.records.update("conversations", conversation_id, changes)
-            self.records.reseal("conversations", conversation_id)
-
-    def own_sampling(self, conversation_id: str) -> dict[str, Any]:
-        """What this conversation sets over the settings (temperature, max_tokens)."""
-        row = self.row(conversation_id)
-        return {k: row.get(k) for k in ("temperature", "max_tokens") if row.get(k) is not None}
-
     def set_thinking(self, conversation_id: str, enabled: bool) -> None:
         """Thinking is switched on in the conversation's first tokens (Gemma 4's system
         turn), so it can change only before the first turn."""
@@ -318,11 +301,13 @@ class Conversations:
             return live.graft(doc["block_id"], doc["id"], counters, job)
         if live.holds(conv["id"], None):
             return None
-        live.start(
-            conv["id"],
-            self.engine.turns.start(self.system_text(conv), bool(conv.get("thinking"))),
-            counters,
-        )
+        words, thinking = self.system_text(conv), bool(conv.get("thinking"))
+        opening = self.engine.turns.start(words, thinking)
+        shared, report = self.shared.open(words, thinking, opening, counters, job)
+        if shared:  # the system prompt's block: grafted, or read once for all
+            live.mark(conv["id"], None)
+            return report
+        live.start(conv["id"], opening, counters)
         return None
 
     def resume(self, conversation_id: str, job: Job = NO_JOB) -> GraftReport:

@@ -1,4 +1,5 @@
-"""A conversation's system prompt: a preset by name, or the user's own words, encrypted.
+"""A conversation's own options: its system prompt (a preset by name, or the user's own
+words, encrypted) and its sampling over the settings.
 
 A preset is product text and stays a plain name in the sealed record; the user's own words
 are private, so they are encrypted (system_enc) and bound into the conversation's seal.
@@ -12,6 +13,7 @@ from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.settings import SYSTEM_PROMPTS, coerce
 from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.records import Records
+from galahad_desktop.vault.vault import Vault
 
 MAX_SYSTEM_CHARS = 20_000
 CUSTOM = "custom"  # the system_prompt column of a conversation with its own words
@@ -37,3 +39,21 @@ def system_text(records: Records, conv: ConversationRow) -> str:
     if conv.get("system_enc"):
         return records.decrypt("conversations", "system_enc", conv)
     return SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
+
+
+def set_sampling(
+    vault: Vault, conversation_id: str, temperature: float | None, max_tokens: int | None
+) -> None:
+    """A conversation's own creativity and longest reply (None: the settings'), sealed."""
+    changes = {
+        "temperature": None if temperature is None else coerce("temperature", temperature),
+        "max_tokens": None if max_tokens is None else coerce("max_tokens", max_tokens),
+    }
+    with vault.transaction():
+        vault.records.update("conversations", conversation_id, changes)
+        vault.records.reseal("conversations", conversation_id)
+
+
+def own_sampling(conv: ConversationRow) -> dict[str, Any]:
+    """What a conversation sets over the settings (temperature, max_tokens)."""
+    return {k: conv.get(k) for k in ("temperature", "max_tokens") if conv.get(k) is not None}
