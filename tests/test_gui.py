@@ -668,3 +668,36 @@ def test_keyboard_only_walkthrough(qtbot, open_window, data_dir: Path) -> None: 
     before = theme.current().name
     qtbot.keyClick(window, Qt.Key.Key_T, ctrl | Qt.KeyboardModifier.ShiftModifier)
     assert theme.current().name != before and window.chat.dark() == (before == "light")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+def test_everyday_walkthrough_on_both_families(  # type: ignore[no-untyped-def]
+    qtbot, open_window, data_dir: Path, family: str, request: pytest.FixtureRequest
+) -> None:
+    """Enter sends once (a second Enter during the reply adds nothing), Stop keeps what was
+    written, Regenerate makes a second version and the first comes back from its own block
+    with 0 tokens re-read; no reply shows a turn or image marker."""
+    Settings(data_dir).update({"max_tokens": 12, "temperature": 1.0})
+    model = request.getfixturevalue("gemma4_path") if family == "gemma4" else None
+    window = open_window(model)
+    window.new_chat()
+    window.chat.input.setFocus()
+    qtbot.keyClicks(window.chat.input, "Tell me about the harbour")
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as first:
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Return)
+        window.chat.input.setPlainText("Tell me about the harbour")
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Return)  # during the reply: refused
+    assert [m.role for m in window.chat.messages] == ["user", "model"]
+    assert window.chat.input.toPlainText() == "Tell me about the harbour"  # still here
+    window.chat.input.clear()
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as again:
+        window.regenerate()
+    assert again.args[0].versions == 2
+    for result in (first.args[0], again.args[0]):
+        assert not any(
+            m in result.reply for m in ("<start_of_turn>", "<|turn>", "<start_of_image>")
+        )
+    with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS) as opened:
+        window.show_version(len(window.chat.messages) - 1, 1)
+    assert opened.args[0].graft.recomputed_tokens == 0
+    assert window.chat.messages[-1].text == first.args[0].reply
