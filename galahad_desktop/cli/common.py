@@ -156,12 +156,15 @@ def open_core(args: argparse.Namespace) -> Galahad:
     from galahad_desktop.memory.galahad import Galahad
 
     data_dir = data_dir_of(args)
-    return Galahad(
+    core = Galahad(
         data_dir,
         model_path=args.model,
         overrides=parse_pairs(args.set),
         passphrase=passphrase_for(args, data_dir),
     )
+    for note in core.start_notes():
+        print(f"galahad: {note}", file=sys.stderr)
+    return core
 
 
 def sampling_of(core: Galahad, args: argparse.Namespace) -> SamplingParams | None:

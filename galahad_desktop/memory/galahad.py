@@ -102,9 +102,14 @@ class Galahad:
         engine_factory: EngineFactory | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # Before anything touches the directory (a passphrase keystore writes into it): a
+        # restore interrupted last time is finished or rolled back first.
+        note, finished = custody.recover_restore(user_path(self.data_dir))
         if keystore is None:
             keystore = open_keystore(self.data_dir, passphrase)
-        self.vault = Vault(self.data_dir, keystore)
+        self.vault = Vault(
+            self.data_dir, keystore, accept_older=finished, recovered=(note,) if note else ()
+        )
         try:
             self.settings = Settings(self.data_dir)
             if overrides:
@@ -140,6 +145,11 @@ class Galahad:
         self.live.picture_source = self.maintenance.pictures_for
 
     # -- lifecycle -----------------------------------------------------------------------
+    def start_notes(self) -> list[str]:
+        """What opening the data directory repaired (an interrupted restore or backup), in
+        words: the front ends say it once."""
+        return list(self.vault.recovered)
+
     @property
     def engine(self) -> ChatEngine:
         return self.live.engine

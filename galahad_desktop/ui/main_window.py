@@ -115,6 +115,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.settings_saved()
         self.set_status("Loading the model…")
         self.engine_changed()
+        self.say_start_notes()
         self.refresh_lists()
 
     # -- layout --------------------------------------------------------------------------

@@ -52,6 +52,17 @@ class ModelActions:
             lambda core, _job: core.info(), on_done=self._opened, on_error=self.show_error
         )
 
+    def say_start_notes(self) -> None:
+        """What the start repaired (an interrupted restore or backup), said once."""
+
+        def say(notes: list[str]) -> None:
+            for note in notes:
+                self.prompts.inform("Galahad Desktop", note)
+
+        self.bridge.run(
+            lambda core, _job: core.start_notes(), on_done=say, on_error=self.show_error
+        )
+
     def conversation_changed(self, conversation_id: str) -> None:
         self.open_conversation(conversation_id)
 

@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from galahad_desktop.errors import (
     StorageError,
     user_path,
 )
+from galahad_desktop.faults import crashpoint
 from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import (
     atomic_write_bytes,
@@ -70,6 +72,8 @@ MIN_RECOVERY_SCORE = 3  # zxcvbn: 0 (too guessable) … 4 (very unguessable)
 # allowed maximum would make every wrong passphrase take many seconds to reject.
 KIT_SCRYPT_MAX = (2**17, 8, 1)
 COPIED_FILES = ("catalog.sqlite", "settings.json", "passphrase-keys.json")
+PENDING = -1  # a backup record's generation while the backup is being made
+BACKUP_TMP = ".tmp-galahad-backup-"  # + the record's id: the backup being made
 
 
 # -- the rollback counter ----------------------------------------------------------------
@@ -192,16 +196,18 @@ def backup(vault: Vault, dest: Path) -> BackupResult:
     dest = _empty_target(Path(dest), "folder for the backup")
     if dest.resolve().is_relative_to(vault.data_dir.resolve()):
         raise InputError("A backup cannot be stored inside the data directory it copies.")
-    tmp = dest.parent / f".tmp-galahad-backup-{secrets.token_hex(4)}"
     files, size = 0, 0
     # Recorded first, so the backup lists itself too: a directory restored from it still
-    # knows which key that backup needs when a later rotation retires it.
+    # knows which key that backup needs when a later rotation retires it. The record is
+    # pending (generation -1) until the backup is in place: a backup killed halfway leaves
+    # a record the next start removes, with the temporary folder its id names.
     row: dict[str, Any] = {
         "id": new_id("k"),
         "at": time.time(),
         "key_id": vault.key_id,
-        "generation": vault.generation,
+        "generation": PENDING,
     }
+    tmp = dest.parent / f"{BACKUP_TMP}{row['id']}"
     row["dest_enc"] = vault.records.encrypt("backups", "dest_enc", row, str(dest.resolve()))
     with vault.catalog.transaction():
         vault.catalog.insert("backups", row)
@@ -210,6 +216,11 @@ def backup(vault: Vault, dest: Path) -> BackupResult:
         target = sqlite3.connect(tmp / "catalog.sqlite")
         try:
             vault.catalog.db.conn.backup(target)  # SQLite's online backup: one snapshot
+            # In the copy, its own record is complete (the copy exists only once it is).
+            target.execute(
+                "UPDATE backups SET generation = ? WHERE id = ?", (vault.generation, row["id"])
+            )
+            target.commit()
         finally:
             target.close()
         os.chmod(tmp / "catalog.sqlite", 0o600)
@@ -224,10 +235,13 @@ def backup(vault: Vault, dest: Path) -> BackupResult:
             files += 1
         fsync_dir(tmp / "blocks")
         fsync_dir(tmp)
+        crashpoint("backup-copied")
         if dest.exists():
             dest.rmdir()  # the empty folder the user named
         os.replace(tmp, dest)
         fsync_dir(dest.parent)
+        with vault.catalog.transaction():
+            vault.catalog.update("backups", row["id"], {"generation": vault.generation})
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         with vault.catalog.transaction():
@@ -251,10 +265,58 @@ class BackupRecord:
 
 
 def backups(vault: Vault) -> list[BackupRecord]:
+    """The backups that were completed (a pending record is a backup still being made, or
+    one that was interrupted)."""
     return [
         BackupRecord(r["id"], r["at"], vault.records.decrypt("backups", "dest_enc", r), r["key_id"])
         for r in vault.catalog.select("backups", "at")
+        if (r["generation"] or 0) >= 0
     ]
+
+
+def recover_backups(vault: Vault) -> list[str]:
+    """At start: a backup interrupted halfway (kill -9, power loss) left a pending record
+    and a temporary folder beside its destination; the folder is removed and the record
+    dropped, or, when the backup had been put in place, the record completed."""
+    notes: list[str] = []
+    for r in vault.catalog.select("backups", generation=PENDING):
+        try:
+            dest = Path(vault.records.decrypt("backups", "dest_enc", r))
+        except IntegrityError:
+            continue  # the audit names a damaged record; nothing is removed on its account
+        tmp = dest.parent / f"{BACKUP_TMP}{r['id']}"
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        finished = _backup_generation(dest / "catalog.sqlite", str(r["id"]))
+        with vault.catalog.transaction():
+            if finished is not None:
+                vault.catalog.update("backups", r["id"], {"generation": finished})
+            else:
+                vault.catalog.delete("backups", id=r["id"])
+        notes.append(
+            f"The backup to {dest} had been completed; its record is kept."
+            if finished is not None
+            else f"The backup to {dest} was interrupted; its temporary copy was removed "
+            "(make it again)."
+        )
+    return notes
+
+
+def _backup_generation(catalog: Path, record_id: str) -> int | None:
+    """The generation a finished backup's own record holds (None: no such backup)."""
+    if not catalog.is_file() or catalog.is_symlink():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{catalog}?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT generation FROM backups WHERE id = ?", (record_id,)
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return int(found[0]) if found and isinstance(found[0], int) and found[0] >= 0 else None
 
 
 @dataclass
@@ -280,6 +342,7 @@ def restore(
     (exit 5 for a damaged backup) leaves the data directory and the counter as they were.
     """
     backup_dir, data_dir = user_path(backup_dir), user_path(data_dir)
+    recover_restore(data_dir)  # an earlier restore interrupted: resolved first
     catalog = backup_dir / "catalog.sqlite"
     if backup_dir.is_symlink() or catalog.is_symlink() or (backup_dir / "blocks").is_symlink():
         raise IntegrityError(f"{backup_dir} holds links where a backup holds files; refused.")
@@ -294,9 +357,14 @@ def restore(
         lock = DataDirLock(data_dir, 2.0)
         lock.acquire()  # never replace a directory another Galahad is using
     data_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = data_dir.parent / f".tmp-galahad-restore-{secrets.token_hex(4)}"
+    tmp = data_dir.parent / f"{RESTORE_TMP}{data_dir.name}-{secrets.token_hex(4)}"
+    journal = _journal_path(data_dir)
     aside: Path | None = None
     try:
+        _check_backup_sizes(backup_dir, data_dir.parent)
+        # Journalled first: a restore killed at any point is rolled back, or finished, by
+        # the next start (recover_restore), never left as debris or a refused directory.
+        _write_journal(journal, {"stage": "copying", "tmp": str(tmp), "backup": str(backup_dir)})
         ensure_private_dir(tmp / "blocks")
         for name in COPIED_FILES:
             if (backup_dir / name).exists() or (backup_dir / name).is_symlink():
@@ -316,22 +384,155 @@ def restore(
             aside = data_dir.with_name(f"{data_dir.name}.before-restore-{stamp}")
             if aside.exists():
                 aside = aside.with_name(f"{aside.name}-{secrets.token_hex(2)}")
+        _write_journal(
+            journal,
+            {
+                "stage": "swapping",
+                "tmp": str(tmp),
+                "backup": str(backup_dir),
+                "aside": str(aside) if aside else None,
+            },
+        )
+        crashpoint("restore-swapping")
+        if aside is not None:
             os.replace(data_dir, aside)
+            crashpoint("restore-moved-aside")
         elif data_dir.exists():
             shutil.rmtree(data_dir)
         os.replace(tmp, data_dir)
         fsync_dir(data_dir.parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_journal(journal)
         raise StorageError(f"The backup could not be restored: {exc.strerror}.") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_journal(journal)
         raise
     finally:
         if lock is not None:
             lock.release()
     accept(data_dir)
+    _remove_journal(journal)
     return RestoreResult(str(data_dir), str(backup_dir), str(aside) if aside else None), report
+
+
+RESTORE_TMP = ".tmp-galahad-restore-"  # + the data directory's name and a token
+
+
+def _journal_path(data_dir: Path) -> Path:
+    return data_dir.parent / f".galahad-restore-{data_dir.name}.json"
+
+
+def _write_journal(journal: Path, entry: dict[str, Any]) -> None:
+    atomic_write_bytes(journal, json.dumps(entry).encode("utf-8"))
+
+
+def _remove_journal(journal: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        journal.unlink()
+
+
+def _check_backup_sizes(backup_dir: Path, target: Path) -> None:
+    """Before anything is copied: every block file is one the backup's catalog lists, of
+    the size it lists, not sparse, and the whole fits on the disk with room to spare (a
+    crafted backup must not fill the disk before the audit refuses it)."""
+    listed: dict[str, int] = {}
+    try:
+        conn = sqlite3.connect(f"file:{backup_dir / 'catalog.sqlite'}?mode=ro", uri=True)
+        try:
+            rows = conn.execute("SELECT id, file_name, file_bytes FROM blocks").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        raise IntegrityError(
+            f"{backup_dir} does not hold a readable Galahad catalog; refused. Nothing was changed."
+        ) from None
+    for block_id, file_name, file_bytes in rows:
+        name = str(file_name or f"{block_id}.gkv")
+        if Path(name).name != name or name in (".", ".."):
+            raise IntegrityError(
+                f"The backup's catalog names an invalid file for block {block_id} ({name!r}); "
+                "refused. Nothing was changed."
+            )
+        listed[name] = int(file_bytes or 0)
+    total = 0
+    for path in (backup_dir / "blocks").iterdir():
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode):
+            raise IntegrityError(
+                f"{path} is not a regular file (a link, a device or unreadable); refused. "
+                "Nothing was changed."
+            )
+        expected = listed.get(path.name)
+        if expected is None:
+            raise IntegrityError(
+                f"{path.name} in the backup is not a block its catalog lists; refused. "
+                "Nothing was changed."
+            )
+        if info.st_size != expected or (
+            hasattr(info, "st_blocks") and info.st_blocks * 512 < info.st_size // 2
+        ):
+            raise IntegrityError(
+                f"{path.name} in the backup is not the size its catalog lists (or is "
+                "sparse); refused. Nothing was changed."
+            )
+        total += info.st_size
+    for name in COPIED_FILES:
+        if (backup_dir / name).is_file():
+            total += (backup_dir / name).stat().st_size
+    free = shutil.disk_usage(target).free
+    if total + 64 * 2**20 > free:
+        raise DiskFullError(
+            f"The backup needs {total / 2**20:,.0f} MiB and the disk has {free / 2**20:,.0f} "
+            "MiB free; nothing was changed."
+        )
+
+
+def recover_restore(data_dir: Path) -> tuple[str | None, bool]:
+    """At start, before anything opens `data_dir`: finish or roll back a restore that was
+    interrupted. Returns (what happened, in words, or None; whether the restored copy is
+    to be accepted as the current generation)."""
+    journal = _journal_path(data_dir)
+    if not journal.is_file() or journal.is_symlink():
+        return None, False
+    try:
+        entry = json.loads(read_regular_file(journal, 64 * 1024, "a restore journal"))
+        tmp = Path(str(entry["tmp"]))
+        aside = Path(str(entry["aside"])) if entry.get("aside") else None
+        stage, backup_dir = str(entry["stage"]), str(entry.get("backup", ""))
+    except (InputError, ValueError, KeyError, TypeError):
+        _remove_journal(journal)
+        return None, False
+    if not tmp.name.startswith(RESTORE_TMP) or tmp.parent != data_dir.parent:
+        _remove_journal(journal)  # not one this code wrote: nothing is removed on its word
+        return None, False
+    moved = aside is not None and aside.exists()
+    if stage == "copying" or (stage == "swapping" and not moved and data_dir.exists()):
+        # Killed before anything was swapped: the data directory is as it was.
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_journal(journal)
+        return (
+            f"A restore from {backup_dir} was interrupted before it changed anything; its "
+            "temporary copy was removed and the data directory is as it was.",
+            False,
+        )
+    if stage == "swapping" and tmp.is_dir():
+        # Killed between the two moves: the second is made now. Whatever appeared at the
+        # directory's place meanwhile is set aside, never deleted.
+        if data_dir.exists() or data_dir.is_symlink():
+            os.replace(
+                data_dir,
+                data_dir.with_name(f"{data_dir.name}.during-restore-{secrets.token_hex(2)}"),
+            )
+        os.replace(tmp, data_dir)
+        fsync_dir(data_dir.parent)
+    if data_dir.is_dir():
+        _remove_journal(journal)
+        kept = f" The directory it replaced is kept at {aside}." if aside else ""
+        return f"A restore from {backup_dir} was interrupted and has been finished.{kept}", True
+    _remove_journal(journal)
+    return None, False
 
 
 # -- retired keys ------------------------------------------------------------------------

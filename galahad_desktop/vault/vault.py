@@ -69,12 +69,21 @@ class Vault:
         lock_timeout_s: float = 10.0,
         accept_older: bool = False,
         inspect_only: bool = False,
+        recovered: tuple[str, ...] = (),
     ) -> None:
         """`accept_older`: open a copy older than the keystore's counter on purpose (a
         restore). `inspect_only`: open to audit, leaving the rollback counter alone (in the
         catalog and the keystore), and refusing nothing for its age: a check that is refused
         afterwards must not make the live directory look older than the keystore."""
         self.inspect_only = inspect_only
+        # What the start repaired, in words (an interrupted restore or backup), for the
+        # front ends to say once.
+        self.recovered: list[str] = list(recovered)
+        if not inspect_only:
+            note, finished = custody.recover_restore(Path(data_dir))
+            if note:
+                self.recovered.append(note)
+            accept_older = accept_older or finished
         made = _missing_paths(Path(data_dir))
         self.data_dir = ensure_private_dir(Path(data_dir))
         self.blocks_dir = ensure_private_dir(self.data_dir / "blocks")
@@ -109,6 +118,8 @@ class Vault:
                 if inspect_only
                 else custody.open_generation(self, accept_older)
             )
+            if not inspect_only:
+                self.recovered += custody.recover_backups(self)
         except BaseException:
             if hasattr(self, "catalog"):
                 self.catalog.close()
