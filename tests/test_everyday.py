@@ -313,3 +313,42 @@ def test_a_system_prompt_shared_by_conversations_is_read_once_and_grafted(
     core.forget(second.conversation_id)
     assert core.vault.catalog.count("prompts") == 0 and core.vault.catalog.count("blocks") == 0
     assert list(core.vault.blocks_dir.iterdir()) == []
+
+
+def test_an_export_from_a_newer_galahad_is_refused_by_version(
+    make_fake_core: CoreFactory, tmp_path: Path
+) -> None:
+    import json
+
+    core = make_fake_core()
+    export = tmp_path / "future.json"
+    export.write_text(
+        json.dumps({"format": "galahad-conversation", "version": 99, "title": "x", "messages": []})
+    )
+    with pytest.raises(InputError, match="version 99"):
+        core.import_conversations(export)
+    assert core.list_conversations() == []
+
+
+def test_an_import_that_brings_nothing_in_is_a_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], keystore: Any
+) -> None:
+    import json
+
+    from galahad_desktop import cli
+
+    export = tmp_path / "empty.json"
+    export.write_text(
+        json.dumps(
+            {
+                "format": "galahad-conversations",
+                "version": 1,
+                "conversations": [{"title": "nothing said", "messages": []}],
+            }
+        )
+    )
+    data = ["--data-dir", str(tmp_path / "d")]
+    with mock.patch("galahad_desktop.vault.keys.KeyringKeyStore", lambda *a, **k: keystore):
+        code = cli.main([*data, "import", str(export)])
+    captured = capsys.readouterr()
+    assert code == 4 and "Nothing was imported" in captured.err, captured

@@ -243,6 +243,12 @@ def cmd_import(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         for reason in c.left_out
     ]
     out.result(result, "\n".join(lines))
+    if not result.conversations and result.skipped and not result.cancelled:
+        # Nothing came in: said as a failure (exit 4), not as a success of nothing.
+        raise InputError(
+            f"Nothing was imported from {args.file}: all {len(result.skipped)} "
+            "conversation(s) in it were skipped (the reasons are above)."
+        )
     return 0
 
 

@@ -491,7 +491,23 @@ def _is_lm_studio(item: Any) -> bool:
     )
 
 
+GALAHAD_EXPORT_VERSION = 1  # the newest Galahad export this version reads
+
+
+def _check_galahad_version(data: dict[str, Any], name: str) -> None:
+    version = data.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InputError(f"{name} is a Galahad export with an invalid version ({version!r}).")
+    if version > GALAHAD_EXPORT_VERSION:
+        raise InputError(
+            f"{name} is a Galahad export of version {version}; this Galahad reads up to "
+            f"version {GALAHAD_EXPORT_VERSION}. Update Galahad to import it."
+        )
+
+
 def parse_json(data: Any, name: str = "the file") -> list[ImportedConversation]:
+    if isinstance(data, dict) and data.get("format") in (GALAHAD_FORMAT, f"{GALAHAD_FORMAT}s"):
+        _check_galahad_version(data, name)
     if isinstance(data, dict) and data.get("format") == GALAHAD_FORMAT:
         return [_galahad(data, name)]
     if isinstance(data, dict) and data.get("format") == f"{GALAHAD_FORMAT}s":
