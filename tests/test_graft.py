@@ -262,8 +262,13 @@ def test_regenerate_restores_the_turn_checkpoint(
     assert again.reply == second.reply
     messages = fresh.messages(conversation)
     assert [m.text for m in messages][2] == "Name another one." and len(messages) == 4
-    assert fresh.vault.catalog.get("blocks", old_head) is None
-    assert not fresh.vault.block_path(old_head).exists()
+    # The replaced reply is kept as version 1, with its own block: choosing it grafts it.
+    versions = fresh.reply_versions(conversation, 3)
+    assert len(versions) == 2 and versions[0].restorable and versions[0].text == second.reply
+    assert fresh.vault.catalog.get("blocks", old_head) is not None
+    opened = fresh.choose_version(conversation, 1)
+    assert opened.graft.block_id == old_head and opened.graft.recomputed_tokens == 0
+    assert opened.graft.proof.verdict == "exact"
 
 
 def test_branch_from_an_edited_message(
@@ -336,5 +341,8 @@ def test_system_prompt_preset_uses_the_model_s_system_turn(
         assert not fmt.native_system
         assert SYSTEM_PROMPTS["coder"] not in engine.detokenize(tokens[:first_user])
     assert core.messages(with_preset)[0].text == "Hello."  # the message is what the user wrote
-    with pytest.raises(InputError, match="must be one of"):
-        core.new_conversation(system_prompt="pirate")
+    # Words that name no preset are the conversation's own system prompt (kept encrypted).
+    own = core.new_conversation(system_prompt="pirate")
+    assert core.conversation_system_prompt(own) == "pirate"
+    with pytest.raises(InputError, match="not valid Unicode"):
+        core.new_conversation(system_prompt="bad\udcffbyte")
