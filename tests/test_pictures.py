@@ -22,7 +22,11 @@ from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.vision import holds_pictures, pictures_in, placeholder
 from galahad_desktop.errors import InputError, IntegrityError
-from galahad_desktop.memory.documents.pictures import MAX_SIDE, read_pictures_bounded
+from galahad_desktop.memory.documents.pictures import (
+    MAX_SIDE,
+    check_picture_file,
+    read_pictures_bounded,
+)
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.models import catalog
 from galahad_desktop.vault.keys import MemoryKeyStore
@@ -370,3 +374,9 @@ def test_picture_blocks_are_verified_under_their_own_fingerprint(
     assert len(results) == 2 and all(r.proof == "exact" for r in results), results
     picture = core.verify(deposited.document_id)
     assert picture[0].fingerprint_matches and picture[0].proof == "exact"
+
+
+def test_a_tiny_file_declaring_a_huge_picture_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="declares 8,000×8,000 pixels in only"):
+        check_picture_file(png_declaring(tmp_path / "huge.png", 8000, 8000))
+    assert check_picture_file(photo(tmp_path / "real.png", (2400, 1800)))  # a real one passes

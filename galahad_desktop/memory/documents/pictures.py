@@ -29,9 +29,13 @@ FORMATS = {"PNG": "a PNG", "JPEG": "a JPEG", "WEBP": "a WebP", "GIF": "a GIF"}
 SUFFIX_FORMAT = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".gif": "GIF"}
 MAX_PICTURE_BYTES = 48 * 1024 * 1024
 MAX_PIXELS = 64_000_000  # declared width × height accepted before decoding
+# Past 4 million pixels, a file must hold at least a byte per 20,000 declared pixels (far
+# below what any real photo or scan compresses to).
+DENSE_FROM, MIN_PIXELS_PER_BYTE = 4_000_000, 20_000
 MAX_SIDE = 2048  # the kept picture's longer side
 MAX_ASPECT = 24.0  # longer side over shorter: thinner strips hold too few patches
 MAX_SCAN_PAGES = 64
+SCAN_BUDGET_PIXELS = 48_000_000  # every page of one scanned document together
 SCAN_SIDE = 1536  # a scanned page's longer side once rendered
 
 
@@ -84,6 +88,13 @@ def check_picture_file(path: Path) -> bytes:
                     f"{MAX_PIXELS / 1e6:.0f} million are read (a possible decompression "
                     "bomb). Nothing was stored."
                 )
+            size = path.stat().st_size
+            if width * height > DENSE_FROM and size * MIN_PIXELS_PER_BYTE < width * height:
+                # A tiny file declaring a huge picture is mostly fill the decoder invents.
+                raise InputError(
+                    f"'{name}' declares {width:,}×{height:,} pixels in only {size:,} bytes: "
+                    "truncated or made to fill memory; refused. Nothing was stored."
+                )
             image.seek(0)  # a GIF's (or animated WebP's) first frame
             image.load()
             return _normalized(image, name)
@@ -134,10 +145,16 @@ def render_scanned_pdf(path: Path) -> list[bytes]:
                 "scanned pages are read as pictures."
             )
         pages = []
+        # A pixel budget for the whole document as well as per page: a long scan is rendered
+        # smaller, so neither the child nor this process holds more than the budget.
+        per_page = SCAN_BUDGET_PIXELS / max(len(document), 1)
         for number in range(len(document)):
             page = document[number]
             width, height = page.get_size()  # in points
-            scale = SCAN_SIDE / max(width, height, 1.0)
+            scale = min(
+                SCAN_SIDE / max(width, height, 1.0),
+                (per_page / max(width * height, 1.0)) ** 0.5,
+            )
             bitmap = page.render(scale=scale)
             pages.append(_normalized(bitmap.to_pil(), f"{path.name}, page {number + 1}"))
         return pages
