@@ -53,6 +53,19 @@ vulkan_headers_version() {  # include dir
   [ -n "$minor" ] && echo "$minor.$patch"
 }
 
+debian_mirror() {  # the URI of the Debian archive in this system's apt sources
+  local uri=""
+  if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
+    uri="$(awk '/^URIs:/ {for (i = 2; i <= NF; i++) if ($i !~ /security/) {print $i; exit}}' \
+      /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
+  fi
+  if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+    uri="$(awk '$1 == "deb" && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}' \
+      /etc/apt/sources.list | head -n 1)"
+  fi
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
 newer_vulkan_headers() {
   # Debian 12's Vulkan headers (1.3.239) predate VK_EXT_layer_settings. Debian 13's header
   # packages are fetched with apt into a private folder (the system's apt sources and
@@ -64,7 +77,9 @@ newer_vulkan_headers() {
     local tmp o
     tmp="$(mktemp -d)"
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/debs"
-    echo "deb http://deb.debian.org/debian trixie main" > "$tmp/sources.list"
+    # The mirror this system's apt already uses (a company mirror, a proxy), with Debian
+    # 13's suite: never a host of our choosing.
+    echo "deb $(debian_mirror) trixie main" > "$tmp/sources.list"
     o=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
        -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root")
     echo "setup: fetching Debian 13's Vulkan and SPIR-V headers into $root"
