@@ -455,7 +455,7 @@ def _check_backup_sizes(backup_dir: Path, target: Path) -> None:
                 f"The backup's catalog names an invalid file for block {block_id} ({name!r}); "
                 "refused. Nothing was changed."
             )
-        listed[name] = int(file_bytes or 0)
+        listed[name] = file_bytes if isinstance(file_bytes, int) else -1  # -1: never matches
     total = 0
     for path in (backup_dir / "blocks").iterdir():
         info = path.lstat()

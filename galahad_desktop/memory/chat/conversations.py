@@ -128,7 +128,8 @@ class Conversations:
             chain = self.vault.chain_rows(str(head))
         except (IntegrityError, NotFoundError):
             return "damaged", 0
-        size = sum(int(link.get("file_bytes") or 0) for link in chain)
+        # A size is bookkeeping, not sealed: an edited cell counts as nothing, never a crash.
+        size = sum(b if isinstance(b := link.get("file_bytes"), int) else 0 for link in chain)
         fingerprint = self.engine.fingerprint
         usable = all(link["fingerprint"] == fingerprint for link in chain)
         return ("stored" if usable else "needs re-reading"), size
