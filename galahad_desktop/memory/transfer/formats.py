@@ -497,10 +497,13 @@ GALAHAD_EXPORT_VERSION = 1  # the newest Galahad export this version reads
 def _check_galahad_version(data: dict[str, Any], name: str) -> None:
     version = data.get("version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise InputError(f"{name} is a Galahad export with an invalid version ({version!r}).")
+        shown = repr(version)[:40]
+        raise InputError(
+            f"{name}: 'version' should be a whole number from 1 (a Galahad export), got {shown}."
+        )
     if version > GALAHAD_EXPORT_VERSION:
         raise InputError(
-            f"{name} is a Galahad export of version {version}; this Galahad reads up to "
+            f"{name} is a Galahad export of version {version}; this Galahad reads at most "
             f"version {GALAHAD_EXPORT_VERSION}. Update Galahad to import it."
         )
 
