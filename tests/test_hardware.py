@@ -103,18 +103,22 @@ class FakeService:
 
     def _serve(self) -> None:
         with contextlib.suppress(OSError):
-            conn, _ = self.sock.accept()
-            with conn:
-                if self.behaviour == "stall":
-                    time.sleep(4)
-                elif self.behaviour == "garbage":
-                    conn.sendall(os.urandom(64))
-                elif self.behaviour == "http":
-                    conn.recv(64)
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-                elif self.behaviour == "old":
-                    conn.recv(64)
-                    conn.sendall(struct.pack("<Q", 28) + bytes([3, 0, 0, 0]) + bytes(24))
+            for _ in range(4):  # each probe gets the same answer
+                conn, _ = self.sock.accept()
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            if self.behaviour == "stall":
+                time.sleep(1.5)
+            elif self.behaviour == "garbage":
+                conn.sendall(os.urandom(64))
+            elif self.behaviour == "http":
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            elif self.behaviour == "old":
+                conn.recv(64)
+                conn.sendall(struct.pack("<Q", 28) + bytes([3, 0, 0, 0]) + bytes(24))
 
     def close(self) -> None:
         self.sock.close()
@@ -124,19 +128,20 @@ class FakeService:
     ("behaviour", "said"),
     [
         ("close", "closed the connection"),
-        ("stall", "did not answer llama.cpp's handshake within 1 s"),
+        ("stall", "did not answer llama.cpp's handshake within"),
         ("garbage", "is not llama.cpp's device server"),
         ("http", "is not llama.cpp's device server"),
         ("old", "speaks protocol 3.0.0"),
     ],
 )
 def test_a_service_that_is_not_a_device_server_is_refused_never_an_abort(
-    behaviour: str, said: str, tmp_path: Path
+    behaviour: str, said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(devices, "PROBE_TIMEOUT_S", 0.5)
     service = FakeService(behaviour)
     try:
         with pytest.raises(ModelError, match=said):
-            devices.probe_rpc_server(service.endpoint, timeout_s=1.0)
+            devices.probe_rpc_server(service.endpoint, timeout_s=0.5)
         with pytest.raises(InputError, match="Not saved \\(rpc_servers\\)"):
             Galahad.check_settings({"rpc_servers": service.endpoint})
     finally:

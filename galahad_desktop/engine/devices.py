@@ -354,12 +354,13 @@ RPC_CAPS = 24  # RPC_CONN_CAPS_SIZE
 PROBE_TIMEOUT_S = 3.0
 
 
-def probe_rpc_server(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def probe_rpc_server(endpoint: str, timeout_s: float | None = None) -> None:
     """Make llama.cpp's RPC handshake (HELLO) with a device server and check the answer;
     anything else is refused by name: nothing listening, a service that closes at once,
     stays silent, answers garbage or HTTP, or speaks another protocol version. Nothing of
     llama.cpp runs here, so no answer can abort the process."""
     host, port = check_endpoint(endpoint)
+    timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
     hint = f"start one with `galahad serve-device --port {port}`, or clear the rpc_servers setting"
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
