@@ -252,6 +252,11 @@ class ChatView(QWidget):
         self._shown = []
         self.focus_index = len(messages) - 1
         self.redraw()
+        self.scroll_to_newest()
+        # Again once the cards are laid out (pictures and long cards grow the document).
+        QTimer.singleShot(0, self.scroll_to_newest)
+
+    def scroll_to_newest(self) -> None:
         bar = self.transcript.verticalScrollBar()
         bar.setValue(bar.maximum())
 
