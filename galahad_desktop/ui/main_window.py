@@ -52,7 +52,7 @@ from galahad_desktop.ui.window_documents import DocumentActions
 from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
 from galahad_desktop.ui.window_turns import TurnActions
-from galahad_desktop.ui.worker import CoreBridge, Request
+from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS, CoreBridge, Request
 
 
 def first_size(screen: QSize) -> tuple[int, int]:
@@ -245,6 +245,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.lane_stop.clicked.connect(self.stop_running)
         self.lane_stop.setVisible(False)
         self.bridge.queue_changed.connect(self.show_lanes)
+        self.bridge.changed.connect(self._refresh_changed)
         self.download_bar = QProgressBar()
         self.download_bar.setAccessibleName("Download")
         self.download_bar.setFixedWidth(320)
@@ -366,10 +367,26 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             on_error=self.show_error,
         )
 
+    def _refresh_changed(self, changes: frozenset[str]) -> None:
+        """An operation finished and said what it changed: the lists showing it refresh."""
+        if CONVERSATIONS in changes:
+            self.bridge.run(
+                lambda core, _job: core.list_conversations(),
+                on_done=self._conversations,
+                on_error=self.show_error,
+            )
+        if DOCUMENTS in changes:
+            self.bridge.run(
+                lambda core, _job: core.list_documents(),
+                on_done=self._documents,
+                on_error=self.show_error,
+            )
+
     def _conversations(self, conversations: list[ConversationSummary]) -> None:
         self.sidebar.current = self.conversation_id
         self.sidebar.set_conversations(conversations)
         self.refresh_memory()
+        self.lists_refreshed.emit()
 
     def _documents(self, documents: list[Any]) -> None:
         self.sidebar.set_documents(documents)
@@ -477,11 +494,11 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             lambda core, _job: core.rename(conversation_id, title),
             on_done=self._renamed,
             on_error=self._rename_failed,
+            changes={CONVERSATIONS},
         )
 
     def _renamed(self, summary: ConversationSummary) -> None:
         self.set_status(f"Renamed to '{summary.title}'")
-        self.refresh_lists()
 
     def _rename_failed(self, message: str, kind: str) -> None:
         self.show_error(message, kind)
@@ -540,6 +557,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
                 lambda core, _job: core.forget(item_id),
                 on_done=self._forgotten,
                 on_error=self.show_error,
+                changes={CONVERSATIONS, DOCUMENTS},
             )
 
     def forget_conversation(self) -> None:
@@ -553,13 +571,13 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
                 lambda core, _job: core.forget(document_id),
                 on_done=self._forgotten,
                 on_error=self.show_error,
+                changes={CONVERSATIONS, DOCUMENTS},
             )
 
     def _forgotten(self, result: Any) -> None:
         if self.conversation_id in result.conversations:
             self.new_chat()
         self.set_status(f"Forgot {result.kind} ({result.blocks} blocks deleted)")
-        self.refresh_lists()
 
     # -- dialogs -------------------------------------------------------------------------
     def settings_saved(self) -> None:

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
 from galahad_desktop.memory.results import DepositResult, ImportResult, Message, TurnResult
 from galahad_desktop.ui.format import deposit_note
+from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
 
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
@@ -104,6 +105,7 @@ class DocumentActions:
             on_error=self._work_failed,
             on_progress=self._work_progress,
             label=f"Reading {path.name}",
+            changes={DOCUMENTS},
         )
 
     def _work_progress(self, done: int, total: int, tps: float, eta: float) -> None:
@@ -121,7 +123,6 @@ class DocumentActions:
     def _deposited(self, result: DepositResult, open_chat: bool) -> None:
         self._work_over()
         self.set_status(deposit_note(result))
-        self.refresh_lists()
         self.deposit_finished.emit(result)
         if open_chat and result.n_parts == 1:
             document_id = result.document_id
@@ -240,6 +241,7 @@ class DocumentActions:
             on_error=self._stack_failed,
             on_progress=self._reread_progress,
             label=f"Reading {path.name}",
+            changes={CONVERSATIONS},
         )
         self._set_generating(request)
 
@@ -275,6 +277,7 @@ class DocumentActions:
             on_error=self._stack_failed,
             on_progress=self._reread_progress,
             label="Reading the pasted picture",
+            changes={CONVERSATIONS},
         )
         self._set_generating(request)
 
@@ -303,7 +306,6 @@ class DocumentActions:
                 f"{c.restored_tokens:,}, re-read {c.recomputed_tokens:,} · saved in "
                 f"{c.persist_ms:.0f} ms"
             )
-        self.refresh_lists()
         self.turn_finished.emit(result)
 
     def _show_pictures(self, conversation_id: str) -> None:
@@ -342,6 +344,7 @@ class DocumentActions:
             on_error=self._work_failed,
             on_progress=self._work_progress,
             label=f"Importing {path.name}",
+            changes={CONVERSATIONS},
         )
 
     def _imported(self, result: ImportResult) -> None:
@@ -355,7 +358,6 @@ class DocumentActions:
         self.set_status(summary)
         if skipped or result.conversations:
             self.prompts.inform("Import", summary + skipped)
-        self.refresh_lists()
         self.import_finished.emit(result)
 
     def export_conversation(self, conversation_id: str | None) -> None:

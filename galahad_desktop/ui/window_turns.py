@@ -26,7 +26,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.ui.chat_view import ShownMessage
 from galahad_desktop.ui.format import turn_status
-from galahad_desktop.ui.worker import CANCELLED, MODEL_LANE
+from galahad_desktop.ui.worker import CANCELLED, CONVERSATIONS, MODEL_LANE
 
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
@@ -251,6 +251,7 @@ class TurnActions:
             label="Writing a reply",
             cancel=self.turn_cancel,
             on_pace=paced,
+            changes={CONVERSATIONS},
         )
 
     def _end_turn(self) -> None:
@@ -273,7 +274,6 @@ class TurnActions:
         if result.compaction is not None and result.compaction.merged:
             status += f" · compacted {result.compaction.merged} older turns"
         self.set_status(status)
-        self.refresh_lists()
         self.turn_finished.emit(result)
 
     def _turn_failed(self, message: str, kind: str, text: str = "") -> None:
@@ -381,6 +381,7 @@ class TurnActions:
                 on_done=self._conversation_open,
                 on_error=self.show_error,
                 label="Restoring a version",
+                changes={CONVERSATIONS},
             )
             return
 

@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +40,8 @@ CoreFactory = Callable[[], Galahad]
 T = TypeVar("T")
 Work = Callable[[Any, Job], Any]
 MODEL_LANE, DOWNLOAD_LANE = "model", "downloads"
+# What an operation can change, for the views that show it.
+CONVERSATIONS, DOCUMENTS = "conversations", "documents"
 CANCELLED = "cancelled"  # the error kind of a request stopped before it ran
 
 
@@ -59,6 +61,7 @@ class Request:
     label: str = ""  # what the user started, in words ("" for the window's own reads)
     lane: str = MODEL_LANE
     running: bool = False
+    changes: frozenset[str] = frozenset()  # what it changes (views refresh from this)
 
 
 class CoreWorker(QObject):
@@ -152,6 +155,7 @@ class CoreBridge(QObject):
     _shutdown_downloads = Signal()
     busy_changed = Signal(bool)
     queue_changed = Signal()  # a labelled request started, finished or began to wait
+    changed = Signal(object)  # frozenset[str]: what a finished operation changed
 
     def __init__(
         self,
@@ -200,11 +204,15 @@ class CoreBridge(QObject):
         label: str = "",
         cancel: threading.Event | None = None,
         on_pace: Callable[[int, float], None] | None = None,
+        changes: Iterable[str] = (),
     ) -> Request:
         """Run `work(core, job)` on the model lane; `on_done(result)` on this thread. A
         `label` shows the request as an operation (running or waiting); requests given
-        the same `cancel` are stopped together."""
+        the same `cancel` are stopped together; `changes` names what it changes
+        (CONVERSATIONS, DOCUMENTS): once it is done, `changed` says so and the views that
+        show those refresh themselves."""
         request = self._request(work, label, MODEL_LANE, cancel)
+        request.changes = frozenset(changes)
         self._register(request, on_done, on_error, on_stream, on_thought, on_progress, on_pace)
         self._submit.emit(request)
         return request
@@ -308,9 +316,12 @@ class CoreBridge(QObject):
 
     @Slot(int, object)
     def _on_finished(self, request_id: int, result: Any) -> None:
+        request = self._requests.get(request_id)
         callback = self._pop(request_id).get("done")
         if callback is not None:
             callback(result)
+        if request is not None and request.changes:
+            self.changed.emit(request.changes)
 
     @Slot(int, str, str)
     def _on_failed(self, request_id: int, message: str, kind: str) -> None:
