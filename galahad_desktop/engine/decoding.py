@@ -26,8 +26,8 @@ import numpy as np
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
 from galahad_desktop.jobs import Job
 
-StopReason = Literal["end", "length", "cancelled", "context_full"]
-STOP_REASONS: tuple[StopReason, ...] = ("end", "length", "cancelled", "context_full")
+StopReason = Literal["end", "length", "cancelled", "context_full", "stop_text"]
+STOP_REASONS: tuple[StopReason, ...] = ("end", "length", "cancelled", "context_full", "stop_text")
 
 
 @dataclass
@@ -84,6 +84,40 @@ class Decoder(Protocol):
     def room(self) -> int: ...
 
 
+class StopTexts:
+    """Holds back answer text that may be the start of a stop text, so a stop text is never
+    streamed; once one appears, the answer ends just before it."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+        self.hit = False
+
+    def feed(self, piece: str) -> list[str]:
+        if not self.stops:
+            return [piece]
+        if self.hit:
+            return []
+        self.pending += piece
+        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            shown, self.pending = self.pending[: min(found)], ""
+            return [shown] if shown else []
+        keep = max(
+            (n for s in self.stops for n in range(1, len(s)) if self.pending.endswith(s[:n])),
+            default=0,
+        )
+        shown = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(shown) :]
+        return [shown] if shown else []
+
+    def flush(self) -> list[str]:
+        """At the end of the reply, held text that never became a stop text is shown."""
+        rest, self.pending = self.pending, ""
+        return [rest] if rest and not self.hit else []
+
+
 def fresh_seed() -> int:
     """A seed for one generation: regenerating the same turn gives another reply."""
     return secrets.randbits(32)
@@ -110,6 +144,7 @@ def decode_reply(
     in_thought = False
     stop_reason: StopReason = "length"
     start = time.perf_counter()
+    held = StopTexts(params.stop)
 
     def emit(piece: str) -> None:
         if not piece:
@@ -117,9 +152,10 @@ def decode_reply(
         if in_thought:
             thoughts.append(piece)
             job.thought(piece)
-        else:
-            pieces.append(piece)
-            job.text(piece)
+            return
+        for shown in held.feed(piece):
+            pieces.append(shown)
+            job.text(shown)
 
     for _ in range(params.max_tokens):
         if job.cancelled:
@@ -151,7 +187,13 @@ def decode_reply(
         if token in rules.hidden:
             continue
         emit(decoder.decode(model.token_bytes(token)))
+        if held.hit:
+            stop_reason = "stop_text"
+            break
     emit(decoder.decode(b"", final=True))
+    for shown in held.flush():
+        pieces.append(shown)
+        job.text(shown)
     elapsed = time.perf_counter() - start
     thought = "".join(thoughts)
     if thought.startswith("thought"):  # the channel's name, not its content

@@ -14,6 +14,7 @@ class SamplingParams:
     top_k: int = 40
     max_tokens: int = 256
     seed: int | None = None  # None: a fresh seed for every generation
+    stop: tuple[str, ...] = ()  # texts that end the reply (not shown): an API client's `stop`
 
 
 class Sampler:

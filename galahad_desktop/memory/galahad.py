@@ -9,7 +9,9 @@ command's main thread).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import base64
+import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,20 @@ from galahad_desktop.memory.chat.continuation import Continuation
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.search import Search
+from galahad_desktop.memory.chat.stateless import StatelessChats, shape
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.maintenance import Maintenance
-from galahad_desktop.memory.model_files import ModelShelf, download_into, engine_config, same_file
+from galahad_desktop.memory.model_files import (
+    ModelDownloads,
+    ModelShelf,
+    engine_config,
+    same_file,
+)
 from galahad_desktop.memory.results import (
     AskResult,
+    ChatCompletion,
+    ChatMessage,
     CompactResult,
     ContextFull,
     Continued,
@@ -69,19 +79,6 @@ from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
 EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
-
-
-class ModelDownloads:
-    """Model files fetched beside the core (the window's downloads lane): it writes only the
-    models folder and never touches the engine, the vault or the settings, so a download
-    runs while the chat goes on; switching to the file is then the core's `use_model`."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.models_dir = Path(data_dir) / "models"
-
-    def get_gemma4(self, size: str | None = None, job: Job = NO_JOB) -> Downloaded:
-        chosen = ModelShelf.gemma4_for(size)
-        return download_into(self.models_dir, chosen.repo, chosen.file, job)
 
 
 class Galahad:
@@ -137,6 +134,7 @@ class Galahad:
             self.live, self.conversations, self.documents, self.routing, self.library
         )
         self.usage = Usage(self.live)
+        self.stateless = StatelessChats(self.live, self.conversations, self.maintenance.forget)
         self.finder = Search(self.conversations)
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
         self.live.chain_owners = self.conversations.chain_owners
@@ -668,5 +666,33 @@ class Galahad:
     def memory_stats(self) -> MemoryStats:
         return self.usage.stats()
 
+    # -- the local API server --------------------------------------------------------------
+    def complete_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        job: Job = NO_JOB,
+        stop: Sequence[str] = (),
+        **sampling: Any,
+    ) -> ChatCompletion:
+        """One OpenAI-style chat request: the history found stored is grafted (proof
+        checked) and only what is new is read; the reply is stored as the next turn.
+        `sampling`: temperature, top_p, max_tokens, seed (through the settings' checks)."""
+        request = shape(messages)
+        params = dataclasses.replace(self.sampling(None, **sampling), stop=tuple(stop))
+        completion = self.stateless.complete(request, params, job)
+        self.usage.record_turn(completion.turn)
+        return completion
 
-__all__ = ["EngineInfo", "Galahad", "ModelFile", "OpenedConversation", "engine_config"]
+    def api_key(self, rotate: bool = False) -> str:
+        """The local server's bearer key (made on first use, kept in the keyring)."""
+        return "gk-" + base64.urlsafe_b64encode(self.vault.api_key(rotate)).decode().rstrip("=")
+
+
+__all__ = [
+    "EngineInfo",
+    "Galahad",
+    "ModelDownloads",
+    "ModelFile",
+    "OpenedConversation",
+    "engine_config",
+]

@@ -257,6 +257,7 @@ class Maintenance:
         with self.vault.transaction():
             records.delete_in("messages", "conversation_id", conversations)
             records.delete_in("reply_versions", "conversation_id", conversations)
+            records.delete_in("api_prefixes", "conversation_id", conversations)
             records.delete_in("conversations", "id", conversations)
             if kind == "document":
                 records.delete("documents", id=item_id)

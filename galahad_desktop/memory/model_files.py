@@ -104,3 +104,16 @@ class ModelShelf:
                 raise InputError(recommendation.reason)
             size = recommendation.recommended
         return catalog.model_for(size)
+
+
+class ModelDownloads:
+    """Model files fetched beside the core (the window's downloads lane): it writes only the
+    models folder and never touches the engine, the vault or the settings, so a download
+    runs while the chat goes on; switching to the file is then the core's `use_model`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.models_dir = Path(data_dir) / "models"
+
+    def get_gemma4(self, size: str | None = None, job: Job = NO_JOB) -> Downloaded:
+        chosen = ModelShelf.gemma4_for(size)
+        return download_into(self.models_dir, chosen.repo, chosen.file, job)

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.modelinfo import ModelInfo
@@ -204,6 +204,7 @@ class ConversationSummary:
     preview: str = ""  # the start of its last message (decrypted in memory, for the sidebar)
     memory: str = ""  # stored | needs re-reading | not stored | damaged
     block_bytes: int = 0  # its stored blocks' bytes on disk
+    origin: str = ""  # "api": made through the local API server ("": in the app)
 
 
 @dataclass(frozen=True)
@@ -500,3 +501,33 @@ class ExportResult:
 NO_GRAFT_PROOF = NO_PROOF
 # Values the core hands out that are defined below it (the window imports them from here).
 __all__ = ["Counters", "ModelInfo", "Progress"]
+
+
+ChatRole = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of an API client's chat request (OpenAI's roles)."""
+
+    role: ChatRole
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatCompletion:
+    """What one API chat request did: the reply, and what its prompt cost.
+
+    `cached_tokens` are exactly the tokens restored from stored blocks (the history, or a
+    shared system prompt); `read_tokens` the ones evaluated for this request."""
+
+    conversation_id: str
+    text: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    read_tokens: int
+    matched_turns: int  # the request's earlier turns found stored (0: a new history)
+    seed: int | None
+    turn: TurnResult

@@ -21,9 +21,10 @@ import sqlite_utils
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 5  # 2: messages bound to their place, every record sealed; 3: part vectors;
+SCHEMA_VERSION = 6  # 2: messages bound to their place, every record sealed; 3: part vectors;
 # 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds,
-# a conversation's own system prompt and sampling, shared system prompts
+# a conversation's own system prompt and sampling, shared system prompts; 6: conversations
+# made through the local API server and its prefix index
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -65,9 +66,24 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "max_tokens": int,  # this conversation's longest reply (None: the setting)
             "thinking": int,
             "model_sha256": str,
+            "origin": str,  # "api": made through the local API server (None: the app)
             "seal": bytes,
             "created_at": float,
             "updated_at": float,
+        },
+        "id",
+    ),
+    # The API server's memory for stateless clients: a keyed tag of a request's history (its
+    # system prompt and turns, never their words) and where that history ends in a stored
+    # conversation, so the next request grafts it instead of re-reading; sealed.
+    "api_prefixes": (
+        {
+            "id": str,
+            "lookup": str,
+            "conversation_id": str,
+            "seq": int,
+            "seal": bytes,
+            "created_at": float,
         },
         "id",
     ),
@@ -253,6 +269,7 @@ class Catalog:
         self.db["blocks"].create_index(["owner_id"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["blocks"].create_index(["parent_id"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["parts"].create_index(["document_id"], if_not_exists=True)  # type: ignore[union-attr]
+        self.db["api_prefixes"].create_index(["lookup"], if_not_exists=True)  # type: ignore[union-attr]
         self.db["part_vectors"].create_index(["part_id"], if_not_exists=True)  # type: ignore[union-attr]
 
     def _schema_version(self) -> int | None:

@@ -106,6 +106,7 @@ def damaged(table: str, column: str, row_id: object) -> str:
         "part_vectors": "passage vectors",
         "reply_versions": "reply version",
         "prompts": "shared system prompt",
+        "api_prefixes": "API history entry",
     }.get(table, table)
     field = column.removesuffix("_enc")
     row_id = str(row_id).split("|")[0]  # a message's context starts with its id

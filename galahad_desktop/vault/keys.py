@@ -27,6 +27,11 @@ def entry_name(vault_id: str, key_id: str) -> str:
     return f"master-key/{vault_id}/{key_id}"
 
 
+def api_key_entry(vault_id: str) -> str:
+    """The keyring entry of the local API server's bearer key, beside the master key."""
+    return f"api-key/{vault_id}"
+
+
 # scrypt cost bounds: below, a stolen file is cheap to attack; above, opening takes minutes
 # or more memory than a desktop has (a file edited to make every open hang).
 SCRYPT_N_RANGE = (2**14, 2**20)

@@ -73,6 +73,7 @@ class ConversationRow(TypedDict):
     max_tokens: NotRequired[int | None]
     library: NotRequired[int | None]  # the verified-answer library: on (1), off (0), default
     model_sha256: NotRequired[str | None]  # the model it was last stored under
+    origin: NotRequired[str | None]  # "api": made through the local API server (schema 6)
     seal: NotRequired[bytes]
 
 

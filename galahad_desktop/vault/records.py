@@ -47,6 +47,7 @@ SEALED: dict[str, tuple[str, ...]] = {
     "verified": ("block_id", "lookup", "verifier"),
     "reply_versions": ("conversation_id", "seq", "tok_start", "tok_end", "block_id", "seed"),
     "prompts": ("lookup", "block_id", "n_tokens", "fingerprint"),
+    "api_prefixes": ("lookup", "conversation_id", "seq"),
 }
 SEAL_SCHEME = 2
 MESSAGE_FIELDS = ("text_enc", "thought_enc", "content_enc", "image_enc")
@@ -63,6 +64,7 @@ _WHAT = {
     "verified": "verified answer",
     "reply_versions": "reply version",
     "prompts": "shared system prompt",
+    "api_prefixes": "API history index entry",
 }
 
 
@@ -311,7 +313,7 @@ class Records:
         values.update({k: _plain(row.get(k)) for k in SEALED[table]})
         if table == "conversations":
             values["transcript"] = self.transcript(str(row["id"]))
-            for own in ("temperature", "max_tokens"):  # sealed where set (old seals hold)
+            for own in ("temperature", "max_tokens", "origin"):  # sealed where set
                 if row.get(own) is not None:
                     values[own] = _plain(row.get(own))
             if isinstance(row.get("system_enc"), bytes):
@@ -402,6 +404,11 @@ class Records:
             f"Reply version {v['id']} belongs to no conversation ({v['conversation_id']})"
             for v in self.catalog.select("reply_versions")
             if v["conversation_id"] not in ids["conversations"]
+        ]
+        problems += [
+            f"API history entry {a['id']} belongs to no conversation ({a['conversation_id']})"
+            for a in self.catalog.select("api_prefixes")
+            if a["conversation_id"] not in ids["conversations"]
         ]
         problems += [
             f"Document part {p['id']} belongs to no document ({p['document_id']})"

@@ -28,7 +28,7 @@ from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
 from galahad_desktop.vault import blockfile, crypto, custody
 from galahad_desktop.vault.audit import audit as audit_vault
 from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
-from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, entry_name
+from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, api_key_entry, entry_name
 from galahad_desktop.vault.names import (
     BLOCK_ID,
     AuditReport,
@@ -261,6 +261,17 @@ class Vault:
         if self._master is None:
             raise KeyAccessError("The vault is locked. Unlock it to continue.")
         return self._master
+
+    def api_key(self, rotate: bool = False) -> bytes:
+        """The local API server's bearer key (32 random bytes), made on first use and kept
+        in the keystore beside the master key, never in a file; `rotate` replaces it."""
+        self._require_master()
+        name = api_key_entry(self.vault_id)
+        key = None if rotate else self.keystore.get(name)
+        if key is None or len(key) != crypto.KEY_BYTES:
+            key = secrets.token_bytes(crypto.KEY_BYTES)
+            self.keystore.put(name, key)
+        return key
 
     def rotate_master_key(self) -> str:
         """Re-wrap the catalog key and every block key under a fresh master key.

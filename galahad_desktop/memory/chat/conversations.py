@@ -29,6 +29,7 @@ from galahad_desktop.errors import (
 )
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
 from galahad_desktop.memory.chat.shared_prompts import SharedPrompts
 from galahad_desktop.memory.chat.system_prompt import set_system_prompt, system_text
@@ -105,6 +106,7 @@ class Conversations:
             "" if damaged else self.preview(r["id"]),
             "damaged" if damaged else memory,
             block_bytes,
+            r.get("origin") or "",
         )
 
     def preview(self, conversation_id: str) -> str:
@@ -403,40 +405,8 @@ class Conversations:
         check_text(new_text, "The message")
         counters = Counters()
         graft, _parent = self.rewind(conv, rows, seq, counters, job)
-        branch_id = new_id("c")
         title = self.title(conv) or " ".join(new_text.split())[:TITLE_CHARS]
-        records = self.records
-        now = time.time()
-        with self.vault.transaction():
-            branch: ConversationRow = {
-                "id": branch_id,
-                "document_id": conv["document_id"],
-                "head_block_id": None,
-                "n_tokens": 0,
-                "n_messages": seq,
-                "system_prompt": conv.get("system_prompt"),
-                "thinking": conv.get("thinking") or 0,
-                "model_sha256": conv.get("model_sha256"),
-                "created_at": now,
-                "updated_at": now,
-            }
-            if conv.get("system_enc"):
-                branch["system_enc"] = records.encrypt(
-                    "conversations", "system_enc", branch, self.system_text(conv)
-                )
-            branch["title_enc"] = records.encrypt(
-                "conversations", "title_enc", branch, f"{title} (edited)"
-            )
-            self.records.insert("conversations", branch)
-            for row in rows[:seq]:
-                records.add_message(
-                    {**row, "id": new_id("m"), "conversation_id": branch_id, "block_id": None},
-                    records.decrypt("messages", "text_enc", row),
-                    content=records.decrypt("messages", "content_enc", row)
-                    if row.get("content_enc")
-                    else "",
-                )
-            records.reseal("conversations", branch_id)
+        branch_id = copy_conversation(self.vault, conv, rows, seq, f"{title} (edited)")
         branch_row = self.row(branch_id)
         return self.turn(
             branch_row,

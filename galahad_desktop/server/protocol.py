@@ -1,0 +1,240 @@
+"""OpenAI's chat-completions shapes: a request checked field by field, replies and errors.
+
+Every problem with a request is an `ApiError` naming the field, in OpenAI's error shape
+(`{"error": {"message", "type", "param", "code"}}`) with the status OpenAI uses. Fields
+OpenAI defines that change nothing here (`user`, `metadata`, `store`…) are accepted and
+ignored; ones that would change the reply and are not supported (`n` > 1, tools, logprobs)
+are refused by name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from galahad_desktop.memory.results import ChatCompletion, ChatMessage, ChatRole
+
+MAX_STOP = 4  # OpenAI's own limit
+ROLE_NAMES: dict[str, ChatRole] = {
+    "system": "system",
+    "developer": "system",  # OpenAI's newer name for the system role
+    "user": "user",
+    "assistant": "assistant",
+}
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs", "audio")
+
+
+class ApiError(Exception):
+    """A request the server refuses, in OpenAI's terms."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        retry_after: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds, for a 429
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class ChatArgs:
+    messages: tuple[ChatMessage, ...]
+    stream: bool = False
+    include_usage: bool = False
+    stop: tuple[str, ...] = ()
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, max_tokens, seed
+
+
+def _number(payload: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a number.", name)
+    if not low <= value <= high:
+        raise ApiError(400, f"'{name}' must be between {low:g} and {high:g}.", name)
+    return float(value)
+
+
+def _integer(payload: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer.", name)
+    if not low <= value <= high:
+        raise ApiError(400, f"'{name}' must be between {low:,} and {high:,}.", name)
+    return value
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of text parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for number, part in enumerate(value):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ApiError(400, f"{where}[{number}] must be an object with a 'type'.", where)
+            if part["type"] != "text":
+                raise ApiError(
+                    400,
+                    f"{where}[{number}] is of type '{part['type']}'; this server reads text "
+                    "parts only (pictures through the API are not supported yet).",
+                    where,
+                    "unsupported_content",
+                )
+            if not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}[{number}].text must be a string.", where)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError(400, f"{where} must be a string or a list of content parts.", where)
+
+
+def _messages(value: Any) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'messages' must be a non-empty list.", "messages")
+    messages = []
+    for number, item in enumerate(value):
+        where = f"messages[{number}]"
+        if not isinstance(item, dict):
+            raise ApiError(400, f"{where} must be an object.", where)
+        role = item.get("role")
+        if not isinstance(role, str) or role not in ROLE_NAMES:
+            raise ApiError(
+                400,
+                f"{where}.role is {role!r}; it must be one of: system, developer, user, "
+                "assistant (tool messages are not supported).",
+                f"{where}.role",
+            )
+        content = item.get("content")
+        if content is None:
+            raise ApiError(400, f"{where}.content is missing.", f"{where}.content")
+        messages.append(ChatMessage(ROLE_NAMES[role], _content(content, f"{where}.content")))
+    return tuple(messages)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(400, "'stop' must be a string or a list of non-empty strings.", "stop")
+    if len(stops) > MAX_STOP:
+        raise ApiError(400, f"'stop' can hold at most {MAX_STOP} strings.", "stop")
+    return tuple(stops)
+
+
+def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
+    """A chat-completions request body, checked (ApiError names the first problem)."""
+    if not isinstance(payload, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    for name in UNSUPPORTED:
+        if payload.get(name) not in (None, False, [], {}):
+            raise ApiError(400, f"'{name}' is not supported by this server.", name)
+    n = _integer(payload, "n", 1, 128)
+    if n not in (None, 1):
+        raise ApiError(400, "'n' must be 1: this server writes one reply per request.", "n")
+    model = payload.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string.", "model")
+    stream = payload.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false.", "stream")
+    options = payload.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", "stream_options")
+    limit = _integer(payload, "max_completion_tokens", 1, max_tokens_limit)
+    if limit is None:
+        limit = _integer(payload, "max_tokens", 1, max_tokens_limit)
+    sampling = {
+        "temperature": _number(payload, "temperature", 0.0, 2.0),
+        "top_p": _number(payload, "top_p", 0.0, 1.0),
+        "max_tokens": limit,
+        "seed": _integer(payload, "seed", 0, 2**32 - 1),
+    }
+    if sampling["top_p"] == 0.0:
+        sampling["top_p"] = None  # OpenAI treats 0 as "the most likely token": greedy below
+        sampling["temperature"] = 0.0
+    return ChatArgs(
+        _messages(payload.get("messages")),
+        stream,
+        bool(options.get("include_usage")),
+        _stop(payload.get("stop")),
+        {k: v for k, v in sampling.items() if v is not None},
+    )
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def usage(done: ChatCompletion) -> dict[str, Any]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
+
+
+def completion_body(ident: str, model: str, done: ChatCompletion) -> dict[str, Any]:
+    return {
+        "id": ident,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": done.text},
+                "finish_reason": done.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(done),
+    }
+
+
+def chunk(
+    ident: str,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    with_usage: dict[str, Any] | None = None,
+    choices: bool = True,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        if choices
+        else [],
+    }
+    if with_usage is not None:
+        body["usage"] = with_usage
+    return body

@@ -1,0 +1,147 @@
+"""`galahad serve` with the real Gemma 3 model and the real keyring, driven by the official
+`openai` client as an editor or a script would: plain and streamed replies, a restart that
+grafts the history instead of re-reading it, the key kept out of every file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.helpers import TEST_OVERRIDES, run_cli
+
+pytestmark = [pytest.mark.model, pytest.mark.keyring, pytest.mark.usefixtures("real_keyring")]
+
+
+class Server:
+    """`galahad serve --json` in its own process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "galahad_desktop.cli",
+                "--data-dir",
+                str(data_dir),
+                "--set",
+                f"n_ctx={TEST_OVERRIDES['n_ctx']}",
+                "--set",
+                "temperature=0",
+                "serve",
+                "--port",
+                "0",
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(180)
+        if not line or not line[0].strip():
+            self.proc.kill()
+            raise AssertionError(f"serve did not start: {self.proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+        ready: dict[str, Any] = json.loads(line[0])
+        assert set(ready) == {"base_url", "api_key"}
+        assert ready["base_url"].startswith("http://127.0.0.1:")
+        self.key: str = ready["api_key"]
+        self.client = openai.OpenAI(base_url=ready["base_url"], api_key=self.key, timeout=120)
+
+    def chat(self, messages: list[dict[str, str]], **extra: Any) -> Any:
+        return self.client.chat.completions.create(
+            model="gemma", messages=messages, max_tokens=16, temperature=0, **extra
+        )
+
+    def stop(self) -> tuple[int, str]:
+        """Ctrl+C, as a user stops it."""
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(30)
+        return code, self.proc.stderr.read()  # type: ignore[union-attr]
+
+
+@pytest.fixture()
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def test_serve_remembers_the_history_across_a_restart(
+    tmp_path: Path, servers: list[Server]
+) -> None:
+    data = tmp_path / "data"
+    server = Server(data)
+    servers.append(server)
+    history = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "The secret word is marmalade. What is a lighthouse?"},
+    ]
+    first = server.chat(history)
+    history.append({"role": "assistant", "content": first.choices[0].message.content})
+    history.append({"role": "user", "content": "And what is a harbour?"})
+    pieces, usage = [], None
+    for chunk in server.chat(history, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    second = "".join(pieces)
+    assert second.strip() and usage is not None
+    assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=str(server.client.base_url), api_key="gk-nope").models.list()
+    code, stderr = server.stop()
+    assert code == 0 and "Server stopped" in stderr
+    assert server.key not in stderr and "lighthouse" not in stderr
+    # Nothing of the chat, and not the key, is on disk in plain text.
+    for path in data.rglob("*"):
+        if path.is_file():
+            raw = path.read_bytes()
+            for secret in (b"marmalade", b"lighthouse", server.key.encode()):
+                assert secret not in raw, f"{secret!r} in {path}"
+
+    again = Server(data)
+    servers.append(again)
+    assert again.key == server.key  # kept in the keyring
+    history.append({"role": "assistant", "content": second})
+    history.append({"role": "user", "content": "Which word was secret?"})
+    restored = again.chat(history)
+    cached = restored.usage.prompt_tokens_details.cached_tokens
+    assert cached >= usage.prompt_tokens + usage.completion_tokens  # the history, grafted
+    assert restored.usage.prompt_tokens - cached < 40  # only the new message was read
+    again.stop()
+    # The same history sent to a server that never saw it is read in full: same reply.
+    fresh = Server(tmp_path / "fresh")
+    servers.append(fresh)
+    reread = fresh.chat(history)
+    assert reread.usage.prompt_tokens_details.cached_tokens == 0
+    assert reread.choices[0].message.content == restored.choices[0].message.content
+    fresh.stop()
+    shown = run_cli("serve", "--show-key", data_dir=data).stdout.strip()
+    assert shown == server.key
+    rotated = run_cli("serve", "--rotate-key", data_dir=data).stdout.strip()
+    assert rotated != server.key and rotated.startswith("gk-")
+    listed = json.loads(run_cli("--json", "list", data_dir=data).stdout)
+    assert any(c.get("origin") == "api" for c in listed["conversations"])
+
+
+def test_serve_refuses_a_network_address_without_the_flag(tmp_path: Path) -> None:
+    proc = run_cli("serve", "--host", "0.0.0.0", data_dir=tmp_path / "data", check=False)
+    assert proc.returncode == 4 and "--allow-network" in proc.stderr
+    assert "Traceback" not in proc.stderr
