@@ -2,17 +2,20 @@
 lanes that show what runs and what waits, a turn sent once, Stop wherever a turn is, an Ask
 that stops when its dialog closes, Settings filled while the model is busy, Regenerate's
 versions paged on the card, replies cut at a turn marker, a download beside a chat, and
-Enter to send. The same window with the real models is in test_gui.py."""
+Enter to send, the Local server switched on and off. The same window with the real
+models is in test_gui.py."""
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -25,6 +28,7 @@ from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.ui.dialogs import AskDialog
 from galahad_desktop.ui.main_window import MainWindow, first_size
 from galahad_desktop.ui.settings_dialog import SettingsDialog
+from galahad_desktop.ui.sidebar import PREVIEW_ROLE
 from galahad_desktop.ui.worker import CoreBridge
 from tests.test_ui_look import Answers
 
@@ -338,3 +342,59 @@ def test_a_new_chat_takes_its_own_settings_from_the_first_message(
     )
     qtbot.waitUntil(lambda: bool(got), timeout=WAIT_MS)
     assert got[0] == ("Speak as a lighthouse keeper.", {"temperature": 0.0, "max_tokens": 2})
+
+
+def test_the_window_serves_the_api_and_lists_what_it_made(qtbot: Any, make_window: Any) -> None:
+    win: MainWindow = make_window()
+    panel = win.open_server_panel()
+    qtbot.waitUntil(lambda: bool(panel.key.text()), timeout=WAIT_MS)
+    assert panel.key.echoMode() == panel.key.EchoMode.Password  # hidden until asked
+    panel.port.setValue(_free_port())
+    with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
+        qtbot.mouseClick(panel.toggle, qtbot_left())
+    assert panel.toggle.isChecked() and panel.address.text().startswith("http://127.0.0.1:")
+    client = openai.OpenAI(base_url=panel.address.text(), api_key=panel.key.text(), timeout=20)
+    answers: list[Any] = []
+
+    def ask() -> None:
+        answers.append(
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "From a script"}], max_tokens=8
+            )
+        )
+
+    caller = threading.Thread(target=ask)
+    caller.start()
+    qtbot.waitUntil(lambda: not caller.is_alive(), timeout=WAIT_MS)
+    assert answers and answers[0].choices[0].message.content
+    qtbot.waitUntil(lambda: _api_items(win) == 1, timeout=WAIT_MS)
+    old_key = panel.key.text()
+    qtbot.mouseClick(panel.new_key, qtbot_left())
+    qtbot.waitUntil(lambda: panel.key.text() != old_key, timeout=WAIT_MS)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
+        qtbot.mouseClick(panel.toggle, qtbot_left())
+    assert win.server_host.server is None and not panel.address.text()
+    with pytest.raises(openai.APIConnectionError):
+        openai.OpenAI(
+            base_url=client.base_url, api_key=panel.key.text(), max_retries=0, timeout=2
+        ).models.list()
+
+
+def qtbot_left() -> Any:
+    return Qt.MouseButton.LeftButton
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _api_items(win: MainWindow) -> int:
+    listing = win.sidebar.conversation_list
+    return sum(
+        str(listing.item(i).data(PREVIEW_ROLE) or "").startswith("API · ")
+        for i in range(listing.count())
+    )

@@ -46,6 +46,7 @@ from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
 from galahad_desktop.ui.format import graft_status, resume_note
 from galahad_desktop.ui.prompts import Prompts
+from galahad_desktop.ui.server_panel import ServerHost, ServerPanel
 from galahad_desktop.ui.sidebar import Sidebar
 from galahad_desktop.ui.welcome import Welcome
 from galahad_desktop.ui.window_documents import DocumentActions
@@ -80,6 +81,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
     def __init__(self, bridge: CoreBridge, data_dir: Path) -> None:
         super().__init__()
         self.bridge = bridge
+        self.server_host = ServerHost(bridge)
         self.data_dir = data_dir
         self.prompts = Prompts(self)  # every modal question goes through it
         self.ui_settings = QSettings(str(data_dir / "ui.ini"), QSettings.Format.IniFormat)
@@ -282,6 +284,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         action(file_menu, "Import conversations…", self.import_conversations, "Ctrl+I")
         action(file_menu, "Get Gemma 4…", lambda: self.get_gemma4(""))
         action(file_menu, "Settings…", self.open_settings, "Ctrl+,")
+        action(file_menu, "Local server…", self.open_server_panel)
         action(file_menu, "Quit", self.close, QKeySequence.StandardKey.Quit)
         chat_menu = self.menuBar().addMenu("&Conversation")
         action(chat_menu, "Send", self.send, "Ctrl+Return")
@@ -616,4 +619,11 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         for request in (self.working, self.downloading):
             if request is not None:
                 request.cancel.set()
+        self.server_host.stop()
         super().closeEvent(event)
+
+    def open_server_panel(self) -> ServerPanel:
+        """File ▸ Local server…: the OpenAI-compatible API, on the window's model lane."""
+        panel = ServerPanel(self.server_host, self)
+        panel.show()
+        return panel

@@ -267,10 +267,14 @@ class Sidebar(QWidget):
                 state = memory_line(conv, self.restores.get(conv.id, ""))
                 item.setToolTip(
                     f"{ago(conv.updated_at)} · {conv.n_tokens:,} tokens · "
-                    f"{conv.n_messages} messages · {state[0]} · F2 or double-click to rename"
+                    f"{conv.n_messages} messages · {state[0]} · "
+                    + ("made through the local API server · " if conv.origin == "api" else "")
+                    + "F2 or double-click to rename"
                 )
                 item.setData(ID_ROLE, conv.id)
-                item.setData(PREVIEW_ROLE, conv.preview or "No messages yet")
+                preview = conv.preview or "No messages yet"
+                # Made by a program through the local server: marked, forgotten like any other.
+                item.setData(PREVIEW_ROLE, f"API · {preview}" if conv.origin == "api" else preview)
                 item.setData(STATE_ROLE, state)
                 item.setFlags(
                     Qt.ItemFlag.ItemIsSelectable
