@@ -15,18 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_OVERRIDES: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "temperature": 0.0}
 
 
-def run_cli(
-    *args: str,
-    data_dir: Path,
-    env: dict[str, str] | None = None,
-    check: bool = True,
-    timeout: float = 300,
-    model: Path | None = None,
-    stdin: str | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run `galahad` in a new process (a fresh engine), as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    cmd = [
+def cli_command(*args: str, data_dir: Path, model: Path | None = None) -> list[str]:
+    """The `galahad` command line the tests run (the test context size, greedy replies)."""
+    return [
         sys.executable,
         "-m",
         "galahad_desktop.cli",
@@ -39,6 +30,20 @@ def run_cli(
         *(["--model", str(model)] if model else []),
         *args,
     ]
+
+
+def run_cli(
+    *args: str,
+    data_dir: Path,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 300,
+    model: Path | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `galahad` in a new process (a fresh engine), as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    cmd = cli_command(*args, data_dir=data_dir, model=model)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=full_env, timeout=timeout, input=stdin
     )

@@ -8,6 +8,7 @@ next to the model, where Galahad finds a projector on its own."""
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import struct
 import zlib
@@ -380,3 +381,48 @@ def test_a_tiny_file_declaring_a_huge_picture_is_refused(tmp_path: Path) -> None
     with pytest.raises(InputError, match="declares 8,000×8,000 pixels in only"):
         check_picture_file(png_declaring(tmp_path / "huge.png", 8000, 8000))
     assert check_picture_file(photo(tmp_path / "real.png", (2400, 1800)))  # a real one passes
+
+
+@pytest.mark.model
+def test_a_picture_sent_through_the_api_is_read_once(
+    tmp_path: Path, open_core: Callable[..., Galahad]
+) -> None:
+    """An OpenAI client's data-URL picture: checked in the child (bytes through a pipe,
+    never a file), read through the projector as its own turn, found again with the
+    history that resends it: the next call reads only its new message."""
+    from galahad_desktop.memory.results import ChatMessage
+
+    core = open_core()
+    png = photo(tmp_path / "sent.png").read_bytes()
+    asked = ChatMessage("user", "What is in this picture?", (("png", png),))
+    first = core.complete_chat([asked], max_tokens=6)
+    assert first.turn.counters.new_tokens > 0 and first.cached_tokens == 0
+    names = [m.text for m in core.messages(first.conversation_id) if m.picture is not None]
+    assert names == [f"picture-{hashlib.sha256(png).hexdigest()[:12]}.png"]
+    core.close()
+    again = open_core()
+    second = again.complete_chat(
+        [asked, ChatMessage("assistant", first.text), ChatMessage("user", "And its colours?")],
+        max_tokens=6,
+    )
+    assert second.conversation_id == first.conversation_id and second.matched_turns == 1
+    assert second.turn.graft is not None and second.turn.graft.proof.verdict == "exact"
+    assert second.read_tokens < 40 <= second.cached_tokens  # the picture was not read again
+    for path in (tmp_path / "data").rglob("*"):
+        assert not path.is_file() or png[100:164] not in path.read_bytes()
+    # A different picture under the same words is a different history.
+    other = ChatMessage("user", "What is in this picture?", (("png", png[: len(png) // 2]),))
+    with pytest.raises(InputError):
+        again.complete_chat([other], max_tokens=4)  # a damaged PNG: refused by the child
+
+
+def test_a_text_model_refuses_a_picture_through_the_api(
+    make_fake_core: Callable[..., Galahad], tmp_path: Path
+) -> None:
+    from galahad_desktop.memory.results import ChatMessage
+
+    core = make_fake_core()
+    png = photo(tmp_path / "p.png", (32, 32)).read_bytes()
+    with pytest.raises(InputError, match="projector"):
+        core.complete_chat([ChatMessage("user", "See?", (("png", png),))], max_tokens=4)
+    assert core.list_conversations() == []

@@ -281,6 +281,40 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
     (json.dumps({"messages": [user("a")], "tools": [{"type": "function"}]}).encode(), "tools"),
     (
         json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
+        "messages[0].content[0]",
+    ),
+    (
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}
+                        ],
+                    }
+                ]
+            }
+        ).encode(),
+        "messages[0].content[0]",
+    ),
+    (
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "data:image/png;base64,AA=="},
+                            }
+                        ],
+                    },
+                    user("a"),
+                ]
+            }
+        ).encode(),
         "messages[0].content",
     ),
     (

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.helpers import TEST_OVERRIDES, run_cli
+from tests.helpers import cli_command, run_cli
 
 pytestmark = [pytest.mark.model, pytest.mark.keyring, pytest.mark.usefixtures("real_keyring")]
 
@@ -27,21 +26,7 @@ class Server:
 
     def __init__(self, data_dir: Path) -> None:
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "galahad_desktop.cli",
-                "--data-dir",
-                str(data_dir),
-                "--set",
-                f"n_ctx={TEST_OVERRIDES['n_ctx']}",
-                "--set",
-                "temperature=0",
-                "serve",
-                "--port",
-                "0",
-                "--json",
-            ],
+            cli_command("serve", "--port", "0", "--json", data_dir=data_dir),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -134,7 +134,9 @@ class Galahad:
             self.live, self.conversations, self.documents, self.routing, self.library
         )
         self.usage = Usage(self.live)
-        self.stateless = StatelessChats(self.live, self.conversations, self.maintenance.forget)
+        self.stateless = StatelessChats(
+            self.live, self.conversations, self.maintenance.forget, self.documents.add_sent_picture
+        )
         self.finder = Search(self.conversations)
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
         self.live.chain_owners = self.conversations.chain_owners

@@ -512,6 +512,7 @@ class ChatMessage:
 
     role: ChatRole
     text: str
+    pictures: tuple[tuple[str, bytes], ...] = ()  # (type: png|jpeg|webp|gif, the file's bytes)
 
 
 @dataclass(frozen=True)

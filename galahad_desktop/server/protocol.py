@@ -9,7 +9,10 @@ are refused by name rather than silently ignored.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -89,27 +92,60 @@ def _integer(payload: dict[str, Any], name: str, low: int, high: int) -> int | N
     return value
 
 
-def _content(value: Any, where: str) -> str:
-    """A message's content: a string, or OpenAI's list of text parts."""
+PICTURE_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp", "image/gif": "gif"}
+DATA_URL = re.compile(r"^data:(image/[a-z]+);base64,(.*)$", re.DOTALL)
+
+
+def _picture(part: dict[str, Any], where: str) -> tuple[str, bytes]:
+    """An `image_url` part: a data URL (the server fetches nothing from the network)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    if not isinstance(url, str):
+        raise ApiError(400, f"{where}.image_url.url must be a string.", where)
+    found = DATA_URL.match(url[:64]) and DATA_URL.match(url)
+    if not found:
+        raise ApiError(
+            400,
+            f"{where}.image_url.url must be a data: URL (data:image/png;base64,…); this server "
+            "fetches nothing from the network.",
+            where,
+            "unsupported_image_url",
+        )
+    kind = PICTURE_TYPES.get(found.group(1))
+    if kind is None:
+        raise ApiError(400, f"{where} is {found.group(1)}; PNG, JPEG, WebP or GIF are read.", where)
+    try:
+        data = base64.b64decode(found.group(2), validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{where}.image_url.url is not valid base64.", where) from None
+    return kind, data
+
+
+def _content(value: Any, where: str) -> tuple[str, tuple[tuple[str, bytes], ...]]:
+    """A message's content: a string, or OpenAI's list of text and image parts."""
     if isinstance(value, str):
-        return value
+        return value, ()
     if isinstance(value, list):
-        texts = []
+        texts, pictures = [], []
         for number, part in enumerate(value):
+            at = f"{where}[{number}]"
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise ApiError(400, f"{where}[{number}] must be an object with a 'type'.", where)
+                raise ApiError(400, f"{at} must be an object with a 'type'.", where)
+            if part["type"] == "image_url":
+                pictures.append(_picture(part, at))
+                continue
             if part["type"] != "text":
                 raise ApiError(
                     400,
-                    f"{where}[{number}] is of type '{part['type']}'; this server reads text "
-                    "parts only (pictures through the API are not supported yet).",
+                    f"{at} is of type '{part['type']}'; this server reads text and image_url "
+                    "parts.",
                     where,
                     "unsupported_content",
                 )
             if not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}[{number}].text must be a string.", where)
+                raise ApiError(400, f"{at}.text must be a string.", where)
             texts.append(part["text"])
-        return "".join(texts)
+        return "".join(texts), tuple(pictures)
     raise ApiError(400, f"{where} must be a string or a list of content parts.", where)
 
 
@@ -132,7 +168,12 @@ def _messages(value: Any) -> tuple[ChatMessage, ...]:
         content = item.get("content")
         if content is None:
             raise ApiError(400, f"{where}.content is missing.", f"{where}.content")
-        messages.append(ChatMessage(ROLE_NAMES[role], _content(content, f"{where}.content")))
+        text, pictures = _content(content, f"{where}.content")
+        if pictures and ROLE_NAMES[role] != "user":
+            raise ApiError(
+                400, f"{where}: only user messages can hold pictures.", f"{where}.content"
+            )
+        messages.append(ChatMessage(ROLE_NAMES[role], text, pictures))
     return tuple(messages)
 
 

@@ -9,6 +9,7 @@ secrets from our environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -63,17 +64,28 @@ def run_bounded(
     timeout_s: float,
     memory_mb: int,
     job: Job = NO_JOB,
+    stdin: bytes | None = None,
 ) -> ChildResult:
-    """Run `command` (which calls apply_own_limits first) with limits; read all its stdout."""
+    """Run `command` (which calls apply_own_limits first) with limits; read all its stdout.
+    `stdin`: bytes handed to the child through a pipe (never through a file)."""
     environment = clean_environment()
     environment[LIMITS_VARIABLE] = f"{memory_mb * 1024 * 1024}:{int(timeout_s) + 1}"
     child = subprocess.Popen(
         list(command),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
         env=environment,
     )
+    if stdin is not None:
+
+        def feed() -> None:
+            with contextlib.suppress(OSError):  # a child that stops reading has refused it
+                assert child.stdin is not None
+                child.stdin.write(stdin)
+                child.stdin.close()
+
+        threading.Thread(target=feed, daemon=True).start()
     deadline = time.monotonic() + timeout_s
     chunks: list[bytes] = []
     reader = threading.Thread(

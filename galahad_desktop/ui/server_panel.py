@@ -176,8 +176,8 @@ class ServerPanel(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
-        for widget in (intro, self.toggle):
-            layout.addWidget(widget)
+        layout.addWidget(intro)
+        layout.addWidget(self.toggle)
         layout.addLayout(form)
         layout.addWidget(self.status)
         layout.addWidget(buttons)

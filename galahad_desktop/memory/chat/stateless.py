@@ -12,6 +12,7 @@ turns no stored conversation holds are read once and stored, so they are never r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -30,9 +31,30 @@ from galahad_desktop.vault.vault import new_id
 
 API_ORIGIN = "api"
 TAG_PURPOSE = "api-history"
-TAG_VERSION = 1
-ROLES = ("user", "model")  # a pair's roles as the catalog names them
+TAG_VERSION = 2
+AddPicture = Callable[[str, str, bytes, Job], TurnResult]
 FINISH = {"end": "stop", "stop_text": "stop", "length": "length", "context_full": "length"}
+
+
+@dataclass(frozen=True)
+class UserTurn:
+    """A user message of a request: its text and the pictures it holds (type, bytes)."""
+
+    text: str
+    pictures: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def digests(self) -> list[str]:
+        return [hashlib.sha256(data).hexdigest() for _kind, data in self.pictures]
+
+    @property
+    def picture_names(self) -> list[str]:
+        """Each picture's name in the conversation (its digest: the same bytes, the same
+        name, so a history resent with its pictures is found again)."""
+        return [
+            f"picture-{digest[:12]}.{kind}"
+            for digest, (kind, _data) in zip(self.digests, self.pictures, strict=True)
+        ]
 
 
 @dataclass(frozen=True)
@@ -41,8 +63,8 @@ class ChatShape:
     user message."""
 
     system: str
-    pairs: tuple[tuple[str, str], ...]
-    question: str
+    pairs: tuple[tuple[UserTurn, str], ...]
+    question: UserTurn
 
 
 def shape(messages: Sequence[ChatMessage]) -> ChatShape:
@@ -55,7 +77,7 @@ def shape(messages: Sequence[ChatMessage]) -> ChatShape:
     while index < len(messages) and messages[index].role == "system":
         system_parts.append(messages[index].text)
         index += 1
-    turns: list[list[str]] = []  # [role, text]
+    turns: list[tuple[str, UserTurn]] = []
     for number, message in enumerate(messages[index:], start=index):
         check_text(message.text, f"messages[{number}].content")
         if message.role == "system":
@@ -63,20 +85,23 @@ def shape(messages: Sequence[ChatMessage]) -> ChatShape:
                 f"messages[{number}] is a system message after the conversation started; "
                 "system messages are taken at the start only."
             )
+        said = UserTurn(message.text, message.pictures)
         if turns and turns[-1][0] == message.role:
-            turns[-1][1] += "\n\n" + message.text
+            before = turns[-1][1]
+            said = UserTurn(before.text + "\n\n" + said.text, before.pictures + said.pictures)
+            turns[-1] = (message.role, said)
         else:
-            turns.append([message.role, message.text])
+            turns.append((message.role, said))
     if not turns or turns[-1][0] != "user":
         raise InputError("The last message must be the user's (there is nothing to answer).")
     if turns[0][0] != "user":
         raise InputError("The conversation must start with a user message (after any system).")
-    if not turns[-1][1].strip():
-        raise InputError("The last user message is empty.")
+    if not turns[-1][1].text.strip():
+        raise InputError("The last user message has no text (a picture needs a question).")
     system = "\n\n".join(system_parts).strip()
     if len(system) > MAX_SYSTEM_CHARS:
         raise InputError(f"A system prompt can be at most {MAX_SYSTEM_CHARS:,} characters.")
-    pairs = tuple((turns[i][1], turns[i + 1][1]) for i in range(0, len(turns) - 1, 2))
+    pairs = tuple((turns[i][1], turns[i + 1][1].text) for i in range(0, len(turns) - 1, 2))
     return ChatShape(check_text(system, "The system prompt"), pairs, turns[-1][1])
 
 
@@ -95,15 +120,18 @@ class StatelessChats:
         live: LiveContext,
         conversations: Conversations,
         forget: Callable[[str], object],
+        add_picture: AddPicture,
     ) -> None:
         self.live = live
         self.vault = live.vault
         self.records = live.records
         self.conversations = conversations
         self.forget = forget  # a conversation this request made, when the request fails
+        self.add_picture = add_picture  # a picture read into a conversation as its turn
 
-    def tag(self, system: str, pairs: Sequence[tuple[str, str]]) -> str:
-        key = json.dumps([TAG_VERSION, system, [list(p) for p in pairs]], ensure_ascii=False)
+    def tag(self, system: str, pairs: Sequence[tuple[UserTurn, str]]) -> str:
+        turns = [[user.text, user.digests, reply] for user, reply in pairs]
+        key = json.dumps([TAG_VERSION, system, turns], ensure_ascii=False)
         return self.records.lookup_tag(key, TAG_PURPOSE)
 
     # -- finding the stored history ------------------------------------------------------
@@ -127,12 +155,15 @@ class StatelessChats:
         if self.conversations.system_text(conv) != request.system:
             return False
         said = [(m.role, m.text) for m in self.conversations.messages(conversation_id)[:seq]]
-        wanted = [
-            (role, text)
-            for p in request.pairs[:turns]
-            for role, text in zip(("user", "model"), p, strict=True)
-        ]
-        return said == wanted
+        wanted: list[tuple[str, str | None]] = []
+        for user, reply in request.pairs[:turns]:
+            for name in user.picture_names:  # a picture's turn: the app's acknowledgement
+                wanted += [("document", name), ("model", None)]
+            wanted += [("user", user.text), ("model", reply)]
+        return len(said) == len(wanted) and all(
+            role == want_role and (want is None or text == want)
+            for (role, text), (want_role, want) in zip(said, wanted, strict=True)
+        )
 
     # -- one request ---------------------------------------------------------------------
     def complete(
@@ -154,10 +185,13 @@ class StatelessChats:
                 elif self.live.holds(conversation_id, conv["head_block_id"]):
                     held = len(self.live.engine.tokens)
             for user, reply in request.pairs[turns:]:
-                self._read_pair(conversation_id, user, reply, counters, job)
+                self._read_pictures(conversation_id, user, counters, job)
+                self._read_pair(conversation_id, user.text, reply, counters, job)
                 turns += 1
                 self._index(conversation_id, request.system, request.pairs[:turns])
-            result = self.conversations.send(conversation_id, request.question, params, job)
+            self._read_pictures(conversation_id, request.question, counters, job)
+            question = request.question.text
+            result = self.conversations.send(conversation_id, question, params, job)
         except BaseException:
             if made is not None:
                 self.forget(made)
@@ -213,6 +247,16 @@ class StatelessChats:
         self.live.mark(copy_id, None)  # the context holds the copy's history: go on from it
         return copy_id
 
+    def _read_pictures(
+        self, conversation_id: str, user: UserTurn, counters: Counters, job: Job
+    ) -> None:
+        """A user message's pictures, each read into the conversation as its own turn
+        (checked in the limited child, encoded through the projector, stored as a link)."""
+        for (_kind, data), name in zip(user.pictures, user.picture_names, strict=True):
+            done = self.add_picture(conversation_id, name, data, job)
+            counters.restored_tokens += done.counters.restored_tokens
+            counters.new_tokens += done.counters.new_tokens
+
     def _read_pair(
         self, conversation_id: str, user: str, reply: str, counters: Counters, job: Job
     ) -> None:
@@ -253,7 +297,9 @@ class StatelessChats:
             conv, row, seq, user, reply, (user_start, reply_start, reply_end), []
         )
 
-    def _index(self, conversation_id: str, system: str, pairs: Sequence[tuple[str, str]]) -> None:
+    def _index(
+        self, conversation_id: str, system: str, pairs: Sequence[tuple[UserTurn, str]]
+    ) -> None:
         """Remember where this history ends in the conversation (its tag, sealed)."""
         seq = self.conversations.row(conversation_id)["n_messages"]
         tag = self.tag(system, pairs)

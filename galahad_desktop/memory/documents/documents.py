@@ -31,6 +31,7 @@ from galahad_desktop.memory.documents.extraction import (
 from galahad_desktop.memory.documents.pictures import (
     is_picture,
     picture_from_png,
+    read_picture_bytes_bounded,
     read_pictures_bounded,
 )
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
@@ -538,6 +539,15 @@ class Documents:
     ) -> TurnResult:
         self.live.vision()
         return self.add_picture(conversation_id, name, picture_from_png(png, name), job)
+
+    def add_sent_picture(
+        self, conversation_id: str, name: str, data: bytes, job: Job = NO_JOB
+    ) -> TurnResult:
+        """A picture an API client sent (bytes, never written to a file): checked in the
+        limited child like a dropped file, then read on top of the conversation."""
+        self.live.vision()
+        picture = read_picture_bytes_bounded(data, name, job=job)
+        return self.add_picture(conversation_id, name, picture, job)
 
     def add_picture(
         self, conversation_id: str, name: str, picture: Picture, job: Job = NO_JOB

@@ -230,15 +230,18 @@ def extract_text_bounded(
     return str(result["text"])
 
 
-def run_reader(path: Path, mode: str, timeout_s: float, memory_mb: int, job: Job) -> dict[str, Any]:
+def run_reader(
+    path: Path, mode: str, timeout_s: float, memory_mb: int, job: Job, stdin: bytes | None = None
+) -> dict[str, Any]:
     """The document reader (extract_worker) on `path` in a limited child: its JSON result,
-    or the InputError it reported (NoTextLayer for a PDF without text)."""
+    or the InputError it reported (NoTextLayer for a PDF without text). With `stdin`, the
+    bytes are the file and `path` only its name."""
     if getattr(sys, "frozen", False):
         command = [sys.executable, "--extract-worker", str(path), mode]
     else:
         worker = "galahad_desktop.memory.documents.extract_worker"
         command = [sys.executable, "-m", worker, str(path), mode]
-    done = run_bounded(command, timeout_s, memory_mb, job)
+    done = run_bounded(command, timeout_s, memory_mb, job, stdin)
     if done.cancelled:
         raise CancelledError(f"Reading '{path.name}' was cancelled; nothing was stored.")
     if done.timed_out:

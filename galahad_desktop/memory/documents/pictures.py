@@ -67,15 +67,20 @@ def _normalized(image: object, name: str) -> bytes:
 
 def check_picture_file(path: Path) -> bytes:
     """A dropped picture checked and normalized (child side): its PNG bytes."""
+    return check_picture(path, path.name, path.stat().st_size)
+
+
+def check_picture(source: Path | io.BytesIO, name: str, size: int) -> bytes:
+    """A picture (a file, or bytes an API client sent) checked and normalized, child side:
+    its PNG bytes. `name`'s suffix says what it must be."""
     from PIL import Image, UnidentifiedImageError
 
-    name = path.name
-    expected = SUFFIX_FORMAT.get(path.suffix.lower())
+    expected = SUFFIX_FORMAT.get(Path(name).suffix.lower())
     # Opening reads only the header; the declared size is checked below, before any pixel
     # is decoded (with the dimensions in the message, which Pillow's own guard leaves out).
     Image.MAX_IMAGE_PIXELS = None
     try:
-        with Image.open(path, formats=list(FORMATS)) as image:
+        with Image.open(source, formats=list(FORMATS)) as image:
             if expected is not None and image.format != expected:
                 raise InputError(
                     f"'{name}' is {FORMATS.get(str(image.format), 'another kind of file')} "
@@ -88,7 +93,6 @@ def check_picture_file(path: Path) -> bytes:
                     f"{MAX_PIXELS / 1e6:.0f} million are read (a possible decompression "
                     "bomb). Nothing was stored."
                 )
-            size = path.stat().st_size
             if width * height > DENSE_FROM and size * MIN_PIXELS_PER_BYTE < width * height:
                 # A tiny file declaring a huge picture is mostly fill the decoder invents.
                 raise InputError(
@@ -163,8 +167,19 @@ def render_scanned_pdf(path: Path) -> list[bytes]:
 
 
 def worker_output(path: Path, mode: str) -> dict[str, object]:
-    """What the child prints for a picture or a scanned PDF."""
-    pages = render_scanned_pdf(path) if mode == "scan" else [check_picture_file(path)]
+    """What the child prints for a picture, a picture on stdin (`path` is its name) or a
+    scanned PDF."""
+    if mode == "picture-stdin":
+        import sys
+
+        data = sys.stdin.buffer.read(MAX_PICTURE_BYTES + 1)
+        if len(data) > MAX_PICTURE_BYTES:
+            raise InputError(f"'{path.name}' is over {MAX_PICTURE_BYTES // 2**20} MiB; refused.")
+        pages = [check_picture(io.BytesIO(data), path.name, len(data))]
+    elif mode == "scan":
+        pages = render_scanned_pdf(path)
+    else:
+        pages = [check_picture_file(path)]
     return {"pictures": [base64.b64encode(page).decode("ascii") for page in pages]}
 
 
@@ -181,3 +196,17 @@ def read_pictures_bounded(
     check_source_file(path, MAX_PICTURE_BYTES, "pictures")
     result = run_reader(path, mode, timeout_s, memory_mb, job)
     return [Picture.from_png(base64.b64decode(page)) for page in result["pictures"]]
+
+
+def read_picture_bytes_bounded(
+    data: bytes, name: str, timeout_s: float = 60.0, memory_mb: int = 2048, job: Job = NO_JOB
+) -> Picture:
+    """A picture an API client sent (bytes, never written to a file), checked in the
+    limited child like a dropped one; `name`'s suffix says what it must be."""
+    if not data:
+        raise InputError(f"'{name}' is empty.")
+    if len(data) > MAX_PICTURE_BYTES:
+        raise InputError(f"'{name}' is over {MAX_PICTURE_BYTES // 2**20} MiB; refused.")
+    result = run_reader(Path(name), "picture-stdin", timeout_s, memory_mb, job, stdin=data)
+    (page,) = result["pictures"]
+    return Picture.from_png(base64.b64decode(page))
