@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "galahad_desktop"
 
@@ -69,6 +71,7 @@ print("\\n".join(failed) or "all imported")
 """
 
 
+@pytest.mark.model  # slow for the fast tier: it starts processes (runs in the full suite)
 def test_every_module_imports_without_posix_only_modules() -> None:
     """Windows and macOS: fcntl and resource (POSIX/Linux) must not be needed to import."""
     proc = subprocess.run(

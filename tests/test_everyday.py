@@ -330,6 +330,7 @@ def test_an_export_from_a_newer_galahad_is_refused_by_version(
     assert core.list_conversations() == []
 
 
+@pytest.mark.model  # slow for the fast tier: it starts processes (runs in the full suite)
 def test_an_import_that_brings_nothing_in_is_a_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], keystore: Any
 ) -> None:

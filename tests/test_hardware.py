@@ -137,11 +137,11 @@ class FakeService:
 def test_a_service_that_is_not_a_device_server_is_refused_never_an_abort(
     behaviour: str, said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(devices, "PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(devices, "PROBE_TIMEOUT_S", 0.25)
     service = FakeService(behaviour)
     try:
         with pytest.raises(ModelError, match=said):
-            devices.probe_rpc_server(service.endpoint, timeout_s=0.5)
+            devices.probe_rpc_server(service.endpoint, timeout_s=0.25)
         with pytest.raises(InputError, match="Not saved \\(rpc_servers\\)"):
             Galahad.check_settings({"rpc_servers": service.endpoint})
     finally:

@@ -171,6 +171,7 @@ def test_markdown_export_cannot_forge_a_turn(tmp_path: Path) -> None:
 
 
 # -- the fuzzer ------------------------------------------------------------------------------
+@pytest.mark.model  # slow for the fast tier: it starts processes (runs in the full suite)
 def test_the_import_fuzzer_finds_no_internal_error_hang_or_change() -> None:
     # A quick pass for the fast tier; the full-size run is below (model tier).
     result = import_fuzz.import_fuzz(60, seed=1, log=lambda _line: None)
@@ -286,6 +287,7 @@ def test_a_damaged_backup_is_refused_and_nothing_moves(
     reopened.close()
 
 
+@pytest.mark.model  # slow for the fast tier: it starts processes (runs in the full suite)
 @pytest.mark.usefixtures("memory_keys")
 def test_a_restore_refused_as_busy_then_a_crash_leaves_the_directory_openable(
     make_fake_core: CoreFactory, tmp_path: Path

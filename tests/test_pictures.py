@@ -377,6 +377,7 @@ def test_picture_blocks_are_verified_under_their_own_fingerprint(
     assert picture[0].fingerprint_matches and picture[0].proof == "exact"
 
 
+@pytest.mark.model  # slow for the fast tier: it starts processes (runs in the full suite)
 def test_a_tiny_file_declaring_a_huge_picture_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="declares 8,000×8,000 pixels in only"):
         check_picture_file(png_declaring(tmp_path / "huge.png", 8000, 8000))

@@ -259,7 +259,28 @@ def test_keys_authenticate_and_are_never_logged(
     assert served.raw("GET", "/v1/models")[0] == 200
 
 
+# A valid 1×1 PNG as a data URL: parsed, then refused by the text-only model (no projector).
+PNG_1PX = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNgYGAA"
+    "AAAEAAH2FzhVAAAAAElFTkSuQmCC"
+)
 BAD_REQUESTS: list[tuple[bytes, str | None]] = [
+    (
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is this?"},
+                            {"type": "image_url", "image_url": {"url": PNG_1PX}},
+                        ],
+                    }
+                ]
+            }
+        ).encode(),
+        None,
+    ),
     (b"{not json", None),
     (b"[1, 2]", None),
     (json.dumps({"messages": "hi"}).encode(), "messages"),

@@ -103,6 +103,7 @@ def test_bad_documents_get_clear_errors(
         extract_text(path)
 
 
+@pytest.mark.model  # slow for the fast tier: it starts processes (runs in the full suite)
 def test_zip_bomb_docx_is_refused_before_parsing(tmp_path: Path) -> None:
     path = tmp_path / "bomb.docx"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
