@@ -24,6 +24,7 @@ declare -A commands=(
   [eval-flywheel]="python -m galahad_dev eval flywheel --problems 30 --attempts 5"
   [ui-stall]="python -m benchmarks.ui_stall --json"
   [ui-render]="python -m benchmarks.ui_render --json"
+  [bench-server]="python -m benchmarks.server_ttft"
 )
 names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=("${!commands[@]}")

@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -484,6 +485,55 @@ def test_the_device_server_says_when_its_port_is_taken() -> None:
         )
     assert proc.returncode == InputError.exit_code
     assert f"Cannot serve on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.model  # slow for the fast tier: it starts llama.cpp's device server
+def test_the_device_server_serves_one_program_at_a_time_and_stops_on_ctrl_c() -> None:
+    port = _free_port()
+    endpoint = f"127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "galahad_desktop.cli", "serve-device", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                devices.probe_rpc_server(endpoint, timeout_s=1)
+                break
+            except ModelError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        # A first program holds the device (its handshake done, the connection open)...
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as first:
+            first.sendall(
+                bytes([devices.RPC_HELLO])
+                + struct.pack("<Q", devices.RPC_CAPS)
+                + bytes(devices.RPC_CAPS)
+            )
+            assert struct.unpack("<Q", first.recv(8))[0] == 4 + devices.RPC_CAPS
+            # ...so a second is told at once, by name, instead of hanging.
+            started = time.monotonic()
+            with pytest.raises(ModelError, match="serving another program"):
+                devices.probe_rpc_server(endpoint, timeout_s=2)
+            assert time.monotonic() - started < 1.5
+        deadline = time.monotonic() + 10
+        while True:  # the first one left: the next is served
+            try:
+                devices.probe_rpc_server(endpoint, timeout_s=2)
+                break
+            except ModelError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # after serving clients, Ctrl+C still stops it
+        assert proc.wait(10) == 0
+        assert "stopped serving" in (proc.stderr.read() if proc.stderr else "")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_the_device_server_refuses_other_addresses() -> None:

@@ -9,9 +9,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from galahad_desktop.errors import IntegrityError
+from galahad_desktop.memory.galahad import Galahad
 from tests.helpers import ROOT
 
 # Each trial starts processes and kills them: seconds, so the full suite's, not the fast tier's.
@@ -115,3 +118,30 @@ def test_a_backup_killed_midway_leaves_no_folder_and_no_phantom_record(tmp_path:
     assert "was interrupted" in " ".join(map(str, opened["notes"]))  # type: ignore[call-overload]
     assert opened["backups"] == [str((tmp_path / "backup").resolve())]
     assert opened["problems"] == []
+
+
+@pytest.mark.parametrize("kind", ["sparse", "unlisted", "resized"])
+def test_a_crafted_backup_is_refused_before_anything_is_copied(
+    tmp_path: Path, make_fake_core: Any, kind: str
+) -> None:
+    """Restore checks the backup's block files against its catalog before it copies a byte:
+    a huge sparse file, a file the catalog does not list, or one of another size."""
+    core = make_fake_core()
+    core.send(None, "Remember the harbour.")
+    backup = tmp_path / "backup"
+    core.backup(backup)
+    core.close()
+    blocks = backup / "blocks"
+    listed = sorted(blocks.iterdir())
+    if kind == "sparse":
+        with open(listed[0], "r+b") as handle:
+            handle.truncate(2 * 1024**3)  # 2 GiB declared, nothing written
+    elif kind == "unlisted":
+        (blocks / "extra.gkv").write_bytes(b"x" * 1024)
+    else:
+        listed[0].write_bytes(listed[0].read_bytes() + b"more")
+    target = tmp_path / "restored"
+    with pytest.raises(IntegrityError, match="refused"):
+        Galahad.restore(backup, target)
+    assert not target.exists() or not any(target.iterdir())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-galahad-restore")]

@@ -96,6 +96,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from galahad_desktop.memory.documents.extract_worker import run
 
         return run(*argv[1:])
+    if argv[:1] == ["--device-worker"] and len(argv) == 3:  # frozen app's device server
+        from galahad_desktop.engine.device_worker import run as serve_device
+
+        return serve_device(*argv[1:])
     args = build_parser().parse_args(argv)
     out = Output(bool(args.json))
     try:

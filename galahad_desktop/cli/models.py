@@ -64,9 +64,16 @@ def cmd_serve_device(args: argparse.Namespace, out: Output) -> int:
 
     endpoint = f"{args.host}:{args.port}"
     devices.check_port_free(endpoint)
-    print(f"galahad: serving the CPU device on {endpoint} (Ctrl+C stops)", file=sys.stderr)
-    sys.stderr.flush()
-    devices.serve_rpc(endpoint, args.threads)
+
+    def ready() -> None:
+        print(
+            f"galahad: serving the CPU device on {endpoint}, one program at a time (Ctrl+C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    devices.serve_rpc(endpoint, args.threads, ready)
+    print("galahad: stopped serving the CPU device.", file=sys.stderr)
     return 0
 
 

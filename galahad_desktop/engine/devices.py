@@ -22,9 +22,11 @@ import os
 import re
 import socket
 import struct
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,6 +354,11 @@ RPC_HELLO = 14  # llama.cpp's RPC_CMD_HELLO (fixed across protocol versions)
 RPC_PROTO_MAJOR = 7  # the protocol of the pinned llama.cpp (ggml-rpc.h)
 RPC_CAPS = 24  # RPC_CONN_CAPS_SIZE
 PROBE_TIMEOUT_S = 3.0
+# What `galahad serve-device` answers a handshake with while it serves another client, in
+# place of the reply's size ("GLHDBUSY"): the probe says so by name, and llama.cpp's own
+# client never gets that far (it connects only after the probe).
+RPC_BUSY = int.from_bytes(b"GLHDBUSY", "little")
+BUSY_GRACE_S = 1.0
 
 
 def probe_rpc_server(endpoint: str, timeout_s: float | None = None) -> None:
@@ -360,6 +367,8 @@ def probe_rpc_server(endpoint: str, timeout_s: float | None = None) -> None:
     stays silent, answers garbage or HTTP, or speaks another protocol version. Nothing of
     llama.cpp runs here, so no answer can abort the process."""
     host, port = check_endpoint(endpoint)
+    if endpoint in _rpc_servers:
+        return  # this process is connected already (a server serves one client at a time)
     timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
     hint = f"start one with `galahad serve-device --port {port}`, or clear the rpc_servers setting"
     try:
@@ -368,6 +377,12 @@ def probe_rpc_server(endpoint: str, timeout_s: float | None = None) -> None:
             sock.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CAPS) + bytes(RPC_CAPS))
             head = _recv_exact(sock, 8)
             (size,) = struct.unpack("<Q", head)
+            if size == RPC_BUSY:
+                raise ModelError(
+                    f"The device server at {endpoint} is serving another program (it serves "
+                    "one at a time); close that program, or start another server on another "
+                    "port."
+                )
             if size != 4 + RPC_CAPS:
                 raise ModelError(
                     f"The service at {endpoint} is not llama.cpp's device server (it answered "
@@ -416,9 +431,9 @@ def check_port_free(endpoint: str) -> None:
             raise InputError(f"Cannot serve on {endpoint}: {exc.strerror}.") from None
 
 
-def serve_rpc(endpoint: str, n_threads: int) -> None:
-    """Serve this machine's CPU device over llama.cpp's RPC protocol; blocks until killed."""
-    check_port_free(endpoint)
+def serve_rpc_here(endpoint: str, n_threads: int) -> None:
+    """Serve this machine's CPU device over llama.cpp's RPC protocol in this process;
+    blocks (llama.cpp's loop never returns to Python, so only the device worker runs it)."""
     lib = _ggml()
     load_backends()
     cpu = lib.ggml_backend_reg_dev_get(lib.ggml_backend_reg_by_name(b"CPU"), 0)
@@ -433,6 +448,107 @@ def serve_rpc(endpoint: str, n_threads: int) -> None:
     served = (ctypes.c_void_p * 1)(cpu)
     start(endpoint.encode(), None, n_threads, 1, served)
     raise ModelError(f"llama.cpp stopped serving on {endpoint}.")  # it returns only on failure
+
+
+def _device_worker(endpoint: str, n_threads: int) -> list[str]:
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--device-worker", endpoint, str(n_threads)]
+    return [sys.executable, "-m", "galahad_desktop.engine.device_worker", endpoint, str(n_threads)]
+
+
+def serve_rpc(endpoint: str, n_threads: int, on_ready: Callable[[], None] | None = None) -> None:
+    """Serve this machine's CPU as an RPC device on `endpoint`, one client at a time, until
+    Ctrl+C. llama.cpp's server runs in a child process on a private loopback port (its loop
+    never returns to Python, so it could not be interrupted here); this process listens on
+    `endpoint`, passes one client through, and answers any other with RPC_BUSY at once
+    rather than leaving it hanging."""
+    host, port = check_endpoint(endpoint)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise InputError(f"Cannot serve on {endpoint}: {exc.strerror}.") from None
+    listener.listen(8)
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        inner = ("127.0.0.1", int(spare.getsockname()[1]))
+    worker = subprocess.Popen(
+        _device_worker(f"{inner[0]}:{inner[1]}", n_threads),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(inner, worker)
+        if on_ready is not None:
+            on_ready()
+        _gate(listener, inner, worker)
+    except KeyboardInterrupt:
+        pass  # Ctrl+C: stop serving
+    finally:
+        listener.close()
+        worker.kill()
+        worker.wait()
+
+
+def _wait_listening(inner: tuple[str, int], worker: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise ModelError("llama.cpp's device server did not start (see the messages above).")
+        try:
+            socket.create_connection(inner, timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise ModelError("llama.cpp's device server did not start within 60 s.")
+
+
+def _gate(listener: socket.socket, inner: tuple[str, int], worker: subprocess.Popen[bytes]) -> None:
+    """Pass one client at a time through to the worker; answer the others RPC_BUSY (after
+    a moment's grace: a program's probe is followed at once by llama.cpp's own connection,
+    which must not find the probe's session still closing)."""
+    free = threading.Event()
+    free.set()
+    while worker.poll() is None:
+        conn, _address = listener.accept()
+        if not free.wait(BUSY_GRACE_S):
+            with contextlib.suppress(OSError):
+                conn.sendall(struct.pack("<Q", RPC_BUSY))
+            conn.close()
+            continue
+        try:
+            upstream = socket.create_connection(inner, timeout=5)
+        except OSError:
+            conn.close()
+            continue
+        free.clear()
+        threading.Thread(target=_pass_through, args=(conn, upstream, free), daemon=True).start()
+    raise ModelError("llama.cpp's device server stopped.")
+
+
+def _pass_through(client: socket.socket, upstream: socket.socket, free: threading.Event) -> None:
+    """Copy bytes both ways until both sides are done (no delay: RPC is many small calls)."""
+    for sock in (client, upstream):
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+    back.start()
+    pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+    free.set()
 
 
 # -- where the model goes ---------------------------------------------------------------
