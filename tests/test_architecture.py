@@ -149,3 +149,18 @@ def test_a_bounded_child_sets_its_own_limits() -> None:
     assert int(address_space) == 1024 * 2**20
     assert limits == f"({1024 * 2**20}, 31)"
     assert "preexec_fn=" not in (PACKAGE / "system" / "child.py").read_text()
+
+
+def test_every_public_facade_method_says_what_it_does() -> None:
+    """The facade is the core's one API (window, command and server call it): each public
+    method carries a docstring."""
+    import inspect
+
+    from galahad_desktop.memory.galahad import Galahad
+
+    silent = [
+        name
+        for name, member in inspect.getmembers(Galahad)
+        if not name.startswith("_") and callable(member) and not inspect.getdoc(member)
+    ]
+    assert silent == []

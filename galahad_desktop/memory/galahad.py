@@ -30,6 +30,7 @@ from galahad_desktop.memory.chat.search import Search
 from galahad_desktop.memory.chat.stateless import StatelessChats, shape
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
 from galahad_desktop.memory.documents.documents import Documents
+from galahad_desktop.memory.facade_store import StoreFacade
 from galahad_desktop.memory.maintenance import Maintenance
 from galahad_desktop.memory.model_files import (
     ModelDownloads,
@@ -49,39 +50,33 @@ from galahad_desktop.memory.results import (
     DocumentSummary,
     EngineInfo,
     ExportResult,
-    ForgetResult,
     GraftReport,
     ImportResult,
-    KeyStatus,
-    MemoryStats,
     Message,
     ModelFile,
     OpenedConversation,
     PartSummary,
     ReplyVersion,
-    RotateResult,
     SearchHit,
     TurnResult,
-    VerifyResult,
 )
 from galahad_desktop.memory.retrieval.router import RouteDecision
 from galahad_desktop.memory.retrieval.routing import Routing, RoutingLogEntry
 from galahad_desktop.memory.transfer.transfer import Transfer
 from galahad_desktop.memory.usage import Usage
 from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
-from galahad_desktop.memory.verified.verifiers import Verdict
 from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import SETTINGS, SYSTEM_PROMPTS, Setting, Settings, coerce
 from galahad_desktop.vault import custody
 from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
-from galahad_desktop.vault.vault import AuditReport, Vault
+from galahad_desktop.vault.vault import Vault
 
 EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
 
 
-class Galahad:
+class Galahad(StoreFacade):
     """One data directory and one engine. Not thread-safe: one thread owns it."""
 
     @staticmethod
@@ -152,9 +147,12 @@ class Galahad:
 
     @property
     def engine(self) -> ChatEngine:
+        """The engine, loaded on first use (one thread owns it)."""
         return self.live.engine
 
     def close(self) -> None:
+        """Free the engine's native memory and close the vault (the data directory is
+        released)."""
         self.routing.drop_index()
         self.live.close()
         self.vault.close()
@@ -167,9 +165,11 @@ class Galahad:
         self.vault.lock()
 
     def unlock(self) -> None:
+        """Open the vault again after `lock` (the keys are read from the keystore)."""
         self.vault.unlock()
 
     def reload_engine(self) -> None:
+        """Load the engine again with the current settings (after a change that needs it)."""
         self.live.reload()
 
     # -- the model and settings ----------------------------------------------------------
@@ -189,6 +189,8 @@ class Galahad:
         return SamplingParams(**params)
 
     def info(self) -> EngineInfo:
+        """What the running model is and where it runs: model, fingerprint, backend, turn
+        format, vision."""
         engine = self.engine
         fmt = engine.turn_format
         return EngineInfo(
@@ -216,10 +218,12 @@ class Galahad:
         return Settings(Path(data_dir)).as_dict()
 
     def settings_values(self) -> dict[str, Any]:
+        """The settings as they are now (stored values over defaults)."""
         return self.settings.as_dict()
 
     @staticmethod
     def declared_settings() -> tuple[Setting, ...]:
+        """Every setting: key, type, default, description, range."""
         return SETTINGS
 
     @staticmethod
@@ -252,6 +256,8 @@ class Galahad:
 
     @staticmethod
     def inspect_model(path: Path) -> ModelInfo:
+        """What a GGUF file is (architecture, size, context, turn format) without loading
+        it."""
         return inspect_gguf(Path(path), same_file(Path(path), default_model_path()))
 
     def use_model(self, path: Path | None) -> bool:
@@ -260,10 +266,12 @@ class Galahad:
         return self.update_settings({"model_path": str(path) if path else ""})
 
     def model_files(self) -> list[ModelFile]:
+        """The model files this data directory knows and the one in use."""
         return self.shelf.files()
 
     @staticmethod
     def recommend(n_ctx: int = 8192) -> model_catalog.Recommendation:
+        """The Gemma 4 size that fits this machine, with every size's needs."""
         return model_catalog.recommend(n_ctx)
 
     def download_model(
@@ -273,6 +281,8 @@ class Galahad:
         job: Job = NO_JOB,
         use: bool = False,
     ) -> Downloaded:
+        """Download a GGUF from the Hub into the models folder (resumable, SHA-256 checked);
+        `use` switches to it."""
         done = self.shelf.download(repo, filename, job)
         if use:
             self.use_model(done.path)
@@ -284,6 +294,7 @@ class Galahad:
         job: Job = NO_JOB,
         use: bool = True,
     ) -> Downloaded:
+        """Download the Gemma 4 size chosen (default: the one recommended for this machine)."""
         chosen = self.shelf.gemma4_for(size)
         return self.download_model(chosen.repo, chosen.file, job, use)
 
@@ -295,30 +306,43 @@ class Galahad:
         system_prompt: str | None = None,
         thinking: bool | None = None,
     ) -> str:
+        """A new, empty conversation (on a document when given: its block is the chain's
+        root)."""
         return self.conversations.create(document_id, title, system_prompt, thinking)
 
     def list_conversations(self) -> list[ConversationSummary]:
+        """Every conversation's summary, newest first (a damaged record is listed and
+        marked)."""
         return self.conversations.summaries()
 
     def search(self, query: str, limit: int = 200) -> list[SearchHit]:
+        """Conversations whose titles or messages match the words (searched in memory, never
+        on disk)."""
         return self.finder.find(query, limit)
 
     def conversation(self, conversation_id: str) -> ConversationSummary:
+        """One conversation's summary (title, counts, memory state); its seal is checked."""
         return self.conversations.summary(self.conversations.row(conversation_id))
 
     def messages(self, conversation_id: str) -> list[Message]:
+        """A conversation's transcript, checked against its seal first."""
         return self.conversations.messages(conversation_id)
 
     def rename(self, conversation_id: str, title: str) -> ConversationSummary:
+        """Give a conversation a new title (encrypted)."""
         return self.conversations.rename(conversation_id, title)
 
     def set_thinking(self, conversation_id: str, enabled: bool) -> None:
+        """Turn thinking on or off for a conversation that has not started yet."""
         self.conversations.set_thinking(conversation_id, enabled)
 
     def head_block(self, conversation_id: str) -> str:
+        """The block a conversation would be grafted from now."""
         return self.conversations.head_block(conversation_id)
 
     def resume(self, conversation_id: str, job: Job = NO_JOB) -> GraftReport:
+        """Graft a conversation's latest checkpoint from disk and prove it; says what it
+        cost."""
         report = self.conversations.resume(conversation_id, job)
         self.usage.record_graft(report)
         return report
@@ -381,6 +405,7 @@ class Galahad:
         return self.conversation_sampling(conversation_id)
 
     def conversation_sampling(self, conversation_id: str) -> dict[str, Any]:
+        """What a conversation sets over the settings (temperature, max_tokens)."""
         return own_sampling(self.conversations.row(conversation_id))
 
     def conversation_system_prompt(self, conversation_id: str) -> str:
@@ -412,6 +437,8 @@ class Galahad:
         params: SamplingParams | None = None,
         compact: bool = False,
     ) -> TurnResult:
+        """Answer the last message again from the checkpoint before it; the earlier reply is
+        kept as a version."""
         params = params or self.sampling(conversation_id)
         result = self.conversations.regenerate(conversation_id, params, job)
         return self._after_turn(result, compact)
@@ -424,6 +451,8 @@ class Galahad:
         job: Job = NO_JOB,
         params: SamplingParams | None = None,
     ) -> TurnResult:
+        """Edit user message `seq` and continue in a new conversation; the history before it
+        is grafted, not re-read."""
         result = self.conversations.branch(
             conversation_id,
             seq,
@@ -440,13 +469,18 @@ class Galahad:
         return result
 
     def chain_links(self, conversation_id: str) -> int:
+        """How many links the conversation's chain has (compaction merges old ones)."""
         return self.chains.links(conversation_id)
 
     def compact(self, conversation_id: str, keep: int | None = None) -> CompactResult:
+        """Merge the conversation's older chain links into one block (`keep`: the newest
+        links kept apart)."""
         return self.chains.compact(conversation_id, keep)
 
     # -- import, export, a full context ------------------------------------------------------
     def import_conversations(self, path: Path, job: Job = NO_JOB) -> ImportResult:
+        """Import conversations from ChatGPT, Jan, LM Studio, Open WebUI or Markdown; each
+        is read once and stored."""
         return self.transfer.import_file(Path(path), job)
 
     def export(
@@ -464,6 +498,7 @@ class Galahad:
         conversation_id: str,
         job: Job = NO_JOB,
     ) -> Continued:
+        """A full conversation continued in a new one that starts from a summary of it."""
         return self.continuation.with_summary(conversation_id, self.sampling(), job)
 
     def continue_with_recent(
@@ -472,6 +507,8 @@ class Galahad:
         text: str,
         job: Job = NO_JOB,
     ) -> Continued:
+        """A full conversation continued in a new one that grafts or re-reads only its
+        recent turns."""
         return self.continuation.with_recent(conversation_id, text, job)
 
     # -- documents -----------------------------------------------------------------------
@@ -481,6 +518,8 @@ class Galahad:
         job: Job = NO_JOB,
         name: str | None = None,
     ) -> DepositResult:
+        """Read a document file once and store it as encrypted blocks (long ones in parts,
+        pictures through the projector)."""
         return self.documents.deposit(path, job, name)
 
     def deposit_text(
@@ -490,15 +529,19 @@ class Galahad:
         source_bytes: int | None = None,
         job: Job = NO_JOB,
     ) -> DepositResult:
+        """Read text once and store it as a document, as `deposit` does for a file."""
         return self.documents.deposit_text(name, text, source_bytes, job)
 
     def list_documents(self) -> list[DocumentSummary]:
+        """Every stored document's summary."""
         return self.documents.summaries()
 
     def document_limit(self) -> int:
+        """The most tokens one document part may hold with this context."""
         return self.documents.limit()
 
     def parts(self, document_id: str) -> list[PartSummary]:
+        """A stored document's parts (numbers, tokens, blocks)."""
         return self.documents.parts(document_id)
 
     def document_picture(self, document_id: str, part_no: int = 1) -> bytes | None:
@@ -523,6 +566,7 @@ class Galahad:
         }
 
     def document_parts_count(self, document_id: str) -> int:
+        """How many parts a stored document has."""
         return int(self.documents.row(document_id).get("n_parts") or 1)
 
     def add_document_file(
@@ -531,6 +575,8 @@ class Galahad:
         path: Path,
         job: Job = NO_JOB,
     ) -> TurnResult:
+        """Put a document file into an ongoing conversation (read in the limited child);
+        only it is read."""
         result = self.documents.add_to_conversation_file(conversation_id, path, job)
         self.usage.record_turn(result)
         return result
@@ -551,12 +597,15 @@ class Galahad:
         text: str,
         job: Job = NO_JOB,
     ) -> TurnResult:
+        """Put a document's text into an ongoing conversation: only it is read, on top of
+        what the conversation holds."""
         result = self.documents.add_to_conversation(conversation_id, name, text, job)
         self.usage.record_turn(result)
         return result
 
     # -- routing -------------------------------------------------------------------------
     def route(self, question: str, document_id: str | None = None) -> RouteDecision:
+        """Which document part a question goes to, with the scores and margin (or unsure)."""
         return self.routing.route(question, document_id)
 
     def ask(
@@ -567,29 +616,20 @@ class Galahad:
         job: Job = NO_JOB,
         params: SamplingParams | None = None,
     ) -> AskResult:
+        """Answer a question on a stored document (routed to its best part) or on the whole
+        library, re-reading nothing stored."""
         result = self.routing.ask(question, document_id, part_id, params or self.sampling(), job)
         if result.graft is not None:
             self.usage.record_graft(result.graft)
         return result
 
     def routing_log(self, limit: int = 100) -> list[RoutingLogEntry]:
+        """The router's recent decisions (scores and margins, never the questions)."""
         return self.routing.routing_log(limit)
 
     def citation(self, part_id: str) -> str:
+        """The words of a stored document part (what an answer cites)."""
         return self.routing.citation(part_id)
-
-    # -- the verified library ------------------------------------------------------------
-    def verified_check(self, question: str, answer: str) -> Verdict | None:
-        return self.library.check(question, answer)
-
-    def verified_add(self, question: str, answer: str, user_verified: bool = False) -> Entry:
-        return self.library.add(question, answer, user_verified)
-
-    def verified_entries(self) -> list[Entry]:
-        return self.library.entries()
-
-    def verified_remove(self, entry_id: str) -> None:
-        self.library.remove(entry_id)
 
     def mark_verified(self, conversation_id: str) -> Entry:
         """Store the conversation's last question and answer as verified (a checkable answer
@@ -598,75 +638,6 @@ class Galahad:
         if len(messages) < 2 or messages[-1].role != "model" or messages[-2].role != "user":
             raise InputError("There is no answer to mark as verified yet.")
         return self.library.add(messages[-2].text, messages[-1].text, user_verified=True)
-
-    def set_library(self, conversation_id: str, enabled: bool) -> None:
-        self.library.set_enabled(conversation_id, enabled)
-
-    def library_enabled(self, conversation_id: str) -> bool:
-        return self.library.enabled(conversation_id)
-
-    # -- proofs, audit, forgetting, keys, usage --------------------------------------------
-    def verify(self, item_id: str | None = None) -> list[VerifyResult]:
-        return self.maintenance.verify(item_id)
-
-    def audit(self, repair: bool = False) -> AuditReport:
-        return self.maintenance.audit(repair)
-
-    def forget(self, item_id: str) -> ForgetResult:
-        return self.maintenance.forget(item_id)
-
-    def key_status(self) -> KeyStatus:
-        return self.maintenance.key_status()
-
-    def rotate_key(self) -> RotateResult:
-        return self.maintenance.rotate_key()
-
-    def backup(self, dest: Path) -> custody.BackupResult:
-        """A consistent, still-encrypted copy of this data directory (catalog and blocks)."""
-        return custody.backup(self.vault, Path(dest))
-
-    def backups(self) -> list[custody.BackupRecord]:
-        return custody.backups(self.vault)
-
-    def export_recovery_kit(self, passphrase: str, out: Path) -> list[str]:
-        """The master keys (active and retired) wrapped under a recovery passphrase."""
-        return custody.export_kit(self.vault, passphrase, Path(out))
-
-    def drop_retired_keys(self, confirmed: bool) -> tuple[list[str], list[str]]:
-        dropped, stranded = custody.drop_retired(self.vault, confirmed)
-        return dropped, [b.path for b in stranded]
-
-    @staticmethod
-    def restore(
-        backup_dir: Path, data_dir: Path, passphrase: str | None = None
-    ) -> tuple[custody.RestoreResult, AuditReport]:
-        """Make a backup (or an older copy) the data directory, on purpose: it is opened
-        (accepting its older generation) and audited before what was there is set aside."""
-
-        def check(path: Path) -> AuditReport:
-            vault = Vault(path, open_keystore(path, passphrase), inspect_only=True)
-            try:
-                return vault.audit()
-            finally:
-                vault.close()
-
-        def accept(path: Path) -> None:
-            Vault(path, open_keystore(path, passphrase), accept_older=True).close()
-
-        return custody.restore(Path(backup_dir), Path(data_dir), check, accept)
-
-    @staticmethod
-    def import_recovery_kit(
-        data_dir: Path,
-        kit: Path,
-        kit_passphrase: str | Callable[[], str],
-        passphrase: str | None = None,
-    ) -> list[str]:
-        keystore = open_keystore(Path(data_dir), passphrase)
-        return custody.import_kit(Path(data_dir), keystore, Path(kit), kit_passphrase)
-
-    def memory_stats(self) -> MemoryStats:
-        return self.usage.stats()
 
     # -- the local API server --------------------------------------------------------------
     def complete_chat(

@@ -1,0 +1,131 @@
+"""The facade's store half: the verified library, proofs and audit, forgetting, keys,
+backups and usage. Mixed into `Galahad` (memory/galahad.py), which front ends call; it holds
+no state of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from galahad_desktop.memory.maintenance import Maintenance
+from galahad_desktop.memory.results import (
+    ForgetResult,
+    KeyStatus,
+    MemoryStats,
+    RotateResult,
+    VerifyResult,
+)
+from galahad_desktop.memory.usage import Usage
+from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
+from galahad_desktop.memory.verified.verifiers import Verdict
+from galahad_desktop.vault import custody
+from galahad_desktop.vault.keys import open_keystore
+from galahad_desktop.vault.vault import AuditReport, Vault
+
+
+class StoreFacade:
+    vault: Vault
+    maintenance: Maintenance
+    library: VerifiedLibrary
+    usage: Usage
+
+    # -- the verified library ------------------------------------------------------------
+    def verified_check(self, question: str, answer: str) -> Verdict | None:
+        """Check an answer with the verifier that can (None when none can)."""
+        return self.library.check(question, answer)
+
+    def verified_add(self, question: str, answer: str, user_verified: bool = False) -> Entry:
+        """Store a verified answer (checked when a verifier can; else on the user's word)."""
+        return self.library.add(question, answer, user_verified)
+
+    def verified_entries(self) -> list[Entry]:
+        """Every verified answer in the library."""
+        return self.library.entries()
+
+    def verified_remove(self, entry_id: str) -> None:
+        """Delete a verified answer."""
+        self.library.remove(entry_id)
+
+    def set_library(self, conversation_id: str, enabled: bool) -> None:
+        """Turn the verified-answer library on or off for a conversation."""
+        self.library.set_enabled(conversation_id, enabled)
+
+    def library_enabled(self, conversation_id: str) -> bool:
+        """Whether the conversation answers through the verified-answer library."""
+        return self.library.enabled(conversation_id)
+
+    # -- proofs, audit, forgetting, keys, usage --------------------------------------------
+    def verify(self, item_id: str | None = None) -> list[VerifyResult]:
+        """Re-run the graft proofs of one item's blocks, or of every block."""
+        return self.maintenance.verify(item_id)
+
+    def audit(self, repair: bool = False) -> AuditReport:
+        """Check every block file and every catalog record against its seal; `repair`
+        removes only what Galahad wrote."""
+        return self.maintenance.audit(repair)
+
+    def forget(self, item_id: str) -> ForgetResult:
+        """Delete a conversation or a document with its blocks, their keys and everything
+        that names it."""
+        return self.maintenance.forget(item_id)
+
+    def key_status(self) -> KeyStatus:
+        """The master keys: which is active, which are retired, which backups need which."""
+        return self.maintenance.key_status()
+
+    def rotate_key(self) -> RotateResult:
+        """Make a new master key and re-wrap every block's key under it; the old one is
+        retired."""
+        return self.maintenance.rotate_key()
+
+    def backup(self, dest: Path) -> custody.BackupResult:
+        """A consistent, still-encrypted copy of this data directory (catalog and blocks)."""
+        return custody.backup(self.vault, Path(dest))
+
+    def backups(self) -> list[custody.BackupRecord]:
+        """The backups taken of this data directory, and the key each needs."""
+        return custody.backups(self.vault)
+
+    def export_recovery_kit(self, passphrase: str, out: Path) -> list[str]:
+        """The master keys (active and retired) wrapped under a recovery passphrase."""
+        return custody.export_kit(self.vault, passphrase, Path(out))
+
+    def drop_retired_keys(self, confirmed: bool) -> tuple[list[str], list[str]]:
+        """Delete retired master keys from the keyring (`confirmed`); returns (dropped,
+        backups they strand)."""
+        dropped, stranded = custody.drop_retired(self.vault, confirmed)
+        return dropped, [b.path for b in stranded]
+
+    @staticmethod
+    def restore(
+        backup_dir: Path, data_dir: Path, passphrase: str | None = None
+    ) -> tuple[custody.RestoreResult, AuditReport]:
+        """Make a backup (or an older copy) the data directory, on purpose: it is opened
+        (accepting its older generation) and audited before what was there is set aside."""
+
+        def check(path: Path) -> AuditReport:
+            vault = Vault(path, open_keystore(path, passphrase), inspect_only=True)
+            try:
+                return vault.audit()
+            finally:
+                vault.close()
+
+        def accept(path: Path) -> None:
+            Vault(path, open_keystore(path, passphrase), accept_older=True).close()
+
+        return custody.restore(Path(backup_dir), Path(data_dir), check, accept)
+
+    @staticmethod
+    def import_recovery_kit(
+        data_dir: Path,
+        kit: Path,
+        kit_passphrase: str | Callable[[], str],
+        passphrase: str | None = None,
+    ) -> list[str]:
+        """Put the master keys from a recovery kit back into the keystore of `data_dir`."""
+        keystore = open_keystore(Path(data_dir), passphrase)
+        return custody.import_kit(Path(data_dir), keystore, Path(kit), kit_passphrase)
+
+    def memory_stats(self) -> MemoryStats:
+        """Restored against recomputed tokens over recent requests (the Memory view)."""
+        return self.usage.stats()
