@@ -29,11 +29,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import llama_cpp
 
 from galahad_desktop.errors import InputError, ModelError
+
+DeviceKind = Literal["CPU", "GPU", "iGPU", "accelerator", "other"]
 
 _LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
 _log_capture: list[str] | None = None  # llama.cpp's lines while a model loads
@@ -166,7 +168,7 @@ def load_backends() -> None:
 class Device:
     name: str  # llama.cpp's name: CPU, Vulkan0, CUDA0, RPC0, ...
     description: str
-    kind: str  # CPU | GPU | iGPU | accelerator
+    kind: DeviceKind
     backend: str  # the backend that provides it: CPU, Vulkan, CUDA, RPC, ...
     free_bytes: int
     total_bytes: int
@@ -185,7 +187,12 @@ class Device:
         return out
 
 
-_KINDS = {DEVICE_CPU: "CPU", DEVICE_GPU: "GPU", DEVICE_IGPU: "iGPU", DEVICE_ACCEL: "accelerator"}
+_KINDS: dict[int, DeviceKind] = {
+    DEVICE_CPU: "CPU",
+    DEVICE_GPU: "GPU",
+    DEVICE_IGPU: "iGPU",
+    DEVICE_ACCEL: "accelerator",
+}
 
 
 def _device(dev: int) -> Device:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import llama_cpp
 
 from galahad_desktop.engine import devices
 from galahad_desktop.errors import ModelError
+
+ModelKind = Literal["chat", "base", "demo"]
 
 GGUF_MAGIC = b"GGUF"
 DEMO_LABEL = "text-continuation demo model that does not follow instructions"
@@ -51,7 +53,7 @@ class ModelInfo:
     n_layers: int
     has_chat_template: bool
     quantization: str
-    kind: str  # chat | base | demo
+    kind: ModelKind
     label: str  # what the user is told about the model
 
 
@@ -77,7 +79,7 @@ def quantization_name(meta: dict[str, Any]) -> str:
         return str(raw)
 
 
-def model_kind(has_template: bool, embedded: bool) -> tuple[str, str]:
+def model_kind(has_template: bool, embedded: bool) -> tuple[ModelKind, str]:
     if embedded:
         return "demo", DEMO_LABEL
     if not has_template:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+
+Verdict = Literal["exact", "close", "diverged", "none"]
 
 TOP_K = 256
 CLOSE_KL = 1e-3
@@ -43,7 +45,7 @@ class ProofRecord:
 
 @dataclass(frozen=True)
 class ProofResult:
-    verdict: str  # exact | close | diverged | none
+    verdict: Verdict
     max_abs_delta: float
     kl: float
     argmax_agree: bool
@@ -98,5 +100,5 @@ def compare(record: ProofRecord, logits: np.ndarray, proof_ms: float) -> ProofRe
     log_q = new - _logsumexp(logits)
     kl = max(0.0, float(np.sum(np.exp(log_p) * (log_p - log_q))))
     agree = int(np.argmax(logits)) == record.top_ids[0]
-    verdict = "close" if agree and kl <= CLOSE_KL else "diverged"
+    verdict: Verdict = "close" if agree and kl <= CLOSE_KL else "diverged"
     return ProofResult(verdict, max_abs, kl, agree, proof_ms)

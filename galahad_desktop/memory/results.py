@@ -17,6 +17,14 @@ from galahad_desktop.engine.proof import NO_PROOF, ProofResult
 from galahad_desktop.jobs import Progress
 from galahad_desktop.memory.retrieval.router import RouteDecision
 
+LibraryMode = Literal["none", "recurrence", "transfer"]
+TurnStop = Literal[
+    "end", "length", "cancelled", "context_full", "stop_text", "verified", "document"
+]
+MessageRole = Literal["user", "model", "document"]
+VerifyVerdict = Literal["exact", "close", "diverged", "skipped"]
+FullChoice = Literal["stop", "summary", "recent"]
+
 
 def to_jsonable(value: Any) -> Any:
     """Dataclasses, lists and dicts as JSON values (inf and nan become null)."""
@@ -66,7 +74,7 @@ class GraftReport:
 class LibraryUse:
     """How the verified-answer library took part in a turn."""
 
-    mode: str  # none | recurrence | transfer
+    mode: LibraryMode
     score: float | None = None
     entry_id: str = ""
     runner_up: float = 0.0
@@ -79,7 +87,7 @@ class LibraryUse:
 class TurnResult:
     conversation_id: str
     reply: str
-    stop_reason: str  # end | length | cancelled | context_full | verified | document
+    stop_reason: TurnStop
     counters: Counters
     proof: ProofResult
     graft: GraftReport | None
@@ -162,7 +170,7 @@ class DepositResult:
 @dataclass(frozen=True)
 class Message:
     id: str
-    role: str  # user | model | document
+    role: MessageRole
     text: str
     created_at: float
     tok_start: int
@@ -276,7 +284,7 @@ class VerifyResult:
     links: int
     fingerprint: str
     fingerprint_matches: bool
-    proof: str  # exact | close | diverged | skipped
+    proof: VerifyVerdict
     reason: str = ""
     restore_ms: float = 0.0
     proof_ms: float = 0.0
@@ -427,7 +435,7 @@ class EngineInfo:
 
 @dataclass(frozen=True)
 class ContextOption:
-    kind: str  # stop | summary | recent
+    kind: FullChoice
     label: str
     reread_tokens: int
     detail: str

@@ -14,9 +14,11 @@ import contextlib
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from galahad_desktop.errors import InputError
+
+SpeedSource = Literal["measured", "cached", "given"]
 
 F16 = 2
 # Bytes per stored K or V value: q8_0 keeps 32 values in 34 bytes (an f16 scale, 32 bytes).
@@ -182,7 +184,7 @@ class Speed:
 
     prefill_tps: float
     decode_tps: float
-    source: str  # measured | cached | given
+    source: SpeedSource
 
     def estimate(self, active_billions: float) -> tuple[float, float]:
         factor = PROBE_ACTIVE_BILLIONS / active_billions
@@ -238,7 +240,7 @@ def measure_speed(refresh: bool = False) -> Speed:
 
 @dataclass(frozen=True)
 class Machine:
-    backend: str  # GPU | CPU
+    backend: Literal["GPU", "CPU"]
     device: str
     memory_bytes: int  # what a model may use: free GPU memory, else system RAM
     speed: Speed | None = None  # measured when the recommendation needs it

@@ -8,11 +8,14 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 
 from galahad_desktop.errors import IntegrityError
+
+BlockKind = Literal["conversation", "document", "verified", "prompt"]
+MessageRole = Literal["user", "model", "document"]
 
 
 def new_id(prefix: str) -> str:
@@ -106,7 +109,7 @@ class BlockRow(TypedDict):
     """A block's catalog record: where its file is, what it holds, its wrapped key."""
 
     id: str
-    kind: str  # conversation | document | verified
+    kind: BlockKind
     owner_id: str
     parent_id: str | None  # the link it continues (None: a root)
     pos_start: int
@@ -131,7 +134,7 @@ class MessageRow(TypedDict):
     id: str
     conversation_id: str
     seq: int
-    role: str  # user | model | document
+    role: MessageRole
     tok_start: int
     tok_end: int
     block_id: str | None  # the checkpoint stored after it, while kept

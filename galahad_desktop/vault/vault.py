@@ -32,6 +32,7 @@ from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, api_key_entry,
 from galahad_desktop.vault.names import (
     BLOCK_ID,
     AuditReport,
+    BlockKind,
     BlockRow,
     block_file_of,
     new_id,
@@ -358,7 +359,7 @@ class Vault:
     def write_block(
         self,
         *,
-        kind: str,
+        kind: BlockKind,
         owner_id: str,
         parent_id: str | None,
         tokens: list[int],

@@ -31,7 +31,7 @@ from galahad_desktop.errors import InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
-from galahad_desktop.vault.names import BlockRow
+from galahad_desktop.vault.names import BlockKind, BlockRow
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
 
 log = logging.getLogger(__name__)
@@ -361,7 +361,7 @@ class LiveContext:
     # -- persisting ----------------------------------------------------------------------
     def persist(
         self,
-        kind: str,
+        kind: BlockKind,
         owner_id: str,
         parent_id: str | None,
         generation: int,

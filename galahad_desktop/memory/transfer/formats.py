@@ -21,7 +21,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from galahad_desktop.errors import MAX_TITLE_CHARS, InputError
 from galahad_desktop.system.files import read_regular_file
@@ -30,10 +30,12 @@ MAX_IMPORT_BYTES = 512 * 1024 * 1024
 MAX_MESSAGES = 100_000
 GALAHAD_FORMAT = "galahad-conversation"
 
+ImportedRole = Literal["user", "model"]
+
 
 @dataclass
 class ImportedMessage:
-    role: str  # user | model
+    role: ImportedRole
     text: str
     created_at: float | None = None
 
@@ -162,7 +164,7 @@ class Obj:
         return _text_of(self.value.get(key))
 
 
-_ROLES = {
+_ROLES: dict[str, ImportedRole] = {
     "user": "user",
     "human": "user",
     "you": "user",
@@ -177,7 +179,7 @@ _ROLES = {
 }
 
 
-def _role(value: Any) -> str | None:
+def _role(value: Any) -> ImportedRole | None:
     return _ROLES.get(str(value or "").strip().lower())
 
 

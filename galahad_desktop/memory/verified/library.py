@@ -19,7 +19,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Counters
@@ -53,7 +53,7 @@ class Entry:
 @dataclass(frozen=True)
 class Hit:
     entry: Entry
-    mode: str  # recurrence | transfer
+    mode: Literal["recurrence", "transfer"]
     score: float
     runner_up: float
 
