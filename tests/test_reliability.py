@@ -644,3 +644,13 @@ def test_terminal_escapes_in_names_are_never_printed_raw(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert "evil" in proc.stdout and "\x1b" not in proc.stdout and "\x07" not in proc.stdout
     assert "\\x1b" in proc.stdout  # shown as a code, not obeyed by the terminal
+
+
+def test_key_storage_says_how_a_directory_keeps_its_key(tmp_path: Path) -> None:
+    """Before the window opens it asks how the key is kept: a directory made with a
+    passphrase says so (typed, never a loose tuple)."""
+    from galahad_desktop.vault.keys import KeyStorage
+
+    data = tmp_path / "d"
+    Vault(data, PassphraseKeyStore(data, "correct horse")).close()
+    assert Galahad.key_storage(data) == KeyStorage("passphrase")

@@ -70,7 +70,7 @@ from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import SETTINGS, SYSTEM_PROMPTS, Setting, Settings, coerce
 from galahad_desktop.vault import custody
-from galahad_desktop.vault.keys import KeyStore, key_storage, open_keystore
+from galahad_desktop.vault.keys import KeyStorage, KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.vault import Vault
 
 EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
@@ -80,7 +80,7 @@ class Galahad(StoreFacade):
     """One data directory and one engine. Not thread-safe: one thread owns it."""
 
     @staticmethod
-    def key_storage(data_dir: Path) -> tuple[str, str]:
+    def key_storage(data_dir: Path) -> KeyStorage:
         """Before opening: ("keyring" | "passphrase" | "unavailable", why unavailable)."""
         return key_storage(Path(data_dir))
 

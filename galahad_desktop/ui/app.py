@@ -7,6 +7,7 @@ import logging.handlers
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -51,8 +52,18 @@ def install_crash_handler(log_path: Path) -> None:
     sys.excepthook = handler
 
 
-def choose_key_storage(data_dir: Path) -> str | bool | None:
-    """None: use the OS keyring. A string: the passphrase. False: the user gave up."""
+@dataclass(frozen=True)
+class KeyChoice:
+    """What the user chose before the window opens: the OS keyring (no passphrase), a
+    passphrase, or to give up (`cancelled`)."""
+
+    passphrase: str | None = None
+    cancelled: bool = False
+
+
+def choose_key_storage(data_dir: Path) -> KeyChoice:
+    """How this data directory's key is kept, asking the user where a passphrase is
+    needed."""
     from PySide6.QtWidgets import QInputDialog, QLineEdit, QMessageBox
 
     from galahad_desktop.memory.galahad import Galahad
@@ -63,26 +74,27 @@ def choose_key_storage(data_dir: Path) -> str | bool | None:
         )
         return text if ok else None
 
-    mode, problem = Galahad.key_storage(data_dir)
-    if mode == "passphrase":
-        return ask("Passphrase for your Galahad data:") or False
-    if mode == "keyring":
-        return None
-    if mode == "unavailable":
+    storage = Galahad.key_storage(data_dir)
+    if storage.mode == "passphrase":
+        given = ask("Passphrase for your Galahad data:")
+        return KeyChoice(given) if given else KeyChoice(cancelled=True)
+    if storage.mode == "keyring":
+        return KeyChoice()
+    if storage.mode == "unavailable":
         answer = QMessageBox.question(
             None,
             "No keyring",
-            f"{problem}\n\nProtect your data with a passphrase instead? It is never stored; "
-            "without it the data cannot be opened.",
+            f"{storage.problem}\n\nProtect your data with a passphrase instead? It is never "
+            "stored; without it the data cannot be opened.",
         )
         if answer != QMessageBox.StandardButton.Yes:
-            return False
+            return KeyChoice(cancelled=True)
         first = ask("Choose a passphrase (at least 8 characters):")
         if not first or ask("Type the passphrase again:") != first:
             QMessageBox.warning(None, "Galahad Desktop", "The passphrases did not match.")
-            return False
-        return first
-    return False
+            return KeyChoice(cancelled=True)
+        return KeyChoice(first)
+    return KeyChoice(cancelled=True)
 
 
 def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int:
@@ -103,11 +115,10 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
     icon = asset_path("galahad.svg")
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))
-    passphrase = choose_key_storage(data_dir)
-    if passphrase is False:
+    choice = choose_key_storage(data_dir)
+    if choice.cancelled:
         return 1
-    chosen = passphrase if isinstance(passphrase, str) else None
-    bridge = default_bridge(data_dir, model_path, chosen)
+    bridge = default_bridge(data_dir, model_path, choice.passphrase)
     window = MainWindow(bridge, data_dir)
     window.show()
     code = app.exec()

@@ -11,8 +11,9 @@ import base64
 import binascii
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -338,13 +339,21 @@ def open_keystore(data_dir: Path, passphrase: str | None) -> KeyStore:
     return KeyringKeyStore()
 
 
-def key_storage(data_dir: Path) -> tuple[str, str]:
-    """How a data directory's key would be kept: ("passphrase", ""), ("keyring", ""), or
-    ("unavailable", why the OS keyring cannot be used)."""
+@dataclass(frozen=True)
+class KeyStorage:
+    """How a data directory's master key is (or would be) kept."""
+
+    mode: Literal["keyring", "passphrase", "unavailable"]
+    problem: str = ""  # for "unavailable": why the OS keyring cannot be used
+
+
+def key_storage(data_dir: Path) -> KeyStorage:
+    """How a data directory's key would be kept: in the OS keyring, under a passphrase
+    (its keystore file says so), or nowhere yet (the keyring is unavailable, and why)."""
     if keystore_mode_file(data_dir).exists():
-        return "passphrase", ""
+        return KeyStorage("passphrase")
     try:
         KeyringKeyStore()
     except KeyAccessError as exc:
-        return "unavailable", str(exc)
-    return "keyring", ""
+        return KeyStorage("unavailable", str(exc))
+    return KeyStorage("keyring")
