@@ -527,13 +527,67 @@ def test_the_device_server_serves_one_program_at_a_time_and_stops_on_ctrl_c() ->
             except ModelError:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+        workers = _children(proc.pid)
+        assert len(workers) == 1  # llama.cpp's server, in its device worker
         proc.send_signal(signal.SIGINT)  # after serving clients, Ctrl+C still stops it
         assert proc.wait(10) == 0
         assert "stopped serving" in (proc.stderr.read() if proc.stderr else "")
+        _gone(workers)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.model  # slow for the fast tier: it starts llama.cpp's device server
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_the_device_worker_never_outlives_serve_device(stop: signal.Signals) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "galahad_desktop.cli", "serve-device", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(proc.pid) or not _answers(port):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        workers = _children(proc.pid)
+        proc.send_signal(stop)
+        proc.wait(10)
+        _gone(workers)  # `kill` or `kill -9`: the worker goes with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _answers(port: int) -> bool:
+    try:
+        devices.probe_rpc_server(f"127.0.0.1:{port}", timeout_s=1)
+    except ModelError:
+        return False
+    return True
+
+
+def _gone(pids: list[int], within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    for pid in pids:
+        while Path(f"/proc/{pid}").exists():
+            stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+            if stat.split(") ")[-1].startswith("Z"):
+                break  # exited, not yet reaped by its (gone) parent's successor
+            assert time.monotonic() < deadline, f"process {pid} outlived serve-device"
+            time.sleep(0.05)
 
 
 def test_the_device_server_refuses_other_addresses() -> None:

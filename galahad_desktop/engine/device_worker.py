@@ -8,13 +8,24 @@ THREADS` (the frozen app: `--device-worker HOST:PORT THREADS`).
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 
 from galahad_desktop.engine.devices import serve_rpc_here
 from galahad_desktop.errors import GalahadError
 
 
+def _exit_with_parent() -> None:
+    """The parent holds this process's stdin open; when it goes (however it ends: Ctrl+C,
+    SIGTERM, kill -9), stdin reaches its end and the worker goes with it, never left
+    serving a device on its own."""
+    sys.stdin.buffer.read()
+    os._exit(0)
+
+
 def run(endpoint: str, threads: str) -> int:
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     try:
         serve_rpc_here(endpoint, int(threads))
     except GalahadError as exc:

@@ -20,6 +20,7 @@ import functools
 import ipaddress
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -482,11 +483,15 @@ def serve_rpc(endpoint: str, n_threads: int, on_ready: Callable[[], None] | None
     with socket.socket() as spare:
         spare.bind(("127.0.0.1", 0))
         inner = ("127.0.0.1", int(spare.getsockname()[1]))
+    # The worker's stdin stays open while this process lives: it exits when that ends.
     worker = subprocess.Popen(
         _device_worker(f"{inner[0]}:{inner[1]}", n_threads),
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
     )
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)  # `kill PID`: stop as Ctrl+C does
     try:
         _wait_listening(inner, worker)
         if on_ready is not None:
@@ -495,9 +500,15 @@ def serve_rpc(endpoint: str, n_threads: int, on_ready: Callable[[], None] | None
     except KeyboardInterrupt:
         pass  # Ctrl+C: stop serving
     finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
         listener.close()
         worker.kill()
         worker.wait()
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_listening(inner: tuple[str, int], worker: subprocess.Popen[bytes]) -> None:
