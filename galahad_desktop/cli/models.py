@@ -19,6 +19,7 @@ from galahad_desktop.cli.common import (
 from galahad_desktop.errors import InputError
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
+    from galahad_desktop.engine.engine import Placement
     from galahad_desktop.memory.galahad import Galahad
 
 GIB = 1024**3
@@ -44,17 +45,15 @@ def cmd_info(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def _placement_lines(placement: dict[str, Any]) -> list[str]:
-    if not placement:
+def _placement_lines(placement: Placement | None) -> list[str]:
+    if placement is None:
         return []
-    kv = ", ".join(
-        f"{name} {mib:,.0f} MiB" for name, mib in sorted(placement["kv_buffers"].items())
-    )
-    features = [k for k, v in placement["cpu_features"].items() if v == "1"]
+    kv = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in sorted(placement.kv_buffers.items()))
+    features = [k for k, v in placement.cpu_features.items() if v == "1"]
     return [
-        f"device: {placement['device']} · {placement['gpu_layers']}/{placement['total_layers']} "
-        f"layers offloaded ({placement['reason']}) · KV cache on {kv or 'CPU'}",
-        f"CPU kernels: {placement['cpu_variant']} ({' '.join(features) or 'baseline x86-64'})",
+        f"device: {placement.device} · {placement.gpu_layers}/{placement.total_layers} "
+        f"layers offloaded ({placement.reason}) · KV cache on {kv or 'CPU'}",
+        f"CPU kernels: {placement.cpu_variant} ({' '.join(features) or 'baseline x86-64'})",
     ]
 
 

@@ -194,21 +194,21 @@ class Galahad(StoreFacade):
         engine = self.engine
         fmt = engine.turn_format
         return EngineInfo(
-            engine.model_info(),
-            engine.fingerprint,
-            engine.fingerprint_details,
-            engine.backend,
-            engine.gpu_layers,
-            engine.n_ctx,
-            fmt.as_dict(),
-            fmt.describe(),
-            engine.sampling_defaults(),
-            self.vault.keystore.backend_name,
-            engine.turns.supports_thinking,
-            list(self.settings.problems),
-            self.routing.describe(),
-            engine.placement.as_dict(),
-            self.vision_status(),
+            model=engine.model_info(),
+            fingerprint=engine.fingerprint,
+            fingerprint_details=engine.fingerprint_details,
+            backend=engine.backend,
+            gpu_layers=engine.gpu_layers,
+            n_ctx=engine.n_ctx,
+            turn_format=fmt.as_dict(),
+            turn_format_note=fmt.describe(),
+            sampling_defaults=engine.sampling_defaults(),
+            keyring=self.vault.keystore.backend_name,
+            supports_thinking=engine.turns.supports_thinking,
+            settings_problems=list(self.settings.problems),
+            routing=self.routing.describe(),
+            placement=engine.placement,
+            vision=self.vision_status(),
         )
 
     @staticmethod

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.engine import Counters, Placement
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.proof import NO_PROOF, ProofResult
 from galahad_desktop.jobs import Progress
@@ -408,7 +408,7 @@ class EngineInfo:
     settings_problems: list[str]
     routing: str = ""  # how the library's router matches questions to parts, in words
     # Where the model runs: device, offloaded layers, KV cache's device, CPU kernels.
-    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
+    placement: Placement | None = None
     # Pictures: whether the model reads them, its projector and image-token budget.
     vision: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -426,11 +426,11 @@ class EngineInfo:
     def device_note(self) -> str:
         """'RPC0: 127.0.0.1:50052 (19/19 layers, KV cache there)' or 'CPU (zen4 kernels)'."""
         p = self.placement
-        if not p or not p.get("gpu_layers"):
-            variant = p.get("cpu_variant", "") if p else ""
+        if p is None or not p.gpu_layers:
+            variant = p.cpu_variant if p is not None else ""
             return f"CPU ({variant} kernels)" if variant else self.backend
-        kv = "KV cache there" if set(p["kv_devices"]) - {"CPU"} else "KV cache in memory"
-        return f"{p['device']} ({p['gpu_layers']}/{p['total_layers']} layers, {kv})"
+        kv = "KV cache there" if set(p.kv_devices) - {"CPU"} else "KV cache in memory"
+        return f"{p.device} ({p.gpu_layers}/{p.total_layers} layers, {kv})"
 
 
 @dataclass(frozen=True)
