@@ -172,7 +172,7 @@ def destination_matrix(log: Callable[[str], None]) -> dict[str, Any]:
         )
 
     # Restores open the directory's keystore themselves: the throwaway one, not the user's.
-    patch = mock.patch("galahad_desktop.memory.galahad.open_keystore", lambda *_a: keystore)
+    patch = mock.patch("galahad_desktop.memory.facade_store.open_keystore", lambda *_a: keystore)
     patch.start()
     first = core()
     conversation = first.new_conversation()

@@ -195,7 +195,7 @@ def test_the_import_fuzzer_at_full_size() -> None:
 # -- restore: only what the audit passed, never through a link ------------------------------
 @pytest.fixture()
 def memory_keys(keystore: MemoryKeyStore, monkeypatch: pytest.MonkeyPatch) -> MemoryKeyStore:
-    monkeypatch.setattr("galahad_desktop.memory.galahad.open_keystore", lambda *_a: keystore)
+    monkeypatch.setattr("galahad_desktop.memory.facade_store.open_keystore", lambda *_a: keystore)
     return keystore
 
 

@@ -301,7 +301,7 @@ def test_every_header_field_type_is_checked() -> None:
 @pytest.fixture()
 def memory_keys(keystore: MemoryKeyStore, monkeypatch: pytest.MonkeyPatch) -> MemoryKeyStore:
     """Restores and kit imports open their directory with the test's in-memory keystore."""
-    monkeypatch.setattr("galahad_desktop.memory.galahad.open_keystore", lambda *_a: keystore)
+    monkeypatch.setattr("galahad_desktop.memory.facade_store.open_keystore", lambda *_a: keystore)
     return keystore
 
 

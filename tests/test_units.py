@@ -136,22 +136,23 @@ def test_proof_verdicts() -> None:
 def test_the_device_is_named_from_where_llama_cpp_put_the_model() -> None:
     import dataclasses
 
+    from galahad_desktop.engine.engine import Placement
     from galahad_desktop.memory.results import EngineInfo
 
     info = EngineInfo(*([None] * 13))  # type: ignore[arg-type]
-    on_cpu = {"gpu_layers": 0, "cpu_variant": "haswell", "kv_devices": ["CPU"]}
+
+    def placed(device: str, layers: int, total: int, kv: list[str], variant: str) -> Placement:
+        buffers = {name: 1.0 for name in kv}
+        return Placement(device, "", layers, total, {}, buffers, variant, {}, "")
+
+    on_cpu = placed("CPU", 0, 19, ["CPU"], "haswell")
     assert dataclasses.replace(info, placement=on_cpu).device_note() == "CPU (haswell kernels)"
-    on_gpu = {
-        "gpu_layers": 43,
-        "total_layers": 43,
-        "device": "Vulkan0: Radeon 780M",
-        "kv_devices": ["Vulkan0"],
-    }
+    on_gpu = placed("Vulkan0: Radeon 780M", 43, 43, ["Vulkan0"], "zen4")
     assert (
         dataclasses.replace(info, placement=on_gpu).device_note()
         == "Vulkan0: Radeon 780M (43/43 layers, KV cache there)"
     )
-    partial = {**on_gpu, "gpu_layers": 20, "kv_devices": ["CPU", "Vulkan0"]}
+    partial = placed("Vulkan0: Radeon 780M", 20, 43, ["CPU", "Vulkan0"], "zen4")
     assert "20/43 layers" in dataclasses.replace(info, placement=partial).device_note()
 
 
