@@ -195,6 +195,15 @@ def per_token_ms(
     return (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1), len(stamps)
 
 
+DOC_QUESTIONS = ("Which depot is named first?", "Who signed the last record?")
+DOCUMENT = " ".join(Corpus(11).filler(1460))
+
+
+def pasted(question: str) -> list[dict[str, str]]:
+    """A new chat that begins with a pasted document (~3,000 tokens), then a question."""
+    return [{"role": "user", "content": f"{DOCUMENT}\n\n{question}"}]
+
+
 def build_history(client: openai.OpenAI, tokens: int) -> tuple[list[dict[str, str]], int]:
     """Turns of ~450 tokens written through our server until the history holds `tokens`."""
     corpus = Corpus(7)
@@ -241,8 +250,15 @@ def stamp() -> dict[str, Any]:
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
     return {
         "commit": commit,
+        "uncommitted_changes": bool(changed),  # measured on that commit plus local edits
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -272,6 +288,12 @@ def main() -> int:
     fresh = Ours(work / "fresh")
     client = fresh.start()
     ours_fresh, _ = first_token_ms(client, ask2)
+    # A document pasted at the start of a new chat, then again with another question (after
+    # a restart): the second reads only its question.
+    pasted_first, _ = first_token_ms(client, pasted(DOC_QUESTIONS[0]))
+    fresh.stop()
+    client = fresh.start()
+    pasted_again, pasted_usage = first_token_ms(client, pasted(DOC_QUESTIONS[1]))
     fresh.stop()
     overhead = streaming_overhead(
         work / "data",
@@ -283,6 +305,8 @@ def main() -> int:
     pc = peer.start()
     first_token_ms(pc, ask)  # reads the history once
     peer_hot, _ = first_token_ms(pc, ask2)  # hot: its context and RAM cache hold it
+    first_token_ms(pc, pasted(DOC_QUESTIONS[0]))
+    peer_pasted_hot, _ = first_token_ms(pc, pasted(DOC_QUESTIONS[1]))  # its prefix reuse
     peer.stop()
     peer = Peer(model, None, work)
     pc = peer.start()
@@ -310,6 +334,13 @@ def main() -> int:
         if hot_usage
         else None,
         "ours_fresh_no_history_ms": ours_fresh,
+        "pasted_document_first_ms": pasted_first,
+        "pasted_document_again_after_restart_ms": pasted_again,
+        "pasted_document_cached_tokens": pasted_usage.prompt_tokens_details.cached_tokens
+        if pasted_usage
+        else None,
+        "pasted_document_prompt_tokens": pasted_usage.prompt_tokens if pasted_usage else None,
+        "peer_pasted_document_again_hot_ms": peer_pasted_hot,
         "peer_hot_ms": peer_hot,
         "peer_after_restart_no_cache_ms": peer_cold,
         "peer_after_restart_disk_cache_ms": peer_disk,

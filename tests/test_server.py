@@ -413,3 +413,54 @@ def test_the_server_answers_loopback_only_unless_asked() -> None:
     assert check_host("0.0.0.0", True) == "0.0.0.0"
     with pytest.raises(Exception, match="not an IP address"):
         check_host("localhost; rm", False)
+
+
+def test_a_system_prompt_and_a_pasted_document_are_read_once_across_requests(
+    make_fake_core: Callable[..., Galahad], tmp_path: Path
+) -> None:
+    # Gemma 3 folds a system prompt into the first user turn: its block ends inside it.
+    core = make_fake_core()
+    words = "You are the harbour master's assistant. Answer in one short sentence. " * 3
+    doc = "The north pier serves ferries and the south pier serves fishing boats. " * 6
+    first = core.complete_chat(
+        [ChatMessage("system", words), ChatMessage("user", "Hello")], max_tokens=6
+    )
+    other = core.complete_chat(
+        [ChatMessage("system", words), ChatMessage("user", "Where do ferries go?")],
+        max_tokens=6,
+    )
+    assert first.cached_tokens == 0 and other.conversation_id != first.conversation_id
+    assert other.cached_tokens > 40 and other.turn.graft is not None
+    assert other.turn.graft.proof.verdict == "exact"
+    assert other.cached_tokens + other.read_tokens >= other.prompt_tokens
+    pasted = [ChatMessage("system", words), ChatMessage("user", doc + "\n\nHow many piers?")]
+    read = core.complete_chat(pasted, max_tokens=6)
+    assert read.cached_tokens == other.cached_tokens  # the system prompt, not the document
+    core.close()
+    core = make_fake_core()  # after a restart, another question on the same document
+    asked = [ChatMessage("system", words), ChatMessage("user", doc + "\n\nWho uses it?")]
+    again = core.complete_chat(asked, max_tokens=6)
+    assert again.cached_tokens > 300 and again.read_tokens < 30
+    # The same request to a fresh store reads it all and answers the same.
+    fresh = make_fake_core(data=tmp_path / "fresh").complete_chat(asked, max_tokens=6)
+    assert fresh.cached_tokens == 0 and fresh.text == again.text
+    assert b"north pier" not in (core.data_dir / "catalog.sqlite").read_bytes()
+    assert core.vault.catalog.count("prompts") == 2 and not core.audit().problems
+    assert all(v.proof == "exact" for v in core.verify())
+    # Forgetting the conversations that began so forgets the prompts' blocks.
+    for conversation in core.list_conversations():
+        core.forget(conversation.id)
+    assert core.vault.catalog.count("prompts") == 0 and core.vault.catalog.count("blocks") == 0
+
+
+def test_a_first_message_shares_only_up_to_its_last_paragraph_break(
+    make_fake_core: Callable[..., Galahad],
+) -> None:
+    core = make_fake_core()
+    doc = "Tides are measured at the harbour mouth every hour of the day. " * 6
+    done = core.complete_chat([ChatMessage("user", doc + "\n\nWhen?")], max_tokens=4)
+    assert core.vault.catalog.count("prompts") == 1
+    # No paragraph break after the document: nothing to share, nothing stored for it.
+    whole = core.complete_chat([ChatMessage("user", doc + " When?")], max_tokens=4)
+    assert whole.cached_tokens == 0 and core.vault.catalog.count("prompts") == 1
+    assert done.conversation_id != whole.conversation_id

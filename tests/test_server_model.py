@@ -126,6 +126,39 @@ def test_serve_remembers_the_history_across_a_restart(
     assert any(c.get("origin") == "api" for c in listed["conversations"])
 
 
+def test_a_system_prompt_and_a_pasted_document_are_read_once_by_the_server(
+    tmp_path: Path, servers: list[Server]
+) -> None:
+    server = Server(tmp_path / "data")
+    servers.append(server)
+    words = "You are the harbour master's assistant. Answer in one short sentence, politely. "
+    doc = "The harbour of Port Elling has three piers; ferries use the north pier. " * 25
+    system = {"role": "system", "content": words * 3}
+    hello = server.chat([system, {"role": "user", "content": "Hello"}])
+    other = server.chat([system, {"role": "user", "content": "Who are you?"}])
+    assert hello.usage.prompt_tokens_details.cached_tokens == 0
+    shared = other.usage.prompt_tokens_details.cached_tokens
+    assert shared >= 40  # the folded system prompt, grafted from its own block
+    question = [system, {"role": "user", "content": doc + "\n\nHow many piers are there?"}]
+    server.chat(question)
+    server.stop()
+    again = Server(tmp_path / "data")
+    servers.append(again)
+    asked = [system, {"role": "user", "content": doc + "\n\nWhich pier do ferries use?"}]
+    answer = again.chat(asked)
+    cached = answer.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 400 and answer.usage.prompt_tokens - cached < 30  # the document too
+    again.stop()
+    fresh = Server(tmp_path / "fresh")
+    servers.append(fresh)
+    reread = fresh.chat(asked)
+    assert reread.usage.prompt_tokens_details.cached_tokens == 0
+    assert reread.choices[0].message.content == answer.choices[0].message.content
+    fresh.stop()
+    checked = json.loads(run_cli("--json", "verify", "--all", data_dir=tmp_path / "data").stdout)
+    assert checked["ok"] and {v["kind"] for v in checked["results"]} >= {"prompt"}
+
+
 def test_serve_refuses_a_network_address_without_the_flag(tmp_path: Path) -> None:
     proc = run_cli("serve", "--host", "0.0.0.0", data_dir=tmp_path / "data", check=False)
     assert proc.returncode == 4 and "--allow-network" in proc.stderr

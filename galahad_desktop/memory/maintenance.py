@@ -272,10 +272,11 @@ class Maintenance:
             self.vault.delete_block_rows(block_ids)
             # A shared system prompt no remaining conversation starts with goes too.
             shared = self.conversations.shared
-            in_use = {
-                shared.tag(self.conversations.system_text(c), bool(c.get("thinking")))
-                for c in records.conversations()
-            }
+            in_use: set[str] = set()
+            for c in records.conversations():
+                words, thinking = self.conversations.system_text(c), bool(c.get("thinking"))
+                first = self.conversations.first_user_text(c)
+                in_use |= shared.tags_of(words, thinking, first)
             block_ids += shared.forget_unused(in_use)
         self.vault.unlink_block_files(block_ids)
         records.checkpoint()

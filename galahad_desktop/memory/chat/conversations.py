@@ -142,6 +142,13 @@ class Conversations:
     def message_rows(self, conversation_id: str) -> list[MessageRow]:
         return self.records.messages(conversation_id)
 
+    def first_user_text(self, conv: ConversationRow) -> str | None:
+        """The words of the conversation's first message when it is the user's."""
+        rows = self.message_rows(conv["id"])[:1]
+        if conv["document_id"] or not rows or rows[0]["role"] != "user":
+            return None
+        return self.records.decrypt("messages", "text_enc", rows[0])
+
     def messages(self, conversation_id: str) -> list[Message]:
         """The transcript, checked against the conversation's seal first: an edited,
         moved, dropped or reordered message is refused, never shown."""
@@ -312,6 +319,28 @@ class Conversations:
             return report
         live.start(conv["id"], opening, counters)
         return None
+
+    def read_user_turn(
+        self,
+        conv: ConversationRow,
+        first_turn: bool,
+        prompt: str,
+        user_tokens: list[int],
+        counters: Counters,
+        job: Job,
+    ) -> GraftReport | None:
+        """Read a user turn into the live context; a first turn's shared prefix (a folded
+        system prompt, a pasted document) is grafted when stored (its report), and kept
+        when not."""
+        held, report = 0, None
+        if first_turn:
+            words, thinking = self.system_text(conv), bool(conv.get("thinking"))
+            held, report = self.shared.open_heads(
+                words, thinking, prompt, user_tokens, counters, job
+            )
+        counters.prefill_ms += self.engine.evaluate(user_tokens[held:], job)
+        counters.new_tokens += len(user_tokens) - held
+        return report
 
     def resume(self, conversation_id: str, job: Job = NO_JOB) -> GraftReport:
         """Graft a conversation's latest checkpoint into the context (always from disk)."""
@@ -494,8 +523,8 @@ class Conversations:
                 "conversation (or continue from a summary)."
             )
         user_start = len(engine.tokens) - len(engine.probe_tokens)
-        counters.prefill_ms += engine.evaluate(user_tokens)
-        counters.new_tokens += len(user_tokens)
+        shared = self.read_user_turn(conv, first_turn, prompt, user_tokens, counters, NO_JOB)
+        graft = graft or shared
         reply_start = len(engine.tokens)
         holds_thoughts = turns.thought_open is not None
         if holds_thoughts:

@@ -240,12 +240,19 @@ class LiveContext:
             head.row, head.meta, payload, size, tokens, (time.perf_counter() - start) * 1e3
         )
 
-    def prove(self, record: proofs.ProofRecord) -> proofs.ProofResult:
-        """Evaluate the probe on what was just restored and compare the logits."""
+    def prove(self, record: proofs.ProofRecord, mid_turn: bool = False) -> proofs.ProofResult:
+        """Evaluate the probe on what was just restored and compare the logits. A block
+        that ends inside a turn is proved without keeping the probe (the turn goes on
+        with other words)."""
         engine = self.engine
         start = time.perf_counter()
+        if mid_turn:
+            engine.hold()
         engine.evaluate(record.probe_tokens)
-        return proofs.compare(record, engine.last_logits(), (time.perf_counter() - start) * 1e3)
+        logits = engine.last_logits()
+        if mid_turn:
+            engine.return_to_hold()
+        return proofs.compare(record, logits, (time.perf_counter() - start) * 1e3)
 
     def restore_and_prove(self, block_id: str, owners: set[str]) -> tuple[float, int, Any]:
         """Restore a block into a cleared context and prove it: (restore ms, tokens,
@@ -256,8 +263,9 @@ class LiveContext:
         )
         n_tokens = len(stored.tokens)
         record = proofs.ProofRecord.from_dict(stored.meta["proof"])
+        mid_turn = bool(stored.meta.get("mid_turn"))
         del stored
-        return restore_ms, n_tokens, self.prove(record)
+        return restore_ms, n_tokens, self.prove(record, mid_turn)
 
     # -- grafting ------------------------------------------------------------------------
     def graftable(self, block_id: str) -> bool:
@@ -271,9 +279,11 @@ class LiveContext:
         owner_id: str,
         counters: Counters,
         job: Job = NO_JOB,
+        mid_turn: bool = False,
     ) -> GraftReport:
-        """Make the context hold `block_id` (plus the probe): grafted from disk and proved,
-        or re-read (and stored again) when it cannot be used as it is."""
+        """Make the context hold `block_id` (plus the probe, unless the block ends inside
+        a turn): grafted from disk and proved, or re-read (and stored again) when it cannot
+        be used as it is."""
         engine = self.engine
         row = self.vault.block_row(block_id)
         if row["owner_id"] != owner_id:
@@ -283,14 +293,16 @@ class LiveContext:
         chain = self.vault.chain_rows(block_id)
         if not all(self.current(link) for link in chain):
             other = row.get("model_sha256") and row["model_sha256"] != engine.model_sha256
-            return self.reread(row, OTHER_MODEL if other else MODEL_CHANGED, counters, job)
+            reason = OTHER_MODEL if other else MODEL_CHANGED
+            return self.reread(row, reason, counters, job, mid_turn)
         restore_ms, n_tokens, result = self.restore_and_prove(block_id, self.chain_owners(owner_id))
         if result.verdict == "diverged":
-            return self.reread(row, f"the graft proof diverged (KL {result.kl:.2e})", counters, job)
+            reason = f"the graft proof diverged (KL {result.kl:.2e})"
+            return self.reread(row, reason, counters, job, mid_turn)
         counters.restored_tokens += n_tokens
         counters.restore_ms += restore_ms
         counters.proof_ms += result.proof_ms
-        counters.new_tokens += len(engine.probe_tokens)
+        counters.new_tokens += 0 if mid_turn else len(engine.probe_tokens)
         self.stats.restored_tokens += n_tokens
         self.stats.grafts += 1
         self.mark(owner_id, block_id)
@@ -302,6 +314,7 @@ class LiveContext:
         reason: str,
         counters: Counters,
         job: Job = NO_JOB,
+        mid_turn: bool = False,
     ) -> GraftReport:
         """Re-read a block's ledger from scratch (rebuilt for the current model when the
         owner says so), store it again, and say why."""
@@ -314,7 +327,9 @@ class LiveContext:
         engine.reset()
         self.holding = None
         prefill_ms = self.evaluate_ledger(tokens, pictures, job).elapsed_ms
-        new_row, record = self.persist(row["kind"], row["owner_id"], None, row["generation"] + 1)
+        new_row, record = self.persist(
+            row["kind"], row["owner_id"], None, row["generation"] + 1, mid_turn=mid_turn
+        )
         # A block other links continue from stays: their token ledgers run through it.
         keep_old = bool(self.vault.children(row["id"]))
         records = self.vault.records
@@ -344,7 +359,7 @@ class LiveContext:
         self.vault.unlink_block_files(retired)
         counters.recomputed_tokens += len(tokens)
         counters.prefill_ms += prefill_ms
-        counters.new_tokens += len(record.probe_tokens)
+        counters.new_tokens += 0 if mid_turn else len(record.probe_tokens)
         self.stats.recomputed_tokens += len(tokens)
         self.mark(row["owner_id"], new_row["id"])
         return GraftReport(
@@ -367,8 +382,11 @@ class LiveContext:
         generation: int,
         counters: Counters | None = None,
         parent_end: int | None = None,
+        mid_turn: bool = False,
     ) -> tuple[BlockRow, proofs.ProofRecord]:
         """Capture the context at a turn boundary, evaluate the probe, write the block file.
+        `mid_turn`: the block ends inside a turn (a shared prefix of a first message); its
+        probe is evaluated for the proof and taken back, so the context holds the block.
 
         With a parent (the block the context was grafted from), the block holds only the
         cells at positions after the parent's end: a link of a chain, O(new tokens) on disk.
@@ -406,10 +424,14 @@ class LiveContext:
                     layout = kvstate.parse(payload, used).layout()
                 except kvstate.KVLayoutError as exc:
                     log.warning("a state this version cannot splice: %s", exc)
+        if mid_turn:
+            engine.hold()
         engine.evaluate(engine.probe_tokens)  # the next turn's opening: needed anyway
-        if counters is not None:
+        if counters is not None and not mid_turn:
             counters.new_tokens += len(engine.probe_tokens)
         record = proofs.make_record(engine.probe_tokens, engine.last_logits())
+        if mid_turn:
+            engine.return_to_hold()
         own_tokens = ledger[start:]
         row = self.vault.write_block(
             kind=kind,
@@ -428,6 +450,7 @@ class LiveContext:
                 "layout": layout,
                 "proof": record.as_dict(),
                 "state_format": STATE_FORMAT,
+                **({"mid_turn": True} if mid_turn else {}),
             },
             capture_ms=capture_ms,
             pos_start=start,

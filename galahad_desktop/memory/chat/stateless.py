@@ -193,6 +193,8 @@ class StatelessChats:
             question = request.question.text
             result = self.conversations.send(conversation_id, question, params, job)
         except BaseException:
+            # What the context holds is no longer any stored turn (a read stopped part way).
+            self.live.drop()
             if made is not None:
                 self.forget(made)
             raise
@@ -270,9 +272,8 @@ class StatelessChats:
         engine = self.live.engine
         seq = conv["n_messages"] or 0
         first = seq == 0 and not conv["document_id"]
-        user_tokens = engine.turns.user_turn(
-            engine.turns.user_text(user, conversations.system_text(conv), first), False
-        )
+        prompt = engine.turns.user_text(user, conversations.system_text(conv), first)
+        user_tokens = engine.turns.user_turn(prompt, False)
         reply_tokens = engine.encode_text(reply) + engine.model_close()
         needed = len(user_tokens) + len(reply_tokens)
         if needed + conversations.reply_room() > engine.room():
@@ -281,10 +282,10 @@ class StatelessChats:
                 "(context_length_exceeded); send a shorter history."
             )
         user_start = len(engine.tokens) - len(engine.probe_tokens)
-        counters.prefill_ms += engine.evaluate(user_tokens, job)
+        conversations.read_user_turn(conv, first, prompt, user_tokens, counters, job)
         reply_start = len(engine.tokens)
         counters.prefill_ms += engine.evaluate(reply_tokens, job)
-        counters.new_tokens += needed
+        counters.new_tokens += len(reply_tokens)
         reply_end = len(engine.tokens)
         row, _record = self.live.persist(
             "conversation",
