@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             "catalog",
             "crashes",
             "hostile",
+            "redteam",
             "flywheel",
             "import",
             "destinations",
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--mutations", type=int, default=1000, help="tamper, catalog, import: mutations to try"
     )
-    ev.add_argument("--trials", type=int, default=30, help="crashes: kill trials")
+    ev.add_argument("--trials", type=int, default=30, help="crashes, redteam: kill trials")
     ev.add_argument("--blocks", type=int, default=64)
     ev.add_argument("--block-tokens", type=int, default=2000)
     ev.add_argument("--controls", type=int, default=None, help="16 (needles), 20 (memory)")
@@ -192,6 +193,10 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             result = destination_matrix(log)
         elif args.kind == "crashes":
             result = hardening.crash_trials(args.trials, args.seed, log)
+        elif args.kind == "redteam":
+            from galahad_dev.redteam import redteam
+
+            result = redteam(args.trials, args.seed, log)
         else:
             result = hardening.eval_hostile(log)
     summary = {k: v for k, v in result.items() if not isinstance(v, list | dict)}
@@ -202,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if (
         args.command == "eval"
-        and args.kind == "crashes"
+        and args.kind in ("crashes", "redteam")
         and not os.environ.get("GALAHAD_KEYRING_READY")
     ):
         # Crash trials create, rotate and abandon master keys: never in the user's own

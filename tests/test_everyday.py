@@ -158,6 +158,19 @@ def test_a_first_turn_that_fails_leaves_no_conversation(make_fake_core: CoreFact
     assert core.vault.catalog.count("blocks") == 0
 
 
+def test_a_stray_byte_in_a_stored_chat_is_named_before_the_context_check(
+    make_fake_core: CoreFactory,
+) -> None:
+    # The command checks the room a message needs before the turn: that check tokenizes,
+    # and llama.cpp's tokenizer cannot take an unpaired surrogate (exit 70, found by the
+    # hostile-input harness).
+    core = make_fake_core()
+    done = core.send(None, "Hello", max_tokens=2)
+    with pytest.raises(InputError, match="surrogate at character 3"):
+        core.context_check(done.conversation_id, "bad\udcffbyte")
+    assert len(core.messages(done.conversation_id)) == 2
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [

@@ -116,6 +116,24 @@ def test_key_rotation_killed_midway_leaves_one_working_key(tmp_path: Path, point
 @pytest.mark.model
 @pytest.mark.keyring
 @pytest.mark.usefixtures("real_keyring")
+def test_the_hostile_input_harness_scaled_down() -> None:
+    """Issue #34's harness, one input of each kind (chosen by the seed) and two kill trials:
+    no internal error, abort, hang, silent failure, leftover folder or empty conversation,
+    and nothing stored changed (`python -m galahad_dev eval redteam` runs them all)."""
+    from galahad_dev.redteam import redteam
+
+    result = redteam(2, seed=3, log=lambda _m: None, per_kind=1)
+    assert result["findings"] == []
+    assert result["internal_errors"] == result["aborts"] == result["hangs"] == 0
+    assert result["silent_failures"] == result["empty_conversations"] == 0
+    assert result["leftover_folders"] == result["audit_problems"] == 0
+    assert set(result["by_area"]) >= {"chat", "flags", "settings", "file", "paths", "device"}
+    assert result["by_area"]["device"].get("refused") == 3  # settings, info, chat: all named
+
+
+@pytest.mark.model
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
 def test_crash_trials_scaled_down() -> None:
     result = hardening.crash_trials(6, seed=5, log=lambda _m: None)
     assert result["survived"] == result["trials"] == 6

@@ -5,7 +5,6 @@ on 127.0.0.1 — states captured from the device and restored into it, every pro
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -14,7 +13,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 from galahad_desktop.engine import devices
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.memory.galahad import Galahad
+from galahad_dev.redteam import FakeService
 from tests.helpers import ROOT, cli_json, story
 
 GIB = 1024**3
@@ -86,43 +85,6 @@ def test_a_device_server_that_is_not_running_is_named_not_a_crash() -> None:
     port = _free_port()
     with pytest.raises(ModelError, match=f"No device server answers at 127.0.0.1:{port}"):
         devices.add_rpc_server(f"127.0.0.1:{port}")
-
-
-class FakeService:
-    """A loopback service that is not llama.cpp's device server: it closes at once, stays
-    silent, answers garbage or answers HTTP (bounded: it stops with the test)."""
-
-    def __init__(self, behaviour: str) -> None:
-        self.behaviour = behaviour
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.sock.settimeout(10)
-        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        with contextlib.suppress(OSError):
-            for _ in range(4):  # each probe gets the same answer
-                conn, _ = self.sock.accept()
-                self._answer(conn)
-
-    def _answer(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError), conn:
-            if self.behaviour == "stall":
-                time.sleep(1.5)
-            elif self.behaviour == "garbage":
-                conn.sendall(os.urandom(64))
-            elif self.behaviour == "http":
-                conn.recv(64)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-            elif self.behaviour == "old":
-                conn.recv(64)
-                conn.sendall(struct.pack("<Q", 28) + bytes([3, 0, 0, 0]) + bytes(24))
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import time
 
 from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
@@ -49,6 +49,7 @@ class Continuation:
 
     def check(self, conversation_id: str, text: str) -> ContextFull | None:
         """None when the next turn fits (with room for a reply); else the choices."""
+        check_text(text, "The message")
         conv = self.conversations.row(conversation_id)
         engine = self.live.engine
         turns = engine.turns
