@@ -306,6 +306,16 @@ def _json(data_dir: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+def kill_after(command: list[str], delay_s: float) -> tuple[bool, int]:
+    """Run a command and SIGKILL it after `delay_s` unless it ended: (killed, exit code)."""
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return False, child.wait(timeout=delay_s)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGKILL)
+        return True, child.wait()
+
+
 def crash_trials(trials: int, seed: int, log: Log) -> dict[str, Any]:
     """SIGKILL deposits, turn persists and key rotations at random moments; after each,
     check that the catalog opens, the audit is clean (after repairing orphans it reports),
@@ -350,17 +360,8 @@ def crash_trials(trials: int, seed: int, log: Log) -> dict[str, Any]:
             expected = durations.get(operation, 3.0)
             delay = expected * rng.uniform(0.3, 1.05)
             started = time.monotonic()
-            child = subprocess.Popen(
-                _galahad(data, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            try:
-                child.wait(timeout=delay)
-                killed = False
-            except subprocess.TimeoutExpired:
-                child.send_signal(signal.SIGKILL)
-                child.wait()
-                killed = True
-            if not killed and child.returncode == 0:
+            killed, code = kill_after(_galahad(data, *args), delay)
+            if not killed and code == 0:
                 durations[operation] = max(
                     durations.get(operation, 0.0), time.monotonic() - started
                 )

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -31,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from galahad_dev.hardening import kill_after
 
 Log = Callable[[str], None]
 Arg = str | bytes
@@ -334,16 +335,7 @@ def kill_trials(h: Harness, trials: int, rng: random.Random) -> None:
         target = str(h.root / f"backup-{trial}") if operation == "backup" else str(good)
         # Past the interpreter's start (about a third of the whole), up to the end.
         delay = durations[operation] * rng.uniform(0.35, 1.0)
-        child = subprocess.Popen(
-            h.command([operation, target]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            child.wait(timeout=delay)
-            killed = False
-        except subprocess.TimeoutExpired:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-            killed = True
+        killed, _code = kill_after([str(a) for a in h.command([operation, target])], delay)
         h.run("kill", f"{operation} {'killed' if killed else 'done'} at {delay:.2f}s", ["list"])
     # A key rotation names every backup made under the old key: each must exist.
     named = h.json("keys", "rotate").get("backups_needing_retired", [])
