@@ -100,3 +100,31 @@ def test_a_shared_system_prompt_is_grafted_exactly_on_the_gemma4_test_model(
         assert core.resume(second.conversation_id).proof.verdict == "exact"
     finally:
         core.close()
+
+
+def test_a_pasted_document_is_shared_by_first_messages_on_the_gemma4_test_model(
+    gemma4_path: Path, tmp_path: Path
+) -> None:
+    """Gemma 4 has its own system turn; a document pasted at the start of the first message
+    is kept up to its last paragraph break and grafted into the next conversation."""
+    from galahad_desktop.memory.results import ChatMessage
+    from galahad_desktop.vault.keys import MemoryKeyStore
+    from tests.helpers import TEST_OVERRIDES
+
+    core = Galahad(
+        tmp_path / "data",
+        model_path=gemma4_path,
+        keystore=MemoryKeyStore(),
+        overrides=dict(TEST_OVERRIDES),
+    )
+    try:
+        doc = "The harbour of Port Elling has three piers; ferries use the north pier. " * 25
+        system = ChatMessage("system", "Be brief.")
+        first = core.complete_chat([system, ChatMessage("user", doc + "\n\nHow many?")])
+        again = core.complete_chat([system, ChatMessage("user", doc + "\n\nWhich pier?")])
+        assert first.cached_tokens == 0 and again.conversation_id != first.conversation_id
+        assert again.cached_tokens > 400 and again.read_tokens < 20
+        assert again.turn.graft is not None and again.turn.graft.proof.verdict == "exact"
+        assert all(v.proof == "exact" for v in core.verify())
+    finally:
+        core.close()
