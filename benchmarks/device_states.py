@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from galahad_desktop.engine import devices
-from galahad_desktop.engine.engine import Engine, EngineConfig
+from galahad_desktop.engine.engine import Engine
+from galahad_desktop.engine.values import EngineConfig
 from galahad_desktop.paths import default_model_path
 from galahad_dev.corpus import Corpus
 

@@ -321,7 +321,7 @@ BEST_RAW = {"flash_attn": True, "swa_full": False}
 
 
 def raw_prefill_ms(core: Galahad, tokens: list[int], changes: dict[str, Any]) -> float:
-    """Plain llama.cpp (the same token ids through Llama.eval in n_batch slices) under
+    """Plain llama.cpp (the same token ids through llama_decode in n_batch slices) under
     another configuration, in a context of its own."""
     config = replace(engine_config(core.settings, core.model_path), **changes)
     engine = Engine(config)
@@ -329,7 +329,9 @@ def raw_prefill_ms(core: Galahad, tokens: list[int], changes: dict[str, Any]) ->
         warm_up(engine, tokens)
         start = time.perf_counter()
         for offset in range(0, len(tokens), config.n_batch):
-            engine.llm.eval(tokens[offset : offset + config.n_batch])
+            piece = tokens[offset : offset + config.n_batch]
+            engine.context.decode(piece, len(engine.tokens))
+            engine.tokens.extend(piece)
         return ms_since(start)
     finally:
         engine.close()

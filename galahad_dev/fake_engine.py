@@ -23,17 +23,13 @@ from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.chat_format import GEMMA3_TURNS, TurnFormat
 from galahad_desktop.engine.decoding import Generation, decode_reply
-from galahad_desktop.engine.engine import (
-    GEMMA_SAMPLING,
-    EngineConfig,
-    Placement,
-)
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
+from galahad_desktop.engine.values import GEMMA_SAMPLING, EngineConfig, Placement
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 

@@ -137,12 +137,11 @@ def gemma3_vocabulary(model_path: Path) -> Vocabulary:
     """Pieces, types and scores of the embedded Gemma 3 model (vocabulary only)."""
     import llama_cpp
 
-    from galahad_desktop.engine import devices
+    from galahad_desktop.engine import gguf
 
-    with devices.only([]):
-        llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+    model = gguf.vocabulary(model_path)
     try:
-        vocab = llm._model.vocab
+        vocab = model.vocab
         n = int(llama_cpp.llama_vocab_n_tokens(vocab))
         tokens, types, scores = [], [], []
         for i in range(n):
@@ -151,7 +150,7 @@ def gemma3_vocabulary(model_path: Path) -> Vocabulary:
             types.append(_type_of(attr))
             scores.append(float(llama_cpp.llama_vocab_get_score(vocab, i)))
     finally:
-        llm.close()
+        model.close()
     return Vocabulary(tokens, types, scores)
 
 

@@ -12,14 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from galahad_desktop.bench import Bench, Log, context_for, llama_engine, median, ms_since
+from galahad_desktop.engine.engine import Engine
 
 
 def bench_pickle(
     sizes: list[int], reps: int, model_path: Path | None, overrides: dict[str, Any], log: Log
 ) -> dict[str, Any]:
-    """What LlamaDiskCache stores: Llama.save_state() pickled, saved and loaded, against a
-    Galahad restore of the same document, side by side."""
+    """What LlamaDiskCache stores: what Llama.save_state() keeps (llama_state_get_data, the
+    token ids and the logits rows), pickled, saved and loaded, against a Galahad restore of
+    the same document, side by side."""
     bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
     rows: list[dict[str, Any]] = []
     try:
@@ -39,7 +43,7 @@ def bench_pickle(
                 engine.restore(stored.payload, stored.tokens, stored.size)
                 path = bench.tmp / "state.pkl"
                 start = time.perf_counter()
-                state = llama_engine(core).llm.save_state()
+                state = llama_state(llama_engine(core))
                 with open(path, "wb") as handle:
                     pickle.dump(state, handle, protocol=pickle.HIGHEST_PROTOCOL)
                 save.append(ms_since(start))
@@ -49,7 +53,7 @@ def bench_pickle(
                 start = time.perf_counter()
                 with open(path, "rb") as handle:
                     state = pickle.load(handle)
-                llama_engine(core).llm.load_state(state)
+                llama_engine(core).context.set_whole_state(state["llama_state"])
                 load.append(ms_since(start))
                 del state
                 path.unlink()
@@ -203,3 +207,18 @@ def plot_resume(result: dict[str, Any], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def llama_state(engine: Engine) -> dict[str, Any]:
+    """What llama-cpp-python's LlamaState holds for this context: the whole llama.cpp state,
+    its token-id array (n_ctx long) and its logits rows (one per token up to n_batch, since
+    logits_all is off), so the pickle's size and time are the peer's own."""
+    rows = min(len(engine.tokens), engine.config.n_batch)
+    input_ids = np.zeros(engine.n_ctx, dtype=np.intc)
+    input_ids[: len(engine.tokens)] = engine.tokens
+    return {
+        "llama_state": engine.context.whole_state(),
+        "input_ids": input_ids,
+        "scores": np.zeros((rows, engine.n_vocab), dtype=np.single),
+        "n_tokens": len(engine.tokens),
+    }

@@ -39,7 +39,7 @@ from typing import Any
 
 from galahad_desktop.bench import Bench, Log, machine
 from galahad_desktop.engine.embedder import Embedder
-from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.rerank import Reranking, decide_reranked

@@ -126,7 +126,7 @@ def test_an_unknown_layout_is_refused(
 @pytest.fixture(scope="module")
 def real_state(gemma4_path: Path) -> bytes:
     """One real state (Gemma 4 layout, 300 tokens) for the parser's refusals."""
-    from galahad_desktop.engine.engine import EngineConfig
+    from galahad_desktop.engine.values import EngineConfig
 
     engine = Engine(EngineConfig(gemma4_path, n_ctx=1024))
     try:

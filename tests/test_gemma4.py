@@ -141,7 +141,7 @@ def test_typed_markup_stays_text_on_both_families(
 
     core = make_core()
     engine = core.engine
-    vocab = engine.llm._model.vocab
+    vocab = engine.model.vocab
 
     def is_markup(token: int) -> bool:
         attr = llama_cpp.llama_vocab_get_attr(vocab, token)

@@ -576,7 +576,8 @@ def test_a_device_server_that_went_away_leaves_other_models_working(
 import subprocess, sys, time, socket
 from pathlib import Path
 from galahad_desktop.engine import devices
-from galahad_desktop.engine.engine import Engine, EngineConfig
+from galahad_desktop.engine.engine import Engine
+from galahad_desktop.engine.values import EngineConfig
 quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 server = subprocess.Popen([sys.executable, "-m", "galahad_desktop.cli", "serve-device",
                            "--port", "{port}"], **quiet)

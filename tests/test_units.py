@@ -136,7 +136,7 @@ def test_proof_verdicts() -> None:
 def test_the_device_is_named_from_where_llama_cpp_put_the_model() -> None:
     import dataclasses
 
-    from galahad_desktop.engine.engine import Placement
+    from galahad_desktop.engine.values import Placement
     from galahad_desktop.memory.results import EngineInfo
 
     info = EngineInfo(*([None] * 13))  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from galahad_desktop.cli.common import (
 from galahad_desktop.errors import InputError
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
-    from galahad_desktop.engine.engine import Placement
+    from galahad_desktop.engine.values import Placement
     from galahad_desktop.memory.galahad import Galahad
 
 GIB = 1024**3

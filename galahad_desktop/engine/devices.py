@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import llama_cpp
 
+from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
 from galahad_desktop.errors import InputError, ModelError
 
 DeviceKind = Literal["CPU", "GPU", "iGPU", "accelerator", "other"]
@@ -279,26 +280,13 @@ def cpu_variant() -> str:
     return "unknown"
 
 
-@contextlib.contextmanager
-def only(chosen: list[Device]) -> Iterator[None]:
-    """Load models onto exactly these devices (none: the CPU alone). Without a list,
-    llama.cpp takes every device it knows, device servers another engine added included,
-    and a context on a server that has gone away aborts the process. Every model this
-    program loads goes through here."""
+def handles(chosen: list[Device]) -> list[int]:
+    """llama.cpp's handles of these devices, for a model to load onto exactly them (none:
+    the CPU alone). Without a list llama.cpp takes every device it knows, device servers
+    another engine added included, and a context on a server that has gone away aborts the
+    process. Every model this program loads is given one (engine/native.py)."""
     load_backends()
-    original = llama_cpp.llama_cpp.llama_model_default_params
-    handles = (ctypes.c_void_p * (len(chosen) + 1))(*[d.handle for d in chosen], None)
-
-    def on_chosen() -> Any:
-        params = original()
-        params.devices = ctypes.cast(handles, ctypes.c_void_p)
-        return params
-
-    llama_cpp.llama_cpp.llama_model_default_params = on_chosen
-    try:
-        yield
-    finally:
-        llama_cpp.llama_cpp.llama_model_default_params = original
+    return [d.handle for d in chosen]
 
 
 # -- llama.cpp's RPC backend: a device served by another process ---------------------------
@@ -625,42 +613,36 @@ def measure_speed(
 ) -> tuple[float, float]:
     """(prompt tokens/s, generated tokens/s) of a model on this machine's devices: a
     few-second micro-benchmark (a prompt batch, then single-token steps; twice)."""
-    import time
-
     gpus = gpu_devices()  # this machine's own GPUs, no device servers
     try:
-        with only(gpus):
-            llm = llama_cpp.Llama(
-                model_path=str(model_path),
-                n_ctx=prompt_tokens + 64,
-                n_batch=prompt_tokens,
-                n_ubatch=prompt_tokens,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                n_gpu_layers=-1 if gpus else 0,
-                verbose=False,
-            )
-    except (ValueError, RuntimeError) as exc:
+        model = NativeModel(model_path, -1 if gpus else 0, handles(gpus))
+    except ValueError as exc:
+        raise ModelError(f"llama.cpp could not load {model_path}: {exc}") from None
+    settings = ContextSettings(prompt_tokens + 64, prompt_tokens, prompt_tokens, n_threads)
+    try:
+        context = NativeContext(model, settings)
+    except ValueError as exc:
+        model.close()
         raise ModelError(f"llama.cpp could not load {model_path}: {exc}") from None
     try:
         text = b"The knights rode north along the river, counting the towers they passed. "
-        tokens = (llm.tokenize(text * 40))[:prompt_tokens]
-        llm.eval(tokens[:16])  # warm-up: first-use allocations are not reading speed
+        tokens = model.tokenize(text * 40, add_bos=True, special=False)[:prompt_tokens]
+        context.decode(tokens[:16], 0)  # warm-up: first-use allocations are not reading speed
         prefill = decode = 0.0
         steps = 16
         for _round in range(2):  # the better of two: a busy moment is not this machine's speed
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm._ctx.ctx), True)
-            llm.n_tokens = 0
+            llama_cpp.llama_memory_clear(context.memory, True)
             start = time.perf_counter()
-            llm.eval(tokens)
+            context.decode(tokens, 0)
             prefill = max(prefill, len(tokens) / (time.perf_counter() - start))
             start = time.perf_counter()
-            for token in tokens[:steps]:
-                llm.eval([token])
+            for offset, token in enumerate(tokens[:steps]):
+                context.decode([token], len(tokens) + offset)
             decode = max(decode, steps / (time.perf_counter() - start))
         return prefill, decode
     finally:
-        llm.close()
+        context.close()
+        model.close()
 
 
 def log_callback() -> Any:

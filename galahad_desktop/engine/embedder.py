@@ -11,13 +11,13 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from galahad_desktop.engine import devices
 from galahad_desktop.engine.modelinfo import check_model_file
+from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
 from galahad_desktop.errors import ModelError
 
 CONTEXT = 512  # tokens per passage: the router's passages are ~120 words
@@ -50,31 +50,37 @@ class Embedder:
         check_model_file(path)
         threads = n_threads or max(1, min(8, os.cpu_count() or 1))
         try:
-            with devices.only([]):  # beside the chat model, on the CPU
-                self._llama: Any = llama_cpp.Llama(
-                    model_path=str(path),
-                    embedding=True,
-                    n_ctx=CONTEXT,
-                    n_batch=CONTEXT,
-                    n_ubatch=CONTEXT,  # a passage is encoded in one pass (non-causal models)
-                    n_threads=threads,
-                    n_threads_batch=threads,
-                    verbose=False,
-                )
-        except (ValueError, RuntimeError) as exc:
+            # Beside the chat model, on the CPU; a passage is encoded in one pass
+            # (non-causal models), several packed into one batch as separate sequences.
+            self._model: NativeModel | None = NativeModel(path, devices=devices.handles([]))
+        except ValueError as exc:
             raise ModelError(f"The embedding model {path} could not be loaded: {exc}") from None
-        meta = self._llama.metadata
+        settings = ContextSettings(
+            n_ctx=CONTEXT,
+            n_batch=CONTEXT,
+            n_ubatch=CONTEXT,
+            n_threads=threads,
+            n_seq_max=min(CONTEXT, int(llama_cpp.llama_max_parallel_sequences())),
+            kv_unified=True,
+            embeddings=True,
+        )
+        try:
+            self._context: NativeContext | None = NativeContext(self._model, settings)
+        except ValueError as exc:
+            self.close()
+            raise ModelError(f"The embedding model {path} could not be loaded: {exc}") from None
+        meta = self._model.metadata
         self.path = path
         self.architecture = str(meta.get("general.architecture", ""))
         self.name = str(meta.get("general.name", path.stem))
-        pooling = llama_cpp.llama_pooling_type(self._llama.ctx)
+        pooling = llama_cpp.llama_pooling_type(self._context.handle)
         if pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE:
             self.close()
             raise ModelError(
                 f"{path.name} is not an embedding model (it gives no sentence vector); "
                 "choose one such as EmbeddingGemma (galahad models get embeddinggemma)."
             )
-        self.dimensions = int(self._llama.n_embd())
+        self.dimensions = self._model.n_embd()
         self.prompts = prompts_for(self.architecture, self.name)
 
     @property
@@ -92,7 +98,11 @@ class Embedder:
     def _embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
-        vectors = np.asarray(self._llama.embed(texts, truncate=True), dtype=np.float32)
+        if self._model is None or self._context is None:
+            raise ModelError("The embedding model is closed.")
+        model = self._model
+        sequences = [model.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in texts]
+        vectors = np.asarray(self._context.embed(sequences, self.dimensions), dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         unit: np.ndarray = vectors / np.maximum(norms, 1e-12)
         return unit
@@ -105,7 +115,11 @@ class Embedder:
         return vector
 
     def close(self) -> None:
-        llama = getattr(self, "_llama", None)
-        if llama is not None:
-            llama.close()
-            self._llama = None
+        context = getattr(self, "_context", None)
+        if context is not None:
+            context.close()
+            self._context = None
+        model = getattr(self, "_model", None)
+        if model is not None:
+            model.close()
+            self._model = None

@@ -3,14 +3,10 @@ is for a chat (instruction-tuned with a template, or a base model that only cont
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import llama_cpp
-
-from galahad_desktop.engine import devices
 from galahad_desktop.errors import ModelError
 
 ModelKind = Literal["chat", "base", "demo"]
@@ -85,40 +81,3 @@ def model_kind(has_template: bool, embedded: bool) -> tuple[ModelKind, str]:
     if not has_template:
         return "base", BASE_LABEL
     return "chat", "instruction-tuned chat model"
-
-
-def describe(llm: llama_cpp.Llama, path: Path, embedded: bool) -> ModelInfo:
-    meta = dict(llm.metadata)
-    arch = meta.get("general.architecture", "unknown")
-    buf = ctypes.create_string_buffer(256)
-    llama_cpp.llama_model_desc(llm._model.model, buf, 256)
-    has_template = bool(meta.get("tokenizer.chat_template"))
-    kind, label = model_kind(has_template, embedded)
-    return ModelInfo(
-        path=str(path),
-        name=meta.get("general.name", path.stem),
-        architecture=arch,
-        description=buf.value.decode("utf-8", "replace"),
-        n_params=int(llama_cpp.llama_model_n_params(llm._model.model)),
-        size_bytes=path.stat().st_size,
-        n_ctx_train=int(meta.get(f"{arch}.context_length", 0) or 0),
-        n_layers=int(meta.get(f"{arch}.block_count", 0) or 0),
-        has_chat_template=has_template,
-        quantization=quantization_name(meta),
-        kind=kind,
-        label=label,
-    )
-
-
-def inspect_gguf(path: Path, embedded: bool = False) -> ModelInfo:
-    """A GGUF's metadata, read with the vocabulary only (no weights are loaded)."""
-    check_model_file(path)
-    try:
-        with devices.only([]):
-            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    except (ValueError, RuntimeError) as exc:
-        raise ModelError(f"llama.cpp could not read {path}: {exc}") from None
-    try:
-        return describe(llm, path, embedded)
-    finally:
-        llm.close()

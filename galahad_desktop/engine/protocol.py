@@ -1,5 +1,6 @@
 """What the core needs of an engine: the llama.cpp session (engine.py) and the deterministic
-fake the fast tests run on (galahad_dev/fake_engine.py) both satisfy this, checked by mypy."""
+fake the fast tests run on (galahad_dev/fake_engine.py) both satisfy this, checked by mypy
+(engine.py and fake_engine.py each assert the match). Importing it loads no llama.cpp."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import numpy as np
 
 from galahad_desktop.engine.chat_format import TurnFormat
 from galahad_desktop.engine.decoding import Generation
-from galahad_desktop.engine.engine import Engine, EngineConfig, Placement
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
+from galahad_desktop.engine.values import EngineConfig, Placement
 from galahad_desktop.jobs import NO_JOB, Job
 
 StateBuffer = ctypes.Array[ctypes.c_uint8]
@@ -70,7 +71,3 @@ class ChatEngine(Protocol):
     def snapshot(self) -> Snapshot: ...
     def resume(self, snapshot: Snapshot) -> float: ...
     def close(self) -> None: ...
-
-
-def _the_real_engine_conforms(engine: Engine) -> ChatEngine:
-    return engine  # mypy checks the structural match here

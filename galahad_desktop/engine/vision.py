@@ -104,7 +104,7 @@ class Vision:
         mtmd.mtmd_helper_log_set(devices.log_callback(), ctypes.c_void_p(0))
         with devices.captured_log() as log:
             self._ctx = mtmd.mtmd_init_from_file(
-                str(projector).encode(), engine.llm._model.model, params
+                str(projector).encode(), engine.model.handle, params
             )
         if not self._ctx:
             reason = next((line.strip() for line in log if "error" in line.lower()), "")
@@ -188,7 +188,7 @@ class Vision:
         new_n_past = llama_cpp.llama_pos(0)
         status = mtmd.mtmd_helper_decode_image_chunk(
             self._ctx,
-            engine.llm._ctx.ctx,
+            engine.context.handle,
             chunk,
             embeddings,
             n_past,
@@ -201,8 +201,6 @@ class Vision:
         if status != 0 or new_n_past.value != n_past + n:
             engine.reset()
             raise ModelError(f"llama.cpp could not evaluate the picture (code {status}).")
-        engine.llm.input_ids[n_past : n_past + n] = placeholder(index)
-        engine.llm.n_tokens = n_past + n
         engine.tokens.extend([placeholder(index)] * n)
         engine.decoded_tokens += n
         done = time.perf_counter()

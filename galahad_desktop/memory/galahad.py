@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine.devices import probe_rpc_server
-from galahad_desktop.engine.engine import Engine, EngineConfig
-from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file, inspect_gguf
+from galahad_desktop.engine.engine import Engine
+from galahad_desktop.engine.gguf import inspect_gguf
+from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import EngineConfig
 from galahad_desktop.errors import InputError, ModelError, check_text, user_path
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains

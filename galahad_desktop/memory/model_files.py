@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from galahad_desktop.engine.engine import EngineConfig
+from galahad_desktop.engine.values import EngineConfig
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import ModelFile

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from galahad_desktop.engine.engine import Counters, Placement
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.proof import NO_PROOF, ProofResult
+from galahad_desktop.engine.values import Counters, Placement
 from galahad_desktop.jobs import Progress
 from galahad_desktop.memory.retrieval.router import RouteDecision
 

@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import (
     AskResult,
-    ContextFull,
     MemoryStats,
     UsageEntry,
 )
@@ -481,39 +480,6 @@ class AskDialog(QDialog):
             return
         self.answer.setHtml("")
         self.host.show_error(message, kind)
-
-
-class ContextFullDialog(QDialog):
-    """The next message does not fit: stop, continue from a summary, or keep the documents
-    and the last turns — each with what it re-reads."""
-
-    def __init__(self, full: ContextFull, parent: QWidget) -> None:
-        super().__init__(parent)
-        self.setWindowTitle("The conversation is full")
-        self.choice = "stop"
-        layout = QVBoxLayout(self)
-        head = QLabel(
-            f"This conversation uses {full.context_tokens:,} of {full.n_ctx:,} tokens; the "
-            f"next message needs {full.needed_tokens:,} more. Nothing is dropped silently — "
-            "choose how to go on:"
-        )
-        head.setWordWrap(True)
-        layout.addWidget(head)
-        self.buttons: dict[str, QPushButton] = {}
-        for option in full.options:
-            button = QPushButton(f"{option.label} — re-reads {option.reread_tokens:,} tokens")
-            theme.describe(button, option.label, option.detail)
-            button.clicked.connect(lambda _c=False, kind=option.kind: self._choose(kind))
-            self.buttons[option.kind] = button
-            layout.addWidget(button)
-            note = QLabel(option.detail)
-            note.setWordWrap(True)
-            theme.set_role(note, "muted")
-            layout.addWidget(note)
-
-    def _choose(self, kind: str) -> None:
-        self.choice = kind
-        self.accept()
 
 
 class ConversationDialog(QDialog):

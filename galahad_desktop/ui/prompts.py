@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import (
+    QDialog,
+    QFileDialog,
+    QInputDialog,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from galahad_desktop.memory.results import ContextFull
+from galahad_desktop.ui import theme
 
 
 class Prompts:
@@ -48,8 +58,6 @@ class Prompts:
 
     def context_full(self, full: ContextFull) -> str:
         """stop | summary | recent."""
-        from galahad_desktop.ui.dialogs import ContextFullDialog
-
         dialog = ContextFullDialog(full, self.parent)
         return dialog.choice if dialog.exec() else "stop"
 
@@ -61,3 +69,36 @@ class Prompts:
     def show(self, dialog: QDialog) -> None:
         """A non-modal dialog (Ask the library): shown beside the window."""
         dialog.show()
+
+
+class ContextFullDialog(QDialog):
+    """The next message does not fit: stop, continue from a summary, or keep the documents
+    and the last turns — each with what it re-reads."""
+
+    def __init__(self, full: ContextFull, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("The conversation is full")
+        self.choice = "stop"
+        layout = QVBoxLayout(self)
+        head = QLabel(
+            f"This conversation uses {full.context_tokens:,} of {full.n_ctx:,} tokens; the "
+            f"next message needs {full.needed_tokens:,} more. Nothing is dropped silently — "
+            "choose how to go on:"
+        )
+        head.setWordWrap(True)
+        layout.addWidget(head)
+        self.buttons: dict[str, QPushButton] = {}
+        for option in full.options:
+            button = QPushButton(f"{option.label} — re-reads {option.reread_tokens:,} tokens")
+            theme.describe(button, option.label, option.detail)
+            button.clicked.connect(lambda _c=False, kind=option.kind: self._choose(kind))
+            self.buttons[option.kind] = button
+            layout.addWidget(button)
+            note = QLabel(option.detail)
+            note.setWordWrap(True)
+            theme.set_role(note, "muted")
+            layout.addWidget(note)
+
+    def _choose(self, kind: str) -> None:
+        self.choice = kind
+        self.accept()

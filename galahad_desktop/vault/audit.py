@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import TMP_PREFIX
 from galahad_desktop.vault import blockfile
 from galahad_desktop.vault.blockfile import MAGIC
+from galahad_desktop.vault.held import HeldVault
 from galahad_desktop.vault.names import AuditReport, BlockRow, block_file_of, tokens_digest
 
-if TYPE_CHECKING:  # the vault calls the audit with itself: a type, not an import
-    from galahad_desktop.vault.vault import Vault
 
-
-def audit(vault: Vault, repair: bool = False) -> AuditReport:
+def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
     report = AuditReport()
     rows: dict[str, BlockRow] = {}
     all_rows = vault.records.blocks()
@@ -38,10 +35,7 @@ def audit(vault: Vault, repair: bool = False) -> AuditReport:
             header, raw = blockfile.read_header(path)
             if blockfile.header_digest(raw) != row["header_sha256"]:
                 raise IntegrityError("header does not match the catalog")
-            vault._check_header(row, header)
-            _h, meta, _p = blockfile.read_block(
-                path, vault._data_key(row), row["header_sha256"], keep_payload=False
-            )
+            meta = vault.authenticate_file(row, path, header)
             if meta.get("tokens_sha256") != tokens_digest(vault.block_tokens(row)):
                 raise IntegrityError("its token record does not match the block")
             report.ok += 1

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
@@ -53,6 +53,7 @@ from galahad_desktop.system.files import (
 )
 from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
 from galahad_desktop.vault import crypto
+from galahad_desktop.vault.held import HeldVault
 from galahad_desktop.vault.keys import (
     KeyStore,
     PassphraseKeyStore,
@@ -60,9 +61,6 @@ from galahad_desktop.vault.keys import (
     entry_name,
 )
 from galahad_desktop.vault.names import AuditReport, block_file_of, new_id
-
-if TYPE_CHECKING:
-    from galahad_desktop.vault.vault import Vault
 
 KIT_FORMAT = "galahad-recovery-kit/1"
 KIT_SCRYPT = (2**16, 8, 1)
@@ -81,7 +79,7 @@ def _generation_entry(vault_id: str) -> str:
     return f"generation/{vault_id}"
 
 
-def _catalog_generation(vault: Vault) -> int:
+def _catalog_generation(vault: HeldVault) -> int:
     blob = vault.catalog.meta_get("generation")
     if blob is None:
         return 0  # a catalog from before the counter
@@ -95,7 +93,7 @@ def _catalog_generation(vault: Vault) -> int:
     return int.from_bytes(raw, "big")
 
 
-def _keystore_generation(vault: Vault) -> int:
+def _keystore_generation(vault: HeldVault) -> int:
     raw = vault.keystore.get(_generation_entry(vault.vault_id))
     if raw is None:
         return 0  # a keystore that never saw this directory (a new machine, a kit import)
@@ -107,7 +105,7 @@ def _keystore_generation(vault: Vault) -> int:
     return int.from_bytes(raw, "big")
 
 
-def _advance(vault: Vault, generation: int) -> None:
+def _advance(vault: HeldVault, generation: int) -> None:
     value = generation.to_bytes(8, "big")
     with vault.catalog.transaction():
         vault.catalog.meta_set(
@@ -117,12 +115,12 @@ def _advance(vault: Vault, generation: int) -> None:
     vault.keystore.put(_generation_entry(vault.vault_id), value)
 
 
-def peek_generation(vault: Vault) -> int:
+def peek_generation(vault: HeldVault) -> int:
     """The catalog's generation, authenticated, without advancing anything."""
     return _catalog_generation(vault)
 
 
-def open_generation(vault: Vault, accept_older: bool) -> int:
+def open_generation(vault: HeldVault, accept_older: bool) -> int:
     mine, known = _catalog_generation(vault), _keystore_generation(vault)
     if mine < known and not accept_older:
         raise IntegrityError(
@@ -142,7 +140,7 @@ def open_generation(vault: Vault, accept_older: bool) -> int:
     return generation
 
 
-def close_generation(vault: Vault) -> None:
+def close_generation(vault: HeldVault) -> None:
     """Advance again on close, so a copy taken while the directory was open is older too."""
     with contextlib.suppress(GalahadError, OSError, sqlite3.Error):
         _advance(vault, max(vault.generation, _keystore_generation(vault)) + 1)
@@ -189,7 +187,7 @@ def _copy_file(source: Path, target: Path) -> int:
     return target.stat().st_size
 
 
-def backup(vault: Vault, dest: Path) -> BackupResult:
+def backup(vault: HeldVault, dest: Path) -> BackupResult:
     """A consistent, still-encrypted copy of the catalog and every block file, made while
     this process holds the data directory's lock (nothing else can write meanwhile)."""
 
@@ -264,7 +262,7 @@ class BackupRecord:
     key_id: str
 
 
-def backups(vault: Vault) -> list[BackupRecord]:
+def backups(vault: HeldVault) -> list[BackupRecord]:
     """The backups that were completed (a pending record is a backup still being made, or
     one that was interrupted)."""
     return [
@@ -274,7 +272,7 @@ def backups(vault: Vault) -> list[BackupRecord]:
     ]
 
 
-def recover_backups(vault: Vault) -> list[str]:
+def recover_backups(vault: HeldVault) -> list[str]:
     """At start: a backup interrupted halfway (kill -9, power loss) left a pending record
     and a temporary folder beside its destination; the folder is removed and the record
     dropped, or, when the backup had been put in place, the record completed."""
@@ -536,7 +534,7 @@ def recover_restore(data_dir: Path) -> tuple[str | None, bool]:
 
 
 # -- retired keys ------------------------------------------------------------------------
-def stranded_by(vault: Vault, key_ids: list[str]) -> list[BackupRecord]:
+def stranded_by(vault: HeldVault, key_ids: list[str]) -> list[BackupRecord]:
     """Backups that need one of `key_ids` from this machine's keystore (a passphrase
     directory's backup carries its own key file, wrapped under the same passphrase)."""
     if isinstance(vault.keystore, PassphraseKeyStore):
@@ -544,7 +542,7 @@ def stranded_by(vault: Vault, key_ids: list[str]) -> list[BackupRecord]:
     return [b for b in backups(vault) if b.key_id in key_ids]
 
 
-def drop_retired(vault: Vault, confirmed: bool) -> tuple[list[str], list[BackupRecord]]:
+def drop_retired(vault: HeldVault, confirmed: bool) -> tuple[list[str], list[BackupRecord]]:
     retired = vault.retired_key_ids()
     stranded = stranded_by(vault, retired)
     if stranded and not confirmed:
@@ -593,7 +591,7 @@ def check_recovery_passphrase(passphrase: str) -> None:
         )
 
 
-def export_kit(vault: Vault, passphrase: str, out: Path) -> list[str]:
+def export_kit(vault: HeldVault, passphrase: str, out: Path) -> list[str]:
     check_recovery_passphrase(passphrase)
     out = user_path(out)
     if out.exists() and not out.is_symlink():

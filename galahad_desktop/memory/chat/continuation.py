@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations

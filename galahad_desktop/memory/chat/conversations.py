@@ -16,10 +16,10 @@ import time
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import (
     MAX_TITLE_CHARS,
     InputError,

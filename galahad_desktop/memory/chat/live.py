@@ -23,9 +23,10 @@ from typing import Any, Protocol
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters, Engine
+from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.engine.vision import LedgerRead, Vision, holds_pictures
 from galahad_desktop.errors import InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job

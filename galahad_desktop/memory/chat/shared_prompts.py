@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import GraftReport

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint

@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.scoring import Snapshot
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext

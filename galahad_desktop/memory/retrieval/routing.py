@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from galahad_desktop.engine.embedder import Embedder
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, NotFoundError, StorageError, user_path
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from galahad_desktop.engine.engine import Counters
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import CancelledError, InputError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from galahad_desktop.engine import proof as proofs
-from galahad_desktop.engine.engine import Counters
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations

@@ -1,0 +1,294 @@
+"""llama.cpp's model, context and batch, owned here through its C API.
+
+This is the one module that holds llama.cpp handles. It builds them the way
+llama-cpp-python's `Llama` does (the same defaults, the same decode call), but owns them
+itself, so the engine never reaches into `Llama`'s private attributes and needs no
+process-wide patch for what `Llama` has no parameter for (the devices a model loads onto,
+a second sequence, a unified cache). Every handle is freed by `close()`; one thread owns
+each object (llama.cpp contexts are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from galahad_desktop.errors import ModelError
+
+ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+class NativeModel:
+    """A model file's weights (or only its vocabulary) and its metadata."""
+
+    def __init__(
+        self,
+        path: Path,
+        n_gpu_layers: int = 0,
+        devices: Sequence[int] = (),
+        vocab_only: bool = False,
+    ) -> None:
+        """`devices` are llama.cpp device handles: the model loads onto exactly these (none:
+        the CPU alone). Raises ValueError when llama.cpp cannot load the file."""
+        _init_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+        params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+        params.main_gpu = 0
+        params.vocab_only = vocab_only
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
+        # A NULL-terminated list; without one llama.cpp takes every device it knows.
+        self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+        params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        handle = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not handle:
+            raise ValueError(f"the file is not a model llama.cpp can load: {path.name}")
+        self.handle: llama_cpp.llama_model_p | None = handle
+        self.vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.metadata = self._read_metadata()
+
+    def _read_metadata(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        size = 1024
+        buffer = ctypes.create_string_buffer(size)
+        for index in range(llama_cpp.llama_model_meta_count(self.handle)):
+            texts: list[str] = []
+            for read in (
+                llama_cpp.llama_model_meta_key_by_index,
+                llama_cpp.llama_model_meta_val_str_by_index,
+            ):
+                needed = read(self.handle, index, buffer, size)
+                if needed >= size:
+                    size = needed + 1
+                    buffer = ctypes.create_string_buffer(size)
+                    read(self.handle, index, buffer, size)
+                texts.append(buffer.value.decode("utf-8", "replace"))
+            out[texts[0]] = texts[1]
+        return out
+
+    # -- the vocabulary
+    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        capacity = len(text) + 2
+        for _attempt in range(2):
+            out = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, text, len(text), out, capacity, add_bos, special
+            )
+            if n >= 0:
+                return list(out[:n])
+            capacity = -n
+        raise ModelError("llama.cpp could not tokenize the text.")
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        size = 32
+        while True:
+            buffer = (ctypes.c_char * size)()
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, size, 0, special)
+            if n >= 0:
+                return buffer.raw[:n]
+            size = -n
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        out = b"".join(self.piece(int(t), special) for t in tokens)
+        # As llama-cpp-python does: a leading space after a BOS is the tokenizer's own.
+        if tokens and tokens[0] == self.token_bos() and out[:1] == b" ":
+            return out[1:]
+        return out
+
+    def token_bos(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self.vocab))
+
+    def token_eos(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self.vocab))
+
+    def n_vocab(self) -> int:
+        return int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+
+    def token_attr(self, token: int) -> int:
+        return int(llama_cpp.llama_vocab_get_attr(self.vocab, token))
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # -- the weights
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self.handle))
+
+    def n_params(self) -> int:
+        return int(llama_cpp.llama_model_n_params(self.handle))
+
+    def n_embd(self) -> int:
+        return int(llama_cpp.llama_model_n_embd(self.handle))
+
+    def description(self) -> str:
+        buffer = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.handle, buffer, 256)
+        return buffer.value.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            llama_cpp.llama_model_free(self.handle)
+            self.handle = None
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """A context's parameters; the rest are llama.cpp's defaults, as Llama leaves them."""
+
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    flash_attn: bool = False
+    type_k: int = llama_cpp.GGML_TYPE_F16
+    type_v: int = llama_cpp.GGML_TYPE_F16
+    swa_full: bool = True
+    n_seq_max: int = 1
+    kv_unified: bool = False
+    embeddings: bool = False
+
+
+class NativeContext:
+    """A context on a model, with its batch. Every decode is counted by `on_decode`."""
+
+    def __init__(
+        self,
+        model: NativeModel,
+        settings: ContextSettings,
+        on_decode: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = settings.n_ctx
+        params.n_batch = settings.n_batch
+        params.n_ubatch = min(settings.n_batch, settings.n_ubatch)
+        params.n_threads = settings.n_threads
+        params.n_threads_batch = settings.n_threads
+        params.rope_scaling_type = llama_cpp.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED
+        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+        params.attention_type = llama_cpp.LLAMA_ATTENTION_TYPE_UNSPECIFIED
+        params.rope_freq_base = 0.0
+        params.rope_freq_scale = 0.0
+        params.yarn_ext_factor = -1.0
+        params.yarn_attn_factor = 1.0
+        params.yarn_beta_fast = 32.0
+        params.yarn_beta_slow = 1.0
+        params.yarn_orig_ctx = 0
+        params.embeddings = settings.embeddings
+        params.offload_kqv = True
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if settings.flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.swa_full = settings.swa_full
+        params.type_k = settings.type_k
+        params.type_v = settings.type_v
+        params.no_perf = False
+        params.n_seq_max = settings.n_seq_max
+        params.kv_unified = settings.kv_unified
+        handle = llama_cpp.llama_init_from_model(model.handle, params)
+        if not handle:
+            raise ValueError("llama.cpp could not create a context for the model")
+        self.handle: llama_cpp.llama_context_p | None = handle
+        self.params = params  # a second context copies them (engine/reader.py)
+        self.n_batch = settings.n_batch
+        self._batch = llama_cpp.llama_batch_init(settings.n_batch, 0, 1)
+        self._on_decode = on_decode
+
+    @property
+    def memory(self) -> llama_cpp.llama_memory_t:
+        memory: llama_cpp.llama_memory_t = llama_cpp.llama_get_memory(self.handle)
+        return memory
+
+    def n_ctx(self) -> int:
+        return int(llama_cpp.llama_n_ctx(self.handle))
+
+    def decode(self, tokens: Sequence[int], n_past: int, logits_all: bool = False) -> None:
+        """Evaluate up to n_batch tokens at positions n_past.. of sequence 0 (logits for
+        the last, or for every one); cells at or after n_past are dropped first."""
+        llama_cpp.llama_memory_seq_rm(self.memory, -1, n_past, -1)
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = n_past + i
+            batch.seq_id[i][0] = 0
+            batch.n_seq_id[i] = 1
+            batch.logits[i] = logits_all
+        batch.logits[len(tokens) - 1] = True
+        self._run(len(tokens))
+
+    def _run(self, n: int) -> None:
+        status = llama_cpp.llama_decode(self.handle, self._batch)
+        if status != 0:
+            raise ModelError(f"llama.cpp could not evaluate the text (llama_decode: {status}).")
+        self._on_decode(n)
+
+    def embed(self, sequences: Sequence[Sequence[int]], n_embd: int) -> list[list[float]]:
+        """Pooled vectors of token sequences (an embedding context), packed into batches
+        of n_batch tokens as llama-cpp-python's embed() packs them."""
+        out: list[list[float]] = []
+        limit = int(self.params.n_seq_max)
+        pending: list[Sequence[int]] = []
+
+        def flush() -> None:
+            if not pending:
+                return
+            llama_cpp.llama_memory_clear(self.memory, True)
+            batch = self._batch
+            batch.n_tokens = 0
+            for seq, tokens in enumerate(pending):
+                for pos, token in enumerate(tokens):
+                    j = batch.n_tokens + pos
+                    batch.token[j] = token
+                    batch.pos[j] = pos
+                    batch.seq_id[j][0] = seq
+                    batch.n_seq_id[j] = 1
+                    batch.logits[j] = True
+                batch.n_tokens += len(tokens)
+            self._run(batch.n_tokens)
+            for seq in range(len(pending)):
+                out.append(list(llama_cpp.llama_get_embeddings_seq(self.handle, seq)[:n_embd]))
+            pending.clear()
+
+        for tokens in sequences:
+            tokens = tokens[: self.n_batch]
+            if sum(map(len, pending)) + len(tokens) > self.n_batch or len(pending) >= limit:
+                flush()
+            pending.append(tokens)
+        flush()
+        return out
+
+    def whole_state(self) -> bytes:
+        """Every sequence's state (llama_state_get_data, what Llama.save_state keeps)."""
+        size = llama_cpp.llama_state_get_size(self.handle)
+        buffer = (ctypes.c_uint8 * size)()
+        used = llama_cpp.llama_state_get_data(self.handle, buffer, size)
+        return bytes(buffer[:used])
+
+    def set_whole_state(self, state: bytes) -> None:
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if llama_cpp.llama_state_set_data(self.handle, buffer, len(state)) != len(state):
+            raise ModelError("llama.cpp refused the saved state.")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.handle)
+            self.handle = None

@@ -1,0 +1,76 @@
+"""The engine's value types: what it is configured with, where it runs, what a request
+cost. Kept apart from the modules that load llama.cpp, so the core's results, the window
+and the fake engine import them without loading the library."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+KvType = Literal["f16", "f32", "q8_0"]
+KV_TYPE_NAMES: tuple[KvType, ...] = ("f16", "f32", "q8_0")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the model runs, as llama.cpp reported it while loading."""
+
+    device: str  # "Vulkan0: NVIDIA ...", "RPC0: 127.0.0.1:50052", or "CPU"
+    backend: str  # the backend running the offloaded layers (Vulkan, CUDA, RPC), or CPU
+    gpu_layers: int
+    total_layers: int
+    model_buffers: dict[str, float]  # buffer name -> MiB (CPU_Mapped, CUDA0, RPC0[...], ...)
+    kv_buffers: dict[str, float]  # device -> MiB of KV cache
+    cpu_variant: str  # the CPU kernels chosen for this processor (haswell, zen4, ...)
+    cpu_features: dict[str, str]
+    reason: str  # why this many layers are offloaded, in words
+
+    @property
+    def kv_devices(self) -> list[str]:
+        return sorted(self.kv_buffers)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kv_devices": self.kv_devices}
+
+
+# What Google recommends for every Gemma model (used when the GGUF carries no
+# general.sampling.* keys); other families get llama.cpp's own defaults.
+GEMMA_SAMPLING = {"temperature": 1.0, "top_k": 64, "top_p": 0.95}
+GENERIC_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 8192
+    n_gpu_layers: int = -1  # -1: as many as fit in the GPUs' free memory
+    rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC devices on this computer (host:port)
+    n_threads: int = 2
+    n_batch: int = 512
+    n_ubatch: int = 512
+    flash_attn: bool = False
+    kv_type: str = "f16"
+    # With a quantized cache, read long texts from an empty context in an f16 context and
+    # convert (engine/kvquant.py): reading at f16's speed, storing q8_0's bytes.
+    read_in_f16: bool = True
+    swa_full: bool = True
+    embedded: bool = False  # the demo model that ships with the app
+
+
+@dataclass
+class Counters:
+    """Per-request token accounting (what the JSON output and the status line report)."""
+
+    restored_tokens: int = 0
+    recomputed_tokens: int = 0
+    new_tokens: int = 0
+    generated_tokens: int = 0
+    restore_ms: float = 0.0
+    proof_ms: float = 0.0
+    prefill_ms: float = 0.0
+    generate_ms: float = 0.0
+    persist_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
