@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import InputError
+from galahad_desktop.setting_values import SettingValues
 from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 log = logging.getLogger(__name__)
@@ -556,6 +557,9 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
+# Renamed settings (old key: new key): a saved old key is taken up, never dropped silently.
+RENAMED: dict[str, str] = {}
+
 # Built-in presets: product text, not user data, so they may live in plain settings.
 SYSTEM_PROMPTS: dict[str, str] = {
     "none": "",
@@ -656,6 +660,9 @@ class Settings:
         if not isinstance(stored, dict):
             self.problems.append(f"The settings file {self.path} does not hold an object.")
             return
+        for old, new in RENAMED.items():
+            if old in stored and new not in stored:
+                stored[new] = stored[old]
         for key, value in stored.items():
             if key not in BY_KEY:  # keys from a newer version are ignored, not fatal
                 continue
@@ -665,9 +672,15 @@ class Settings:
                 self.problems.append(f"Ignored the saved {key}: {exc}")
 
     def get(self, key: str) -> Any:
+        """A setting by its key, untyped (for code that lists them); all else reads `values`."""
         if key not in BY_KEY:
             raise InputError(f"Unknown setting '{key}'.")
         return self._values[key]
+
+    @property
+    def values(self) -> SettingValues:
+        """Every setting, typed."""
+        return SettingValues(**self._values)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)

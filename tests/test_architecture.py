@@ -4,6 +4,7 @@ class's private members, and a package that imports where fcntl and resource do 
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "galahad_desktop"
+
+
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of a module, parsed once for all the checks here."""
+    return tuple(ast.walk(ast.parse(path.read_text())))
 
 
 def test_import_contracts_hold() -> None:
@@ -38,7 +45,7 @@ def test_the_library_uses_no_private_member_of_another_class() -> None:
     library's objects included: llama-cpp-python's `Llama` is not reached into either)."""
     offenders = []
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr.startswith("_")
@@ -118,7 +125,7 @@ def test_every_write_path_opens_binary_on_windows(tmp_path: Path) -> None:
     assert proc.stdout.split()[0] == "True", proc.stdout
     writers = []
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if (
                 isinstance(node, ast.Call)
                 and ast.unparse(node.func) == "os.open"
@@ -171,7 +178,7 @@ def test_every_public_facade_method_says_what_it_does() -> None:
 def _imports_of(path: Path, module: str) -> set[str]:
     """The package's modules a module imports (at any depth of its code)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
@@ -226,7 +233,7 @@ def test_only_engine_native_holds_llama_cpp_handles() -> None:
     in the package, and no function of llama_cpp replaced at run time."""
     offenders = []
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             text = ast.unparse(node) if isinstance(node, ast.Attribute | ast.Assign) else ""
             if isinstance(node, ast.Attribute) and text in ("llama_cpp.Llama",):
                 offenders.append(f"{path.name}:{node.lineno} {text}")
@@ -235,3 +242,14 @@ def test_only_engine_native_holds_llama_cpp_handles() -> None:
             ):
                 offenders.append(f"{path.name}:{node.lineno} {text}")
     assert offenders == []
+
+
+def test_the_typed_table_names_are_the_catalogs_tables() -> None:
+    """Records takes a table as names.Table, so mypy refuses a misspelt one; the Literal
+    and the catalog's declarations are one list."""
+    from typing import get_args
+
+    from galahad_desktop.vault.catalog import ENCRYPTED
+    from galahad_desktop.vault.names import Table
+
+    assert list(get_args(Table)) == list(ENCRYPTED)

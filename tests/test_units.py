@@ -173,3 +173,44 @@ def test_corpus_names_never_run_out_and_absent_names_are_absent() -> None:
     )
     assert not any(name in everything for name in absent)
     assert len({n.name for n in needles}) == len(needles)
+
+
+def test_every_setting_has_one_typed_field_of_its_type() -> None:
+    """settings.values is the schema's typed view: the same keys in the same order, each
+    field's type the setting's own (optional ones may be None, choices are a Literal)."""
+    import dataclasses
+    import types
+    import typing
+
+    from galahad_desktop.setting_values import SettingValues
+    from galahad_desktop.settings import SETTINGS
+
+    hints = typing.get_type_hints(SettingValues)
+    assert [f.name for f in dataclasses.fields(SettingValues)] == [s.key for s in SETTINGS]
+    for setting in SETTINGS:
+        hint = hints[setting.key]
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        assert (type(None) in members) == setting.optional, setting.key
+        (base,) = [m for m in members if m is not type(None)]
+        if setting.choices is not None:
+            assert typing.get_origin(base) is typing.Literal, setting.key
+            assert typing.get_args(base) == setting.choices, setting.key
+        else:
+            assert base is setting.type, setting.key
+
+
+def test_a_renamed_setting_is_taken_up_under_its_new_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from galahad_desktop import settings as settings_module
+
+    (tmp_path / "settings.json").write_text(json.dumps({"context_tokens": 4096}))
+    assert Settings(tmp_path).values.n_ctx == 8192  # an unknown key: ignored
+    monkeypatch.setitem(settings_module.RENAMED, "context_tokens", "n_ctx")
+    migrated = Settings(tmp_path)
+    assert migrated.values.n_ctx == 4096 and migrated.problems == []
+    migrated.update({"n_batch": 256})
+    saved = json.loads((tmp_path / "settings.json").read_text())
+    assert saved["n_ctx"] == 4096 and "context_tokens" not in saved

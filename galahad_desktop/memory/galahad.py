@@ -19,6 +19,7 @@ from galahad_desktop.engine.devices import probe_rpc_server
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.gguf import inspect_gguf
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
+from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import EngineConfig
@@ -27,7 +28,7 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains
 from galahad_desktop.memory.chat.continuation import Continuation
 from galahad_desktop.memory.chat.conversations import Conversations
-from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.chat.live import LiveContext, Rendered
 from galahad_desktop.memory.chat.search import Search
 from galahad_desktop.memory.chat.stateless import StatelessChats, shape
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
@@ -73,9 +74,27 @@ from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import SETTINGS, SYSTEM_PROMPTS, Setting, Settings, coerce
 from galahad_desktop.vault import custody
 from galahad_desktop.vault.keys import KeyStorage, KeyStore, key_storage, open_keystore
+from galahad_desktop.vault.names import BlockRow
 from galahad_desktop.vault.vault import Vault
 
 EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
+
+
+class RoomSources:
+    """What the live context asks of the rooms built on it (live.LiveSources): they are
+    made after it, from it, so it reaches them through the façade that holds them all."""
+
+    def __init__(self, core: Galahad) -> None:
+        self.core = core
+
+    def chain_owners(self, owner_id: str) -> set[str]:
+        return self.core.conversations.chain_owners(owner_id)
+
+    def ledger_for_model(self, row: BlockRow) -> Rendered | None:
+        return self.core.maintenance.ledger_for_model(row)
+
+    def pictures_for(self, row: BlockRow) -> list[Picture]:
+        return self.core.maintenance.pictures_for(row)
 
 
 class Galahad(StoreFacade):
@@ -113,15 +132,18 @@ class Galahad(StoreFacade):
             raise
         self.model_path = model_path
         factory = engine_factory or (lambda config, cache: Engine(config, hash_cache=cache))
+        hashes = self.data_dir / "model-hashes.json"
         self.live = LiveContext(
             self.vault,
             self.settings,
-            lambda: factory(
-                engine_config(self.settings, self.model_path), self.data_dir / "model-hashes.json"
-            ),
+            lambda: factory(engine_config(self.settings, self.model_path), hashes),
+            RoomSources(self),
+            hashes,
         )
         self.conversations = Conversations(self.live)
-        self.documents = Documents(self.live, self.conversations)
+        self.documents = Documents(
+            self.live, self.conversations, lambda parts: self.routing.parts_added(parts)
+        )
         self.routing = Routing(self.live, self.documents)
         self.chains = Chains(self.live, self.conversations)
         self.library = VerifiedLibrary(self.live, self.conversations)
@@ -136,10 +158,6 @@ class Galahad(StoreFacade):
         )
         self.finder = Search(self.conversations)
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
-        self.live.chain_owners = self.conversations.chain_owners
-        self.live.ledger_source = self.maintenance.ledger_for_model
-        self.live.vision_hash_cache = self.data_dir / "model-hashes.json"
-        self.live.picture_source = self.maintenance.pictures_for
 
     # -- lifecycle -----------------------------------------------------------------------
     def start_notes(self) -> list[str]:

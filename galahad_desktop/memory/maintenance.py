@@ -14,7 +14,7 @@ from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult
 from galahad_desktop.memory.retrieval.routing import Routing
 from galahad_desktop.memory.verified.library import VerifiedLibrary
 from galahad_desktop.vault import custody
-from galahad_desktop.vault.names import BlockRow, ConversationRow
+from galahad_desktop.vault.names import BlockRow, ConversationRow, Table
 from galahad_desktop.vault.vault import AuditReport
 
 
@@ -178,11 +178,12 @@ class Maintenance:
 
     def kind_of(self, item_id: str) -> str:
         records = self.vault.records
-        for table, kind in (
+        tables: tuple[tuple[Table, str], ...] = (
             ("conversations", "conversation"),
             ("documents", "document"),
             ("blocks", "block"),
-        ):
+        )
+        for table, kind in tables:
             if records.get(table, item_id) is not None:
                 return kind
         raise NotFoundError(f"Nothing stored has the id '{item_id}'.")

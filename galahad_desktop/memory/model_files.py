@@ -23,22 +23,23 @@ def same_file(a: Path, b: Path) -> bool:
 
 
 def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
-    configured = settings.get("model_path")
+    values = settings.values
+    configured = values.model_path
     chosen = model_path or (Path(configured) if configured else None)
     embedded = default_model_path()
     path = chosen or embedded
     return EngineConfig(
         model_path=path,
-        n_ctx=settings.get("n_ctx"),
-        n_gpu_layers=settings.get("n_gpu_layers"),
-        rpc_servers=tuple(e.strip() for e in settings.get("rpc_servers").split(",") if e.strip()),
-        n_threads=settings.get("n_threads"),
-        n_batch=settings.get("n_batch"),
-        n_ubatch=settings.get("n_ubatch"),
-        flash_attn=flash_attention(settings.get("flash_attn")),
-        kv_type=settings.get("kv_type"),
-        read_in_f16=settings.get("read_in_f16"),
-        swa_full=settings.get("swa_full"),
+        n_ctx=values.n_ctx,
+        n_gpu_layers=values.n_gpu_layers,
+        rpc_servers=tuple(e.strip() for e in values.rpc_servers.split(",") if e.strip()),
+        n_threads=values.n_threads,
+        n_batch=values.n_batch,
+        n_ubatch=values.n_ubatch,
+        flash_attn=flash_attention(values.flash_attn),
+        kv_type=values.kv_type,
+        read_in_f16=values.read_in_f16,
+        swa_full=values.swa_full,
         embedded=same_file(path, embedded),
     )
 
@@ -68,8 +69,8 @@ class ModelShelf:
         candidates = [embedded]
         if self.models_dir.is_dir():
             candidates += sorted(self.models_dir.glob("*.gguf"))
-        if self.settings.get("model_path"):
-            candidates.append(Path(self.settings.get("model_path")))
+        if self.settings.values.model_path:
+            candidates.append(Path(self.settings.values.model_path))
         for path in candidates:
             try:
                 key = path.resolve()

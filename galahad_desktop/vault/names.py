@@ -18,6 +18,25 @@ BlockKind = Literal["conversation", "document", "verified", "prompt"]
 MessageRole = Literal["user", "model", "document"]
 
 
+# The catalog's tables (vault/catalog.py declares their columns; a test keeps the two equal).
+Table = Literal[
+    "meta",
+    "blocks",
+    "conversations",
+    "api_prefixes",
+    "messages",
+    "reply_versions",
+    "verified",
+    "documents",
+    "parts",
+    "part_vectors",
+    "prompts",
+    "routing_log",
+    "backups",
+    "usage",
+]
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(8)}"
 
@@ -90,6 +109,11 @@ class DocumentRow(TypedDict):
     name_enc: NotRequired[bytes]
     text_enc: NotRequired[bytes]
     seal: NotRequired[bytes]
+
+
+# A part just stored, for the router's index: (part id, document id, part number, how many
+# parts, its text).
+NewPart = tuple[str, str, int, int, str]
 
 
 class PartRow(TypedDict):

@@ -28,6 +28,7 @@ from galahad_desktop.vault.names import (
     DocumentRow,
     MessageRow,
     PartRow,
+    Table,
     VersionRow,
 )
 
@@ -73,7 +74,7 @@ def _plain(value: Any) -> Any:
     return {"blob": value.hex()} if isinstance(value, bytes) else value
 
 
-def field_context(table: str, row: Mapping[str, Any]) -> str:
+def field_context(table: Table, row: Mapping[str, Any]) -> str:
     """What a private field of `row` is bound to (beyond its table and column)."""
     if table == "messages":
         return "|".join(
@@ -98,7 +99,7 @@ class Records:
         self._fields = fields  # the vault's FieldCipher (it changes on lock and unlock)
 
     # -- rows ----------------------------------------------------------------------------
-    def get(self, table: str, row_id: str) -> Row | None:
+    def get(self, table: Table, row_id: str) -> Row | None:
         return self.catalog.get(table, row_id)
 
     def conversation(self, conversation_id: str) -> ConversationRow | None:
@@ -131,18 +132,18 @@ class Records:
     def parts(self, order_by: str | None = None, **equals: Any) -> list[PartRow]:
         return cast("list[PartRow]", self.catalog.select("parts", order_by, **equals))
 
-    def select(self, table: str, order_by: str | None = None, **equals: Any) -> list[Row]:
+    def select(self, table: Table, order_by: str | None = None, **equals: Any) -> list[Row]:
         return self.catalog.select(table, order_by, **equals)
 
     def select_in(
-        self, table: str, column: str, values: list[Any], order_by: str | None = None
+        self, table: Table, column: str, values: list[Any], order_by: str | None = None
     ) -> list[Row]:
         return self.catalog.select_in(table, column, values, order_by)
 
-    def count(self, table: str, **equals: Any) -> int:
+    def count(self, table: Table, **equals: Any) -> int:
         return self.catalog.count(table, **equals)
 
-    def insert(self, table: str, row: Mapping[str, Any]) -> None:
+    def insert(self, table: Table, row: Mapping[str, Any]) -> None:
         """Insert a row; a structural record (conversation, document, part, verified
         answer) is sealed as it stands, with what it depends on already in the catalog."""
         values = dict(row)
@@ -150,20 +151,20 @@ class Records:
             values["seal"] = self.seal_value(table, values)
         self.catalog.insert(table, values)
 
-    def update(self, table: str, row_id: str, changes: Row) -> None:
+    def update(self, table: Table, row_id: str, changes: Row) -> None:
         """Change plain columns; call reseal() once a sealed record's changes are done."""
         self.catalog.update(table, row_id, changes)
 
-    def update_where(self, table: str, changes: Row, **equals: Any) -> None:
+    def update_where(self, table: Table, changes: Row, **equals: Any) -> None:
         self.catalog.update_where(table, changes, **equals)
 
-    def update_in(self, table: str, changes: Row, column: str, values: list[Any]) -> None:
+    def update_in(self, table: Table, changes: Row, column: str, values: list[Any]) -> None:
         self.catalog.update_in(table, changes, column, values)
 
-    def delete(self, table: str, **equals: Any) -> None:
+    def delete(self, table: Table, **equals: Any) -> None:
         self.catalog.delete(table, **equals)
 
-    def delete_in(self, table: str, column: str, values: list[Any]) -> None:
+    def delete_in(self, table: Table, column: str, values: list[Any]) -> None:
         self.catalog.delete_in(table, column, values)
 
     def checkpoint(self) -> None:
@@ -220,14 +221,14 @@ class Records:
         return str(self._fields().lookup_tag(key, purpose))
 
     # -- private fields ------------------------------------------------------------------
-    def encrypt(self, table: str, column: str, row: Mapping[str, Any], text: str) -> bytes:
+    def encrypt(self, table: Table, column: str, row: Mapping[str, Any], text: str) -> bytes:
         return bytes(
             self._fields().encrypt_text(
                 text, table, column.removesuffix("_enc"), field_context(table, row)
             )
         )
 
-    def decrypt(self, table: str, column: str, row: Mapping[str, Any]) -> str:
+    def decrypt(self, table: Table, column: str, row: Mapping[str, Any]) -> str:
         return str(
             self._fields().decrypt_text(
                 row.get(column), table, column.removesuffix("_enc"), field_context(table, row)
@@ -308,7 +309,7 @@ class Records:
             ).encode()
         ).hexdigest()
 
-    def _payload(self, table: str, row: Mapping[str, Any]) -> str:
+    def _payload(self, table: Table, row: Mapping[str, Any]) -> str:
         values: dict[str, Any] = {"scheme": SEAL_SCHEME}
         values.update({k: _plain(row.get(k)) for k in SEALED[table]})
         if table == "conversations":
@@ -328,19 +329,19 @@ class Records:
             values["parts"] = self.part_list(str(row["id"]))
         return json.dumps(values, sort_keys=True)
 
-    def seal_value(self, table: str, row: Mapping[str, Any]) -> bytes:
+    def seal_value(self, table: Table, row: Mapping[str, Any]) -> bytes:
         """The seal for `row` as it stands (for an insert: the row about to be written)."""
         return bytes(
             self._fields().encrypt_text(self._payload(table, row), table, "seal", str(row["id"]))
         )
 
-    def reseal(self, table: str, row_id: str) -> None:
+    def reseal(self, table: Table, row_id: str) -> None:
         """Seal a record again from the catalog (inside the caller's transaction)."""
         row = self.catalog.get(table, row_id)
         if row is not None:
             self.catalog.update(table, row_id, {"seal": self.seal_value(table, row)})
 
-    def check(self, table: str, row: Mapping[str, Any]) -> None:
+    def check(self, table: Table, row: Mapping[str, Any]) -> None:
         """Raise IntegrityError naming the record when it does not match its seal."""
         sealed = row.get("seal")
         try:
@@ -360,7 +361,8 @@ class Records:
         every message belongs to a conversation: the problems found, one line each."""
         problems: list[str] = []
         fields = self._fields()
-        for table, columns in ENCRYPTED.items():
+        for name, columns in ENCRYPTED.items():
+            table = cast("Table", name)  # the catalog declares these names (names.Table)
             if table in ("meta", "blocks"):
                 continue  # the wrapped catalog key opened; blocks are audited with their files
             for row in self.catalog.select(table):

@@ -28,7 +28,7 @@ class Chains:
         return sum(r["owner_id"] == conversation_id for r in self.vault.chain_rows(head))
 
     def needs_compaction(self, conversation_id: str) -> bool:
-        return bool(self.links(conversation_id) > self.live.settings.get("compact_after"))
+        return bool(self.links(conversation_id) > self.live.settings.values.compact_after)
 
     def compact(self, conversation_id: str, keep: int | None = None) -> CompactResult:
         """Merge the older links of a conversation's chain into one block.
@@ -40,7 +40,7 @@ class Chains:
         """
         conv = self.conversations.row(conversation_id)
         self.live.records.check("conversations", conv)
-        keep = self.live.settings.get("checkpoints") if keep is None else keep
+        keep = self.live.settings.values.checkpoints if keep is None else keep
         if keep < 1:
             raise InputError("Compaction must keep at least one link.")
         head = conv["head_block_id"]

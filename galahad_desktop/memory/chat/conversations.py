@@ -219,7 +219,7 @@ class Conversations:
         if document_id is not None:
             self.document_row(document_id)
         settings = self.live.settings
-        thinking = settings.get("thinking") if thinking is None else thinking
+        thinking = settings.values.thinking if thinking is None else thinking
         conversation_id = new_id("c")
         now = time.time()
         row: dict[str, Any] = {
@@ -228,7 +228,7 @@ class Conversations:
             "head_block_id": None,
             "n_tokens": 0,
             "n_messages": 0,
-            "system_prompt": settings.get("system_prompt"),
+            "system_prompt": settings.values.system_prompt,
             "thinking": 1 if thinking else 0,
             "created_at": now,
             "updated_at": now,
@@ -282,7 +282,7 @@ class Conversations:
     def reply_room(self) -> int:
         """Tokens a turn must leave free after the user's message: the reply (up to
         max_tokens, at most 512 counted here) and the turn's closing and the next opening."""
-        return int(min(max(self.live.settings.get("max_tokens"), 8), 512)) + 16
+        return int(min(max(self.live.settings.values.max_tokens, 8), 512)) + 16
 
     def system_text(self, conv: ConversationRow) -> str:
         return system_text(self.records, conv)
@@ -625,7 +625,7 @@ class Conversations:
         retired = [
             str(v["block_id"]) for v in released if not self.vault.children(str(v["block_id"]))
         ]
-        if not self.live.settings.get("chain_blocks"):
+        if not self.live.settings.values.chain_blocks:
             # Whole-state turns: keep the newest `checkpoints` of them.
             keep = {v["block_id"] for v in versions if v not in released}
             if keep_version is not None:
@@ -634,7 +634,7 @@ class Conversations:
             kept = [r["id"] for r in owned if r["id"] not in retired and r["id"] not in keep]
             retired += [
                 b
-                for b in kept[self.live.settings.get("checkpoints") - 1 :]
+                for b in kept[self.live.settings.values.checkpoints - 1 :]
                 if not self.vault.children(b)
             ]
         with self.vault.transaction():

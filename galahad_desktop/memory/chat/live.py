@@ -32,7 +32,7 @@ from galahad_desktop.errors import InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
-from galahad_desktop.vault.names import BlockKind, BlockRow
+from galahad_desktop.vault.names import BlockKind, BlockRow, Table
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,18 @@ class Rendered:
     pictures: list[Picture] = field(default_factory=list)  # the ledger's, in order
 
 
-class LedgerSource(Protocol):
-    def __call__(self, row: BlockRow) -> Rendered | None: ...
+class LiveSources(Protocol):
+    """What the live context asks of the rooms built on it (they know conversations and
+    documents; it does not), supplied to its constructor by the façade."""
+
+    def chain_owners(self, owner_id: str) -> set[str]:
+        """Who may own the links of an owner's chains."""
+
+    def ledger_for_model(self, row: BlockRow) -> Rendered | None:
+        """A block's ledger rebuilt for the current model (None: its own still serves)."""
+
+    def pictures_for(self, row: BlockRow) -> list[Picture]:
+        """The pictures a block's ledger holds, in ledger order (to re-read it)."""
 
 
 NO_PROJECTOR = (
@@ -85,7 +95,12 @@ class LiveContext:
     """One engine and what it holds. Not thread-safe: one worker thread owns it."""
 
     def __init__(
-        self, vault: Vault, settings: Settings, engine_factory: Callable[[], ChatEngine]
+        self,
+        vault: Vault,
+        settings: Settings,
+        engine_factory: Callable[[], ChatEngine],
+        sources: LiveSources,
+        vision_hash_cache: Path | None,
     ) -> None:
         self.vault = vault
         self.settings = settings
@@ -94,15 +109,10 @@ class LiveContext:
         self.holding: Holding | None = None
         self.stats = Stats()
         self.records = vault.records
-        # Who may own a chain's links, and how to rebuild a ledger for another model:
-        # both know about conversations and documents, so the façade supplies them.
-        self.chain_owners: Callable[[str], set[str]] = lambda owner: {owner}
-        self.ledger_source: LedgerSource = lambda row: None
-        # The pictures a block's ledger holds, in ledger order (to re-read it).
-        self.picture_source: Callable[[BlockRow], list[Picture]] = lambda row: []
+        self.sources = sources
         self._vision: Vision | None = None
         self._vision_key: tuple[Any, ...] | None = None
-        self.vision_hash_cache: Path | None = None  # where projector files' hashes are kept
+        self.vision_hash_cache = vision_hash_cache  # where projector files' hashes are kept
 
     # -- the engine ----------------------------------------------------------------------
     @property
@@ -130,7 +140,7 @@ class LiveContext:
     def projector_path(self) -> Path | None:
         """The projector set up for the model: the setting, else the one mmproj GGUF next
         to the model file (the model catalog downloads it there)."""
-        configured = self.settings.get("projector")
+        configured = self.settings.values.projector
         if configured:
             return Path(configured)
         engine = self.engine
@@ -148,8 +158,8 @@ class LiveContext:
         key = (
             id(engine),
             str(path),
-            self.settings.get("image_min_tokens"),
-            self.settings.get("image_max_tokens"),
+            self.settings.values.image_min_tokens,
+            self.settings.values.image_max_tokens,
         )
         if self._vision is None or self._vision_key != key:
             self._close_vision()
@@ -296,7 +306,9 @@ class LiveContext:
             other = row.get("model_sha256") and row["model_sha256"] != engine.model_sha256
             reason = OTHER_MODEL if other else MODEL_CHANGED
             return self.reread(row, reason, counters, job, mid_turn)
-        restore_ms, n_tokens, result = self.restore_and_prove(block_id, self.chain_owners(owner_id))
+        restore_ms, n_tokens, result = self.restore_and_prove(
+            block_id, self.sources.chain_owners(owner_id)
+        )
         if result.verdict == "diverged":
             reason = f"the graft proof diverged (KL {result.kl:.2e})"
             return self.reread(row, reason, counters, job, mid_turn)
@@ -320,11 +332,11 @@ class LiveContext:
         """Re-read a block's ledger from scratch (rebuilt for the current model when the
         owner says so), store it again, and say why."""
         engine = self.engine
-        rendered = self.ledger_source(row)
+        rendered = self.sources.ledger_for_model(row)
         tokens = rendered.tokens if rendered is not None else self.vault.chain_tokens(row["id"])
         pictures = rendered.pictures if rendered is not None else []
         if holds_pictures(tokens) and not pictures:
-            pictures = self.picture_source(row)
+            pictures = self.sources.pictures_for(row)
         engine.reset()
         self.holding = None
         prefill_ms = self.evaluate_ledger(tokens, pictures, job).elapsed_ms
@@ -336,13 +348,14 @@ class LiveContext:
         records = self.vault.records
         with self.vault.transaction():
             records.insert("blocks", new_row)
-            resealed: set[tuple[str, str]] = set()
-            for table, column in (
+            resealed: set[tuple[Table, str]] = set()
+            holders: tuple[tuple[Table, str], ...] = (
                 ("conversations", "head_block_id"),
                 ("documents", "block_id"),
                 ("parts", "block_id"),
                 ("verified", "block_id"),
-            ):
+            )
+            for table, column in holders:
                 for owner in records.select(table, **{column: row["id"]}):
                     records.update(table, owner["id"], {column: new_row["id"]})
                     resealed.add((table, owner["id"]))
@@ -404,7 +417,7 @@ class LiveContext:
         if (
             parent_id
             and 0 < parent_end < len(ledger)
-            and self.settings.get("chain_blocks")
+            and self.settings.values.chain_blocks
             and kvstate.chains_supported()
         ):
             link = self._capture_link(parent_end, len(ledger))

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.picture import Picture
@@ -35,7 +34,7 @@ from galahad_desktop.memory.documents.pictures import (
     read_pictures_bounded,
 )
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
-from galahad_desktop.vault.names import BlockRow, DocumentRow, PartRow
+from galahad_desktop.vault.names import BlockRow, DocumentRow, NewPart, PartRow
 from galahad_desktop.vault.vault import new_id
 
 log = logging.getLogger(__name__)
@@ -54,12 +53,17 @@ class PlannedPart:
 
 
 class Documents:
-    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+    def __init__(
+        self,
+        live: LiveContext,
+        conversations: Conversations,
+        on_parts_added: Callable[[list[NewPart]], None],
+    ) -> None:
         self.live = live
         self.vault = live.vault
         self.records = live.records
         self.conversations = conversations
-        self.on_parts_added: Any = lambda parts: None  # the router's index follows deposits
+        self.on_parts_added = on_parts_added  # the router's index follows deposits
 
     @property
     def engine(self) -> ChatEngine:
@@ -167,7 +171,7 @@ class Documents:
     def part_budget(self) -> int:
         """Tokens per part: the setting, or what fits with room for a question and answer."""
         limit = self.limit()
-        configured = self.live.settings.get("part_tokens")
+        configured = self.live.settings.values.part_tokens
         return int(min(configured, limit) if configured else limit)
 
     def plan_parts(self, name: str, text: str) -> list[PlannedPart]:
@@ -179,7 +183,7 @@ class Documents:
             whole = len(self.document_tokens(name, text))
             if whole <= budget:
                 return [PlannedPart(text, "", whole)]
-        overlap_tokens = self.live.settings.get("part_overlap")
+        overlap_tokens = self.live.settings.values.part_overlap
         overhead = len(self.part_tokens(name, 999, 999, "x", "")) + overlap_tokens + 16
         room = budget - overhead
         if room < 64:
@@ -274,7 +278,7 @@ class Documents:
             if previous:
                 overlap = overlap_tail(
                     self.part_text(previous[0]),
-                    self.live.settings.get("part_overlap"),
+                    self.live.settings.values.part_overlap,
                     self._count,
                 )
         tokens = self.part_tokens(

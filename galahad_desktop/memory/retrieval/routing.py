@@ -30,7 +30,7 @@ from galahad_desktop.memory.retrieval.rerank import (
     decide_reranked,
 )
 from galahad_desktop.memory.retrieval.router import Candidate, PartIndex, RouteDecision, decide
-from galahad_desktop.vault.names import PartRow
+from galahad_desktop.vault.names import NewPart, PartRow
 from galahad_desktop.vault.vault import Vault, new_id
 
 ROUTING_LOG_KEEP = 1000
@@ -106,22 +106,21 @@ class Routing:
         self._index_model = ""  # the embedding model the index's vectors came from
         self._embedder: Embedder | None = None
         self.reranker = Reranker(live)
-        documents.on_parts_added = self._parts_added
 
     # -- the index -----------------------------------------------------------------------
     def embedder(self) -> Embedder | None:
         """The embedding model in settings, loaded on first use (None: words alone)."""
-        setting = str(self.live.settings.get("embedding_model") or "").strip()
+        setting = str(self.live.settings.values.embedding_model or "").strip()
         wanted = user_path(setting) if setting else None
         if self._embedder is not None and self._embedder.path != wanted:
             self._embedder.close()
             self._embedder = None
         if wanted is not None and self._embedder is None:
-            self._embedder = Embedder(wanted, self.live.settings.get("n_threads"))
+            self._embedder = Embedder(wanted, self.live.settings.values.n_threads)
         return self._embedder
 
     def describe(self) -> str:
-        setting = str(self.live.settings.get("embedding_model") or "").strip()
+        setting = str(self.live.settings.values.embedding_model or "").strip()
         if not setting:
             return (
                 "words alone (BM25); set an embedding model for meaning too: "
@@ -136,7 +135,7 @@ class Routing:
     def index(self) -> PartIndex | HybridIndex:
         """The router's index, built in memory from the decrypted parts (never on disk):
         words alone, or words and an embedding model's vectors when one is set."""
-        model = str(self.live.settings.get("embedding_model") or "").strip()
+        model = str(self.live.settings.values.embedding_model or "").strip()
         if self._index is not None and self._index_model != model:
             self.drop_index()  # the embedding model changed: vectors from another model
         if self._index is None:
@@ -166,7 +165,7 @@ class Routing:
             self._index = index
         return self._index
 
-    def _parts_added(self, parts: list[tuple[str, str, int, int, str]]) -> None:
+    def parts_added(self, parts: list[NewPart]) -> None:
         if self._index is not None and parts:
             self._index.add(parts, title=self.documents.name(self.documents.row(parts[0][1])))
 
@@ -189,24 +188,24 @@ class Routing:
         if document_id is not None:
             self.documents.row(document_id)
         index = self.index()
-        limit = max(8, int(self.live.settings.get("rerank_candidates")))
+        limit = max(8, int(self.live.settings.values.rerank_candidates))
         terms, candidates = index.search(question, document_id, limit=limit)
         settings = self.live.settings
         if isinstance(index, HybridIndex):
             return decide_hybrid(
                 terms,
                 candidates,
-                settings.get("route_min_similarity"),
-                settings.get("route_min_coverage"),
-                settings.get("route_hybrid_margin"),
-                settings.get("route_strong_coverage"),
+                settings.values.route_min_similarity,
+                settings.values.route_min_coverage,
+                settings.values.route_hybrid_margin,
+                settings.values.route_strong_coverage,
                 document_id or "library",
             )
         return decide(
             terms,
             candidates,
-            settings.get("route_min_strength"),
-            settings.get("route_min_margin"),
+            settings.values.route_min_strength,
+            settings.values.route_min_margin,
             document_id or "library",
         )
 
@@ -233,7 +232,7 @@ class Routing:
         """The chat model checks retrieval's best candidates on their grafted blocks; the
         gate decides on its evidence. The best candidate's context is kept."""
         settings = self.live.settings
-        limit = int(settings.get("rerank_candidates"))
+        limit = int(settings.values.rerank_candidates)
         scope = None if decision.scope == "library" else decision.scope
         candidates = candidates_to_check(
             decision.candidates, self._scope_parts(scope, limit), limit
@@ -246,9 +245,9 @@ class Routing:
         reranked = decide_reranked(
             decision,
             scored.reranking,
-            settings.get("route_min_pmi"),
-            settings.get("route_pmi_margin"),
-            settings.get("route_pmi_alone"),
+            settings.values.route_min_pmi,
+            settings.values.route_pmi_margin,
+            settings.values.route_pmi_alone,
             one_document=scope is not None or self.vault.records.count("documents") == 1,
         )
         return reranked, scored
@@ -319,7 +318,7 @@ class Routing:
         scored: Scored | None = None
         try:
             # Retrieval answers what it is sure of; the model checks what it is not.
-            if part_id is None and not decision.confident and self.live.settings.get("rerank"):
+            if part_id is None and not decision.confident and self.live.settings.values.rerank:
                 decision, scored = self.rerank(question, decision, counters, job)
             self.log(
                 decision,

@@ -1,0 +1,56 @@
+"""Every setting as a typed field: what the code reads (`settings.values.n_ctx` is an int).
+
+settings.py declares each setting once (key, type, default, range, description); this is
+its typed view, and a test keeps the two the same field for field and type for type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FlashAttn = Literal["auto", "on", "off"]
+KvTypeName = Literal["f16", "f32", "q8_0"]
+Preset = Literal["none", "concise", "coder", "tutor", "translator"]
+
+
+@dataclass(frozen=True)
+class SettingValues:
+    model_path: str
+    n_ctx: int
+    n_gpu_layers: int
+    rpc_servers: str
+    n_threads: int
+    n_batch: int
+    n_ubatch: int
+    flash_attn: FlashAttn
+    kv_type: KvTypeName
+    read_in_f16: bool
+    swa_full: bool
+    chain_blocks: bool
+    compact_after: int
+    checkpoints: int
+    part_tokens: int
+    part_overlap: int
+    route_min_strength: float
+    route_min_margin: float
+    embedding_model: str
+    projector: str
+    image_min_tokens: int
+    image_max_tokens: int
+    route_min_similarity: float
+    route_min_coverage: float
+    route_hybrid_margin: float
+    route_strong_coverage: float
+    rerank: bool
+    rerank_candidates: int
+    route_min_pmi: float
+    route_pmi_margin: float
+    route_pmi_alone: float
+    system_prompt: Preset
+    enter_sends: bool
+    thinking: bool
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    max_tokens: int
+    seed: int | None
