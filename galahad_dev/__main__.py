@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--ledgers", type=int, default=4, help="routing: generated ledger documents")
     ev.add_argument(
+        "--vector-cache",
+        action="store_true",
+        help="routing: passage vectors from the checked cache beside the documents (the suite)",
+    )
+    ev.add_argument(
         "--documents",
         default="",
         help="routing: only these documents (comma-separated names) and their questions",
@@ -151,6 +156,7 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             rerank=not args.no_rerank,
             only=[d for d in args.documents.split(",") if d],
             ledgers=args.ledgers,
+            vector_cache=args.vector_cache,
         )
     elif args.kind == "flywheel":
         from galahad_dev.flywheel import eval_flywheel

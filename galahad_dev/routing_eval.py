@@ -44,6 +44,7 @@ from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.rerank import Reranking, decide_reranked
 from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
+from galahad_dev.vector_cache import VectorCache
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"
 MAX_WRONG = 0.03
@@ -418,10 +419,13 @@ def eval_routing(
     rerank: bool = True,
     only: list[str] | None = None,
     ledgers: int = LEDGER_DOCUMENTS,
+    vector_cache: bool = False,
 ) -> dict[str, Any]:
     """Every method on the real documents (the hybrid when an embedding model is given or
     the suite's test embedding model is installed; the model reranker on both unless
-    `rerank` is off), and on generated ledgers. `only`: a subset of the documents."""
+    `rerank` is off), and on generated ledgers. `only`: a subset of the documents.
+    `vector_cache`: passage vectors from the checked cache beside the documents
+    (vector_cache.py; the index time reported is then the cache's, not the model's)."""
     questions = load_questions(root)
     paths = sorted((root / "documents").iterdir())
     if only:
@@ -433,11 +437,19 @@ def eval_routing(
     embedding_model = embedding_model or test_embedding_model()
     bench = Bench(model_path, overrides, log)
     embedder = Embedder(embedding_model) if embedding_model is not None else None
+    cache = (
+        VectorCache(
+            root / f"vectors-{embedder.identity[:12]}.npz", embedder.identity, embedder.passages
+        )
+        if embedder is not None and vector_cache
+        else None
+    )
 
     def new_indexes() -> dict[str, PartIndex | HybridIndex]:
         indexes: dict[str, PartIndex | HybridIndex] = {"lexical": PartIndex()}
         if embedder is not None:
-            indexes["hybrid"] = HybridIndex(embedder.passages, embedder.query)
+            embed = cache.passages if cache is not None else embedder.passages
+            indexes["hybrid"] = HybridIndex(embed, embedder.query)
         return indexes
 
     opened: list[PartIndex | HybridIndex] = []
@@ -557,10 +569,15 @@ def eval_routing(
                 "absent_refused_rate"
             ],
             "results": chosen["results"],
+            "vector_cache": None
+            if cache is None
+            else {"hits": cache.hits, "computed": cache.computed, "void": cache.void},
             "fingerprint": bench.core.engine.fingerprint,
             "machine": machine(),
         }
     finally:
+        if cache is not None:
+            cache.save()
         for index in opened:
             index.close()
         if embedder is not None:

@@ -198,7 +198,8 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
 
 
 def test_eval_routing_on_real_documents(tmp_path: Path) -> None:
-    result = dev("eval", "routing", "--no-rerank", tmp_path=tmp_path)
+    result = dev("eval", "routing", "--no-rerank", "--vector-cache", tmp_path=tmp_path)
+    assert result["vector_cache"]["void"] is False  # the committed vectors match the model
     assert result["questions"] == len(result["results"]) >= 60
     assert result["retrieval"] == "hybrid" and "MiniLM" in result["embedding_model"]
     assert {d["document"] for d in result["documents"]} >= {"libtasn1.pdf", "gpl-3.txt"}
@@ -239,7 +240,14 @@ def test_eval_routing_with_the_model_reranker(tmp_path: Path) -> None:
     """The reranked methods on one real document (read for real) and one generated ledger:
     the path, its costs and its invariants; the figures come from the whole evaluation."""
     result = dev(
-        "eval", "routing", "--documents", "dpkg-triggers.txt", "--ledgers", "1", tmp_path=tmp_path
+        "eval",
+        "routing",
+        "--documents",
+        "dpkg-triggers.txt",
+        "--ledgers",
+        "1",
+        "--vector-cache",
+        tmp_path=tmp_path,
     )
     assert {d["document"] for d in result["documents"]} == {"dpkg-triggers.txt"}
     assert result["read_s"] > 0 and result["retrieval"] == "hybrid+rerank"

@@ -136,27 +136,11 @@ def decode_reply(
     pace (tokens so far, tokens/s) goes to `job.pace` as the reply streams."""
     seed = fresh_seed() if params.seed is None else params.seed
     sampler = Sampler(params, seed)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    stream = _Stream(job, StopTexts(params.stop))
     generated: list[int] = []
     answer: list[int] = []
-    pieces: list[str] = []
-    thoughts: list[str] = []
-    in_thought = False
     stop_reason: StopReason = "length"
     start = time.perf_counter()
-    held = StopTexts(params.stop)
-
-    def emit(piece: str) -> None:
-        if not piece:
-            return
-        if in_thought:
-            thoughts.append(piece)
-            job.thought(piece)
-            return
-        for shown in held.feed(piece):
-            pieces.append(shown)
-            job.text(shown)
-
     for _ in range(params.max_tokens):
         if job.cancelled:
             stop_reason = "cancelled"
@@ -174,37 +158,70 @@ def decode_reply(
         generated.append(token)
         elapsed = time.perf_counter() - start
         job.pace(len(generated), len(generated) / elapsed if elapsed > 0 else 0.0)
-        if rules.thought_open is not None and token == rules.thought_open:
-            emit(decoder.decode(b"", final=True))
-            in_thought = True
+        if token in (rules.thought_open, rules.thought_close):
+            stream.switch(in_thought=token == rules.thought_open)
             continue
-        if rules.thought_close is not None and token == rules.thought_close:
-            emit(decoder.decode(b"", final=True))
-            in_thought = False
-            continue
-        if not in_thought:
+        if not stream.in_thought:
             answer.append(token)  # evaluated as the model chose it, shown or not
         if token in rules.hidden:
             continue
-        emit(decoder.decode(model.token_bytes(token)))
-        if held.hit:
+        stream.feed(model.token_bytes(token))
+        if stream.held.hit:
             stop_reason = "stop_text"
             break
-    emit(decoder.decode(b"", final=True))
-    for shown in held.flush():
-        pieces.append(shown)
-        job.text(shown)
+    stream.finish()
     elapsed = time.perf_counter() - start
-    thought = "".join(thoughts)
-    if thought.startswith("thought"):  # the channel's name, not its content
-        thought = thought[len("thought") :]
     return Generation(
         generated,
-        "".join(pieces),
+        "".join(stream.pieces),
         stop_reason,
         elapsed * 1e3,
         len(generated) / elapsed if elapsed > 0 else 0.0,
         answer,
-        thought.strip(),
+        stream.thought(),
         seed,
     )
+
+
+class _Stream:
+    """A reply's bytes as text, split between the answer (held back where a stop text may
+    begin) and the thought channel, each piece sent to the job as it comes."""
+
+    def __init__(self, job: Job, held: StopTexts) -> None:
+        self.job = job
+        self.held = held
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pieces: list[str] = []
+        self.thoughts: list[str] = []
+        self.in_thought = False
+
+    def emit(self, piece: str) -> None:
+        if not piece:
+            return
+        if self.in_thought:
+            self.thoughts.append(piece)
+            self.job.thought(piece)
+            return
+        for shown in self.held.feed(piece):
+            self.pieces.append(shown)
+            self.job.text(shown)
+
+    def feed(self, data: bytes) -> None:
+        self.emit(self.decoder.decode(data))
+
+    def switch(self, in_thought: bool) -> None:
+        """The thought channel opens or closes: what was decoded so far ends here."""
+        self.emit(self.decoder.decode(b"", final=True))
+        self.in_thought = in_thought
+
+    def finish(self) -> None:
+        self.emit(self.decoder.decode(b"", final=True))
+        for shown in self.held.flush():
+            self.pieces.append(shown)
+            self.job.text(shown)
+
+    def thought(self) -> str:
+        thought = "".join(self.thoughts)
+        if thought.startswith("thought"):  # the channel's name, not its content
+            thought = thought[len("thought") :]
+        return thought.strip()

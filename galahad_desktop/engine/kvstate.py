@@ -231,13 +231,37 @@ def assemble(
 
     Cutting a child block is assemble([full], [new positions]); splicing a chain is
     assemble(chain, head layout). Raises KVLayoutError when a cell is missing."""
+    picks, templates = _pick_cells(parts, targets)
+    total = 8
+    for index, wanted_ranges in enumerate(targets):
+        n = int(sum(b - a for a, b in wanted_ranges))
+        template = templates[index]
+        total += _section_size(template, n) if template is not None else 8
+    buffer = buffer_for(total)
+    writer = _Writer(_as_uint8(buffer, total))
+    writer.put(struct.pack("<Ii", STATE_MAGIC, 0))
+    for chosen, template in zip(picks, templates, strict=True):
+        writer.section(chosen, template)
+    if writer.at != total:
+        raise KVLayoutError(f"assembled {writer.at} bytes where {total} were computed")
+    return buffer, total
+
+
+Picks = list[tuple["Section", np.ndarray]]
+
+
+def _pick_cells(
+    parts: Sequence[SeqState], targets: Sequence[Ranges]
+) -> tuple[list[Picks], list[Section | None]]:
+    """For each section, which cells of which part make up its wanted positions (the first
+    part that has a cell gives it), and the section whose layout the output takes."""
     n_sections = len(targets)
     for part in parts:
         if len(part.sections) != n_sections:
             raise KVLayoutError(
                 f"a block has {len(part.sections)} cache sections where {n_sections} are expected"
             )
-    picks: list[list[tuple[Section, np.ndarray]]] = []
+    picks: list[Picks] = []
     templates: list[Section | None] = []
     for index, wanted_ranges in enumerate(targets):
         wanted = from_ranges(wanted_ranges)
@@ -270,41 +294,40 @@ def assemble(
         picks.append(chosen)
         templates.append(template)
 
-    total = 8
-    for index, wanted_ranges in enumerate(targets):
-        n = int(sum(b - a for a, b in wanted_ranges))
-        template = templates[index]
-        total += _section_size(template, n) if template is not None else 8
-    buffer = buffer_for(total)
-    out = _as_uint8(buffer, total)
-    at = 0
+    return picks, templates
 
-    def put(raw: bytes) -> None:
-        nonlocal at
-        out[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        at += len(raw)
 
-    put(struct.pack("<Ii", STATE_MAGIC, 0))
-    for index, chosen in enumerate(picks):
-        template = templates[index]
+class _Writer:
+    """Writes a state's bytes into one buffer, in llama.cpp's order."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out = out
+        self.at = 0
+
+    def put(self, raw: bytes) -> None:
+        self.out[self.at : self.at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.at += len(raw)
+
+    def section(self, chosen: Picks, template: Section | None) -> None:
+        out, put = self.out, self.put
         n = sum(len(cells) for _section, cells in chosen)
         put(struct.pack("<II", 1, n))
         if n == 0 or template is None:
-            continue
-        meta = out[at : at + n * _CELL_META.itemsize].view(_CELL_META)
+            return
+        meta = out[self.at : self.at + n * _CELL_META.itemsize].view(_CELL_META)
         _gather_rows(meta, [(s.meta, c) for s, c in chosen])
-        at += n * _CELL_META.itemsize
+        self.at += n * _CELL_META.itemsize
         put(struct.pack("<II", template.v_trans, len(template.layers)))
         for il, layer in enumerate(template.layers):
             put(struct.pack("<iQ", layer.k_type, layer.k_row))
-            k_out = out[at : at + n * layer.k_row].reshape(n, layer.k_row)
+            k_out = out[self.at : self.at + n * layer.k_row].reshape(n, layer.k_row)
             _gather_rows(k_out, [(s.layers[il].k, c) for s, c in chosen])
-            at += n * layer.k_row
+            self.at += n * layer.k_row
         for il, layer in enumerate(template.layers):
             if template.v_trans:
                 put(struct.pack("<iII", layer.v_type, layer.v_elem, layer.v_embd))
                 count = layer.v_embd * n * layer.v_elem
-                v_out = out[at : at + count].reshape(layer.v_embd, n, layer.v_elem)
+                v_out = out[self.at : self.at + count].reshape(layer.v_embd, n, layer.v_elem)
                 col = 0
                 for section, cells in chosen:
                     source = section.layers[il].v
@@ -313,15 +336,12 @@ def assemble(
                     else:
                         v_out[:, col : col + len(cells)] = source[:, cells]
                     col += len(cells)
-                at += count
+                self.at += count
             else:
                 put(struct.pack("<iQ", layer.v_type, layer.v_elem))
-                v_rows = out[at : at + n * layer.v_elem].reshape(n, layer.v_elem)
+                v_rows = out[self.at : self.at + n * layer.v_elem].reshape(n, layer.v_elem)
                 _gather_rows(v_rows, [(s.layers[il].v, c) for s, c in chosen])
-                at += n * layer.v_elem
-    if at != total:
-        raise KVLayoutError(f"assembled {at} bytes where {total} were computed")
-    return buffer, total
+                self.at += n * layer.v_elem
 
 
 def write(

@@ -18,7 +18,7 @@ from galahad_desktop.memory.results import (
 from galahad_desktop.memory.usage import Usage
 from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
 from galahad_desktop.memory.verified.verifiers import Verdict
-from galahad_desktop.vault import custody
+from galahad_desktop.vault import custody, restoring
 from galahad_desktop.vault.keys import open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
@@ -99,7 +99,7 @@ class StoreFacade:
     @staticmethod
     def restore(
         backup_dir: Path, data_dir: Path, passphrase: str | None = None
-    ) -> tuple[custody.RestoreResult, AuditReport]:
+    ) -> tuple[restoring.RestoreResult, AuditReport]:
         """Make a backup (or an older copy) the data directory, on purpose: it is opened
         (accepting its older generation) and audited before what was there is set aside."""
 
@@ -113,7 +113,7 @@ class StoreFacade:
         def accept(path: Path) -> None:
             Vault(path, open_keystore(path, passphrase), accept_older=True).close()
 
-        return custody.restore(Path(backup_dir), Path(data_dir), check, accept)
+        return restoring.restore(Path(backup_dir), Path(data_dir), check, accept)
 
     @staticmethod
     def import_recovery_kit(

@@ -32,6 +32,7 @@ from galahad_desktop.memory.chat.live import LiveContext, Rendered
 from galahad_desktop.memory.chat.search import Search
 from galahad_desktop.memory.chat.stateless import StatelessChats, shape
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
+from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.facade_store import StoreFacade
 from galahad_desktop.memory.maintenance import Maintenance
@@ -72,7 +73,7 @@ from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import SETTINGS, SYSTEM_PROMPTS, Setting, Settings, coerce
-from galahad_desktop.vault import custody
+from galahad_desktop.vault import restoring
 from galahad_desktop.vault.keys import KeyStorage, KeyStore, key_storage, open_keystore
 from galahad_desktop.vault.names import BlockRow
 from galahad_desktop.vault.vault import Vault
@@ -117,7 +118,7 @@ class Galahad(StoreFacade):
         self.data_dir = Path(data_dir)
         # Before anything touches the directory (a passphrase keystore writes into it): a
         # restore interrupted last time is finished or rolled back first.
-        note, finished = custody.recover_restore(user_path(self.data_dir))
+        note, finished = restoring.recover_restore(user_path(self.data_dir))
         if keystore is None:
             keystore = open_keystore(self.data_dir, passphrase)
         self.vault = Vault(
@@ -141,20 +142,28 @@ class Galahad(StoreFacade):
             hashes,
         )
         self.conversations = Conversations(self.live)
+        self.turns = ConversationTurns(self.live, self.conversations)
         self.documents = Documents(
-            self.live, self.conversations, lambda parts: self.routing.parts_added(parts)
+            self.live,
+            self.conversations,
+            self.turns,
+            lambda parts: self.routing.parts_added(parts),
         )
         self.routing = Routing(self.live, self.documents)
         self.chains = Chains(self.live, self.conversations)
-        self.library = VerifiedLibrary(self.live, self.conversations)
+        self.library = VerifiedLibrary(self.live, self.conversations, self.turns)
         self.transfer = Transfer(self.live, self.conversations)
-        self.continuation = Continuation(self.live, self.conversations)
+        self.continuation = Continuation(self.live, self.conversations, self.turns)
         self.maintenance = Maintenance(
             self.live, self.conversations, self.documents, self.routing, self.library
         )
         self.usage = Usage(self.live)
         self.stateless = StatelessChats(
-            self.live, self.conversations, self.maintenance.forget, self.documents.add_sent_picture
+            self.live,
+            self.conversations,
+            self.turns,
+            self.maintenance.forget,
+            self.documents.add_sent_picture,
         )
         self.finder = Search(self.conversations)
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
@@ -363,7 +372,7 @@ class Galahad(StoreFacade):
     def resume(self, conversation_id: str, job: Job = NO_JOB) -> GraftReport:
         """Graft a conversation's latest checkpoint from disk and prove it; says what it
         cost."""
-        report = self.conversations.resume(conversation_id, job)
+        report = self.turns.resume(conversation_id, job)
         self.usage.record_graft(report)
         return report
 
@@ -460,7 +469,7 @@ class Galahad(StoreFacade):
         """Answer the last message again from the checkpoint before it; the earlier reply is
         kept as a version."""
         params = params or self.sampling(conversation_id)
-        result = self.conversations.regenerate(conversation_id, params, job)
+        result = self.turns.regenerate(conversation_id, params, job)
         return self._after_turn(result, compact)
 
     def branch(
@@ -473,7 +482,7 @@ class Galahad(StoreFacade):
     ) -> TurnResult:
         """Edit user message `seq` and continue in a new conversation; the history before it
         is grafted, not re-read."""
-        result = self.conversations.branch(
+        result = self.turns.branch(
             conversation_id,
             seq,
             new_text,

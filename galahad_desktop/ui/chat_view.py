@@ -132,6 +132,11 @@ class ChatView(QWidget):
         self.transcript.setOpenLinks(False)
         self.transcript.setOpenExternalLinks(False)
         self.transcript.anchorClicked.connect(self._anchor)
+        self._build_input()
+        self._lay_out(self._build_turn_tools())
+
+    def _build_input(self) -> None:
+        """The message box and its buttons (send, stop, regenerate, edit, verify)."""
         self.input = MessageBox()
         self.input.setPlaceholderText("Message the model (Enter sends, Shift+Enter a new line)")
         self.input.setAccessibleName("Message")
@@ -164,6 +169,9 @@ class ChatView(QWidget):
         # the message box keeps its width in a narrow window.
         for button in (self.regenerate_button, self.edit_button, self.verify_button):
             button.setText("")
+
+    def _build_turn_tools(self) -> QHBoxLayout:
+        """The row under the message box: the turn's actions, attach, think, stop, send."""
         self.attach_button = QToolButton()
         self.attach_button.setIcon(theme.icon("document"))
         self.attach_button.setText("Attach")
@@ -194,6 +202,9 @@ class ChatView(QWidget):
         buttons.addWidget(self.thinking_box)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
+        return buttons
+
+    def _lay_out(self, buttons: QHBoxLayout) -> None:
         layout = QVBoxLayout(self)
         layout.setContentsMargins(theme.SPACE[4], theme.SPACE[3], theme.SPACE[4], theme.SPACE[3])
         layout.setSpacing(theme.SPACE[2])

@@ -122,6 +122,14 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
 
     # -- layout --------------------------------------------------------------------------
     def _build(self) -> None:
+        self._build_sidebar()
+        self._build_chat()
+        self._build_pages()
+        self._build_memory_panel()
+        self._build_toolbar()
+        self._build_status_bar()
+
+    def _build_sidebar(self) -> None:
         self.sidebar = Sidebar()
         self.sidebar.new_button.clicked.connect(self.new_chat)
         self.sidebar.conversation_chosen.connect(self.open_conversation)
@@ -136,6 +144,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.sidebar.add_document_button.clicked.connect(self.choose_document)
         self.sidebar.chat_document_button.clicked.connect(self.chat_with_document)
         self.sidebar.deposit_cancel.clicked.connect(self.cancel_work)
+
+    def _build_chat(self) -> None:
         self.chat = ChatView()
         self.chat.send_button.clicked.connect(self.send)
         self.chat.input.submitted.connect(self.send)
@@ -153,6 +163,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.edit_requested.connect(self.edit_message_at)
         self.chat.branch_requested.connect(self.branch_reply)
+
+    def _build_pages(self) -> None:
         self.welcome = Welcome()
         self.welcome.get_model.connect(self.get_gemma4)
         self.welcome.cancel_download.connect(self.cancel_download)
@@ -167,7 +179,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setSizes([300, 880])
         self.setCentralWidget(self.splitter)
-        self._build_memory_panel()
+
+    def _build_toolbar(self) -> None:
         toolbar = QToolBar("Model")
         toolbar.setObjectName("model-toolbar")
         toolbar.setMovable(False)
@@ -218,6 +231,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             toolbar.addWidget(button)
             self.toolbar_buttons[name] = button
         self.addToolBar(toolbar)
+
+    def _build_status_bar(self) -> None:
         self.graft_label = QLabel()
         self.graft_label.setAccessibleName("Status")
         self.proof_button = QToolButton()

@@ -126,6 +126,23 @@ def _actions(index: int, actions: Sequence[str], palette: Palette) -> str:
     return "&nbsp;&nbsp;·&nbsp;&nbsp;".join(links)
 
 
+def _thinking_html(thoughts: str, expanded: bool, p: Palette, index: int) -> str:
+    """A reply's thoughts: a link that folds them, and the thoughts when unfolded."""
+    arrow = "▾" if expanded else "▸"
+    thinking = (
+        f'<p style="margin:4px 0"><a href="galahad:toggle-thoughts/{index}" '
+        f'style="color:{p.muted};text-decoration:none">{arrow} Thinking… '
+        f"({len(thoughts.split())} words)</a></p>"
+    )
+    if expanded:
+        thinking += (
+            f'<table width="100%" cellpadding="8" bgcolor="{p.surface}"><tr><td '
+            f'style="color:{p.muted};font-style:italic">'
+            f"{markdown_html(thoughts, p, index)}</td></tr></table>"
+        )
+    return thinking
+
+
 def message_html(
     role: str,
     text: str,
@@ -192,20 +209,7 @@ def message_html(
         head += (
             f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{html.escape(note)}</span>'
         )
-    thinking = ""
-    if thoughts:
-        arrow = "▾" if expanded else "▸"
-        thinking = (
-            f'<p style="margin:4px 0"><a href="galahad:toggle-thoughts/{index}" '
-            f'style="color:{p.muted};text-decoration:none">{arrow} Thinking… '
-            f"({len(thoughts.split())} words)</a></p>"
-        )
-        if expanded:
-            thinking += (
-                f'<table width="100%" cellpadding="8" bgcolor="{p.surface}"><tr><td '
-                f'style="color:{p.muted};font-style:italic">'
-                f"{markdown_html(thoughts, p, index)}</td></tr></table>"
-            )
+    thinking = _thinking_html(thoughts, expanded, p, index) if thoughts else ""
     body = markdown_html(text, p, index) if text else f'<p style="color:{p.muted}">…</p>'
     return (
         f'<table width="100%" cellspacing="0" cellpadding="12" bgcolor="{card}" '

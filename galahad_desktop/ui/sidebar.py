@@ -164,6 +164,40 @@ class Sidebar(QWidget):
         self.new_button.setAccessibleName("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         theme.set_primary(self.new_button)
+        self._build_lists()
+        conversations_heading = QLabel("Conversations")
+        documents_heading = QLabel("Documents")
+        for heading in (conversations_heading, documents_heading):
+            theme.set_role(heading, "heading")
+        conversations_heading.setBuddy(self.conversation_list)
+        documents_heading.setBuddy(self.document_list)
+        for widget in (
+            self.search,
+            self.new_button,
+            conversations_heading,
+            self.conversation_list,
+            documents_heading,
+            self.document_list,
+            self.add_document_button,
+            self.chat_document_button,
+            self.deposit_bar,
+            self.deposit_label,
+            self.deposit_cancel,
+        ):
+            layout.addWidget(widget)
+        layout.setStretchFactor(self.conversation_list, 3)
+        layout.setStretchFactor(self.document_list, 1)
+        self.conversations: list[ConversationSummary] = []
+        self.documents: list[DocumentSummary] = []
+        self.picture_icons: dict[str, QIcon] = {}  # picture documents' thumbnails (memory only)
+        self.matches: set[str] | None = None  # conversation ids a search found
+        self.current: str | None = None
+        self.pinned: set[str] = set()
+        self.restores: dict[str, str] = {}  # conversation id -> how its last resume went
+        self._filling = False
+
+    def _build_lists(self) -> None:
+        """The conversation and document lists, and the document buttons under them."""
         self.conversation_list = PlaceholderList(NO_CONVERSATIONS)
         self.conversation_list.setAccessibleName("Conversations")
         self.conversation_list.setToolTip(
@@ -206,36 +240,6 @@ class Sidebar(QWidget):
             button.setAccessibleName(button.text().rstrip("…"))
         for hidden in (self.deposit_bar, self.deposit_label, self.deposit_cancel):
             hidden.setVisible(False)
-        conversations_heading = QLabel("Conversations")
-        documents_heading = QLabel("Documents")
-        for heading in (conversations_heading, documents_heading):
-            theme.set_role(heading, "heading")
-        conversations_heading.setBuddy(self.conversation_list)
-        documents_heading.setBuddy(self.document_list)
-        for widget in (
-            self.search,
-            self.new_button,
-            conversations_heading,
-            self.conversation_list,
-            documents_heading,
-            self.document_list,
-            self.add_document_button,
-            self.chat_document_button,
-            self.deposit_bar,
-            self.deposit_label,
-            self.deposit_cancel,
-        ):
-            layout.addWidget(widget)
-        layout.setStretchFactor(self.conversation_list, 3)
-        layout.setStretchFactor(self.document_list, 1)
-        self.conversations: list[ConversationSummary] = []
-        self.documents: list[DocumentSummary] = []
-        self.picture_icons: dict[str, QIcon] = {}  # picture documents' thumbnails (memory only)
-        self.matches: set[str] | None = None  # conversation ids a search found
-        self.current: str | None = None
-        self.pinned: set[str] = set()
-        self.restores: dict[str, str] = {}  # conversation id -> how its last resume went
-        self._filling = False
 
     # -- conversations -------------------------------------------------------------------
     def set_conversations(self, conversations: list[ConversationSummary]) -> None:

@@ -217,6 +217,20 @@ def _read_header(handle: BinaryIO) -> tuple[BlockHeader, bytes]:
     return header, raw
 
 
+def _read_sealed_meta(handle: BinaryIO, aead: AESGCM, digest: bytes) -> dict[str, Any]:
+    """The block's sealed metadata, after its header: bounded, then authenticated."""
+    (sealed_len,) = _U32.unpack(_read_exact(handle, _U32.size, "sealed length"))
+    if sealed_len > MAX_HEADER_BYTES + 12 + _TAG_BYTES or sealed_len < 12 + _TAG_BYTES:
+        raise BlockFormatError("sealed metadata length is out of range")
+    sealed = _read_exact(handle, sealed_len, "sealed metadata")
+    try:
+        meta_raw = aead.decrypt(sealed[:12], sealed[12:], _sealed_aad(digest))
+    except InvalidTag:
+        raise BlockFormatError("sealed metadata failed authentication") from None
+    meta: dict[str, Any] = json.loads(meta_raw)
+    return meta
+
+
 def read_block(
     path: Path,
     data_key: bytes,
@@ -237,16 +251,8 @@ def read_block(
         if digest_hex != expected_digest:
             raise BlockFormatError("header does not match the catalog (swapped or rolled back)")
         digest = bytes.fromhex(digest_hex)
-        (sealed_len,) = _U32.unpack(_read_exact(handle, _U32.size, "sealed length"))
-        if sealed_len > MAX_HEADER_BYTES + 12 + _TAG_BYTES or sealed_len < 12 + _TAG_BYTES:
-            raise BlockFormatError("sealed metadata length is out of range")
-        sealed = _read_exact(handle, sealed_len, "sealed metadata")
         aead = AESGCM(data_key)
-        try:
-            meta_raw = aead.decrypt(sealed[:12], sealed[12:], _sealed_aad(digest))
-        except InvalidTag:
-            raise BlockFormatError("sealed metadata failed authentication") from None
-        meta: dict[str, Any] = json.loads(meta_raw)
+        meta = _read_sealed_meta(handle, aead, digest)
         payload = None
         if keep_payload:
             payload = (

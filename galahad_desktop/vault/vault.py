@@ -25,7 +25,7 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.paths import ensure_private_dir
 from galahad_desktop.system.files import create_private_file, fsync_dir
 from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
-from galahad_desktop.vault import blockfile, crypto, custody
+from galahad_desktop.vault import blockfile, crypto, custody, restoring
 from galahad_desktop.vault.audit import audit as audit_vault
 from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
 from galahad_desktop.vault.held import HeldVault
@@ -82,7 +82,7 @@ class Vault:
         # front ends to say once.
         self.recovered: list[str] = list(recovered)
         if not inspect_only:
-            note, finished = custody.recover_restore(Path(data_dir))
+            note, finished = restoring.recover_restore(Path(data_dir))
             if note:
                 self.recovered.append(note)
             accept_older = accept_older or finished

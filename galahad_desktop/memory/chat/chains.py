@@ -11,6 +11,7 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import CompactResult
+from galahad_desktop.vault.names import BlockRow
 from galahad_desktop.vault.vault import tokens_digest
 
 
@@ -58,8 +59,32 @@ class Chains:
                     len(own),
                     skipped=f"block {row['id']} has other continuations",
                 )
-        last, base = merge[-1], merge[0]["parent_id"]
         start = time.perf_counter()
+        merged, rewritten = self._write_merged(conversation_id, merge, successor)
+        crashpoint("compact-before-commit")
+        gone = [r["id"] for r in merge]
+        self._commit(conversation_id, merged, rewritten, successor, merge[-1]["id"], gone)
+        self.vault.unlink_block_files([*gone, successor["id"]], keep={rewritten["file_name"]})
+        holding = self.live.holding
+        if holding and holding.owner_id == conversation_id and holding.block_id in gone:
+            self.live.drop()
+        return CompactResult(
+            conversation_id,
+            len(own),
+            len(merge),
+            len(own) - len(merge) + 1,
+            merged["id"],
+            merged["file_bytes"],
+            sum(r["file_bytes"] for r in merge) - merged["file_bytes"],
+            (time.perf_counter() - start) * 1e3,
+        )
+
+    def _write_merged(
+        self, conversation_id: str, merge: list[BlockRow], successor: BlockRow
+    ) -> tuple[BlockRow, BlockRow]:
+        """Write the merged block (the cells the links to merge held at their end) and the
+        first kept link rewritten to continue from it; neither is in the catalog yet."""
+        last, base = merge[-1], merge[0]["parent_id"]
         owners = self.conversations.chain_owners(conversation_id)
         stored = self.live.read_state(last["id"], owners)
         state = kvstate.parse(stored.payload, stored.size)
@@ -97,41 +122,31 @@ class Chains:
             pos_start=successor["pos_start"],
             rewrite_of=successor["id"],
         )
-        del link
-        crashpoint("compact-before-commit")
-        gone = [r["id"] for r in merge]
+        return merged, rewritten
+
+    def _commit(
+        self,
+        conversation_id: str,
+        merged: BlockRow,
+        rewritten: BlockRow,
+        successor: BlockRow,
+        last_id: str,
+        gone: list[str],
+    ) -> None:
+        """One transaction: the merged block in, the kept link pointed at its new file, the
+        messages moved to the merged block, the merged-away links out, the head resealed."""
         records = self.vault.records
+        moved = {
+            "parent_id": rewritten["parent_id"],
+            "file_name": rewritten["file_name"],
+            "file_bytes": rewritten["file_bytes"],
+            "header_sha256": rewritten["header_sha256"],
+            "wrapped_key": rewritten["wrapped_key"],
+        }
         with self.vault.transaction():
             records.insert("blocks", merged)
-            records.update(
-                "blocks",
-                successor["id"],
-                {
-                    k: rewritten[k]
-                    for k in (
-                        "parent_id",
-                        "file_name",
-                        "file_bytes",
-                        "header_sha256",
-                        "wrapped_key",
-                    )
-                },
-            )
-            records.update_where("messages", {"block_id": merged["id"]}, block_id=last["id"])
+            records.update("blocks", successor["id"], moved)
+            records.update_where("messages", {"block_id": merged["id"]}, block_id=last_id)
             records.update_in("messages", {"block_id": None}, "block_id", gone)
             self.vault.delete_block_rows(gone)
-            self.live.records.reseal("conversations", conversation_id)
-        self.vault.unlink_block_files([*gone, successor["id"]], keep={rewritten["file_name"]})
-        holding = self.live.holding
-        if holding and holding.owner_id == conversation_id and holding.block_id in gone:
-            self.live.drop()
-        return CompactResult(
-            conversation_id,
-            len(own),
-            len(merge),
-            len(own) - len(merge) + 1,
-            merged["id"],
-            merged["file_bytes"],
-            sum(r["file_bytes"] for r in merge) - merged["file_bytes"],
-            (time.perf_counter() - start) * 1e3,
-        )
+            records.reseal("conversations", conversation_id)

@@ -19,6 +19,7 @@ from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
 from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.vault import new_id
@@ -36,13 +37,16 @@ PICTURE = "\x00picture:"  # marks a picture's turn among the pairs (never a mess
 
 
 class Continuation:
-    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+    def __init__(
+        self, live: LiveContext, conversations: Conversations, turns: ConversationTurns
+    ) -> None:
         self.live = live
         self.vault = live.vault
         self.conversations = conversations
+        self.turns = turns
 
     def reply_room(self) -> int:
-        return self.conversations.reply_room()
+        return self.turns.reply_room()
 
     def summary_tokens(self) -> int:
         return min(SUMMARY_TOKENS, self.live.engine.n_ctx // 4)
@@ -223,7 +227,7 @@ class Continuation:
         row = conversations.row(new)
         counters = Counters()
         live.drop()
-        conversations.ensure_live(row, counters, job)
+        self.turns.ensure_live(row, counters, job)
         user_start = len(engine.tokens) - len(turns.probe)
         tokens: list[int] = []
         ranges: list[tuple[str, str, int, int, int]] = []
@@ -241,7 +245,7 @@ class Continuation:
         total = len(tokens)
         engine.evaluate(tokens, job.step(0, total, time.perf_counter()))
         block, _record = live.persist(
-            "conversation", new, conversations.live_parent(row, None), 1, counters
+            "conversation", new, self.turns.live_parent(row, None), 1, counters
         )
         records = live.records
         now = time.time()

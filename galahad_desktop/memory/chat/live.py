@@ -25,7 +25,7 @@ from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.picture import Picture
-from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.protocol import ChatEngine, StateBuffer
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.engine.vision import LedgerRead, Vision, holds_pictures
 from galahad_desktop.errors import InputError, IntegrityError, ModelError
@@ -388,6 +388,25 @@ class LiveContext:
         )
 
     # -- persisting ----------------------------------------------------------------------
+    def _capture_whole(
+        self, ledger: list[int]
+    ) -> tuple[tuple[StateBuffer, int], list[kvstate.Ranges] | None, float]:
+        """The whole sequence's state, its layout (None: one this version cannot splice)
+        and the ms it took. The live context continues from exactly what a resume will
+        rebuild: it can hold more than the per-sequence state carries (with swa_full every
+        sliding-window cell stays live, the state keeps only the window), so the captured
+        state is grafted back in place and every future resume computes from the same cells."""
+        engine = self.engine
+        payload, used, capture_ms = engine.capture()
+        capture_ms += engine.restore(payload, ledger, used)
+        layout = None
+        if kvstate.chains_supported():
+            try:
+                layout = kvstate.parse(payload, used).layout()
+            except kvstate.KVLayoutError as exc:
+                log.warning("a state this version cannot splice: %s", exc)
+        return (payload, used), layout, capture_ms
+
     def persist(
         self,
         kind: BlockKind,
@@ -421,23 +440,13 @@ class LiveContext:
             and kvstate.chains_supported()
         ):
             link = self._capture_link(parent_end, len(ledger))
+        layout: list[kvstate.Ranges] | None
         if link is not None:
             block, layout, capture_ms = (link[0], link[1]), link[2], link[3]
             start = parent_end
         else:
-            payload, used, capture_ms = engine.capture()
-            # Continue from exactly what a resume will rebuild: the live context can hold
-            # more than the per-sequence state carries (with swa_full every sliding-window
-            # cell stays live, the state keeps only the window). Re-grafting the captured
-            # state in place makes this conversation's own continuation and every future
-            # resume compute from the same cells.
-            capture_ms += engine.restore(payload, ledger, used)
-            block, layout, start = (payload, used), None, 0
-            if kvstate.chains_supported():
-                try:
-                    layout = kvstate.parse(payload, used).layout()
-                except kvstate.KVLayoutError as exc:
-                    log.warning("a state this version cannot splice: %s", exc)
+            block, layout, capture_ms = self._capture_whole(ledger)
+            start = 0
         if mid_turn:
             engine.hold()
         engine.evaluate(engine.probe_tokens)  # the next turn's opening: needed anyway

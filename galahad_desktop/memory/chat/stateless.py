@@ -26,6 +26,7 @@ from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.system_prompt import CUSTOM, MAX_SYSTEM_CHARS
+from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.results import ChatCompletion, ChatMessage, TurnResult
 from galahad_desktop.vault.vault import new_id
 
@@ -119,6 +120,7 @@ class StatelessChats:
         self,
         live: LiveContext,
         conversations: Conversations,
+        turns: ConversationTurns,
         forget: Callable[[str], object],
         add_picture: AddPicture,
     ) -> None:
@@ -126,6 +128,7 @@ class StatelessChats:
         self.vault = live.vault
         self.records = live.records
         self.conversations = conversations
+        self.turns = turns
         self.forget = forget  # a conversation this request made, when the request fails
         self.add_picture = add_picture  # a picture read into a conversation as its turn
 
@@ -191,7 +194,7 @@ class StatelessChats:
                 self._index(conversation_id, request.system, request.pairs[:turns])
             self._read_pictures(conversation_id, request.question, counters, job)
             question = request.question.text
-            result = self.conversations.send(conversation_id, question, params, job)
+            result = self.turns.send(conversation_id, question, params, job)
         except BaseException:
             # What the context holds is no longer any stored turn (a read stopped part way).
             self.live.drop()
@@ -243,7 +246,7 @@ class StatelessChats:
         stored there and continue in a copy, so the original stays as it was."""
         conv = self.conversations.row(conversation_id)
         rows = self.conversations.message_rows(conversation_id)
-        self.conversations.rewind(conv, rows, seq, counters, job)
+        self.turns.rewind(conv, rows, seq, counters, job)
         title = self.conversations.title(conv)
         copy_id = copy_conversation(self.vault, conv, rows, seq, title, API_ORIGIN)
         self.live.mark(copy_id, None)  # the context holds the copy's history: go on from it
@@ -268,7 +271,7 @@ class StatelessChats:
             raise InputError("An earlier user message is empty.")
         conversations = self.conversations
         conv = conversations.row(conversation_id)
-        conversations.ensure_live(conv, counters, job)
+        self.turns.ensure_live(conv, counters, job)
         engine = self.live.engine
         seq = conv["n_messages"] or 0
         first = seq == 0 and not conv["document_id"]
@@ -276,13 +279,13 @@ class StatelessChats:
         user_tokens = engine.turns.user_turn(prompt, False)
         reply_tokens = engine.encode_text(reply) + engine.model_close()
         needed = len(user_tokens) + len(reply_tokens)
-        if needed + conversations.reply_room() > engine.room():
+        if needed + self.turns.reply_room() > engine.room():
             raise InputError(
                 f"The messages need more than the model's {engine.n_ctx:,}-token context "
                 "(context_length_exceeded); send a shorter history."
             )
         user_start = len(engine.tokens) - len(engine.probe_tokens)
-        conversations.read_user_turn(conv, first, prompt, user_tokens, counters, job)
+        self.turns.read_user_turn(conv, first, prompt, user_tokens, counters, job)
         reply_start = len(engine.tokens)
         counters.prefill_ms += engine.evaluate(reply_tokens, job)
         counters.new_tokens += len(reply_tokens)
@@ -290,11 +293,11 @@ class StatelessChats:
         row, _record = self.live.persist(
             "conversation",
             conversation_id,
-            conversations.live_parent(conv, conv["head_block_id"]),
+            self.turns.live_parent(conv, conv["head_block_id"]),
             self.live.next_generation(conversation_id),
             counters,
         )
-        conversations.commit_turn(
+        self.turns.commit_turn(
             conv, row, seq, user, reply, (user_start, reply_start, reply_end), []
         )
 

@@ -21,6 +21,7 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.documents.extraction import (
     NoTextLayer,
     extract_text_bounded,
@@ -57,12 +58,14 @@ class Documents:
         self,
         live: LiveContext,
         conversations: Conversations,
+        turns: ConversationTurns,
         on_parts_added: Callable[[list[NewPart]], None],
     ) -> None:
         self.live = live
         self.vault = live.vault
         self.records = live.records
         self.conversations = conversations
+        self.turns = turns
         self.on_parts_added = on_parts_added  # the router's index follows deposits
 
     @property
@@ -603,7 +606,7 @@ class Documents:
         conversations = self.conversations
         conv = conversations.row(conversation_id)
         counters = Counters()
-        graft = conversations.ensure_live(conv, counters, job)
+        graft = self.turns.ensure_live(conv, counters, job)
         engine = self.engine
         tokens, pictures = ledger()
         if len(tokens) + 64 > engine.room():
@@ -621,11 +624,11 @@ class Documents:
         row, _record = self.live.persist(
             "conversation",
             conv["id"],
-            conversations.live_parent(conv, conv["head_block_id"] or None),
+            self.turns.live_parent(conv, conv["head_block_id"] or None),
             self.live.next_generation(conv["id"]),
             counters,
         )
-        conversations.commit_turn(
+        self.turns.commit_turn(
             conv,
             row,
             conv["n_messages"] or 0,

@@ -256,32 +256,9 @@ def decide_reranked(
     )
     margin = first.pmi - rival.pmi if rival is not None else float("inf")
     base = replace(base, best_score=first.pmi, margin=margin, strength=first.pmi)
-    if first.pmi < min_pmi:
-        return replace(
-            base,
-            reason=(
-                f"the model finds no part that explains the question: the best, part "
-                f"{first.part_no} of {first.n_parts}, makes it only {first.pmi:.1f} nats more "
-                f"likely (at least {min_pmi:.1f} is needed)"
-            ),
-        )
-    if margin < min_margin:
-        alike = "two parts" if one_document else "parts of two documents"
-        return replace(
-            base,
-            reason=(
-                f"{alike} explain the question about as well ({first.pmi:.1f} and "
-                f"{first.pmi - margin:.1f} nats; the best must lead by {min_margin:.1f})"
-            ),
-        )
-    if first.part_id != retrieval_best and first.pmi < alone_pmi:
-        return replace(
-            base,
-            reason=(
-                f"the model prefers part {first.part_no} of {first.n_parts} ({first.pmi:.1f} "
-                f"nats), the words another part; overruling them needs {alone_pmi:.1f} nats"
-            ),
-        )
+    refusal = _refusal(first, margin, retrieval_best, min_pmi, min_margin, alone_pmi, one_document)
+    if refusal:
+        return replace(base, reason=refusal)
     cited = [by_id[first.part_id]] + [
         by_id[s.part_id]
         for s in scores[1:3]
@@ -291,3 +268,33 @@ def decide_reranked(
         and not one_document
     ]
     return replace(base, confident=True, cited=cited)
+
+
+def _refusal(
+    first: PartScore,
+    margin: float,
+    retrieval_best: str | None,
+    min_pmi: float,
+    min_margin: float,
+    alone_pmi: float,
+    one_document: bool,
+) -> str:
+    """Why the model's evidence does not settle the question, in words ("": it does)."""
+    if first.pmi < min_pmi:
+        return (
+            f"the model finds no part that explains the question: the best, part "
+            f"{first.part_no} of {first.n_parts}, makes it only {first.pmi:.1f} nats more "
+            f"likely (at least {min_pmi:.1f} is needed)"
+        )
+    if margin < min_margin:
+        alike = "two parts" if one_document else "parts of two documents"
+        return (
+            f"{alike} explain the question about as well ({first.pmi:.1f} and "
+            f"{first.pmi - margin:.1f} nats; the best must lead by {min_margin:.1f})"
+        )
+    if first.part_id != retrieval_best and first.pmi < alone_pmi:
+        return (
+            f"the model prefers part {first.part_no} of {first.n_parts} ({first.pmi:.1f} "
+            f"nats), the words another part; overruling them needs {alone_pmi:.1f} nats"
+        )
+    return ""

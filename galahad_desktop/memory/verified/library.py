@@ -28,6 +28,7 @@ from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import MODEL_CHANGED, LiveContext, Rendered
+from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.results import LibraryUse, TurnResult
 from galahad_desktop.memory.verified.verifiers import Verdict, normalize, verifier_for
 from galahad_desktop.vault.names import BlockRow, ConversationRow
@@ -82,10 +83,13 @@ def problem_key(question: str) -> tuple[str, str]:
 
 
 class VerifiedLibrary:
-    def __init__(self, live: LiveContext, conversations: Conversations) -> None:
+    def __init__(
+        self, live: LiveContext, conversations: Conversations, turns: ConversationTurns
+    ) -> None:
         self.live = live
         self.vault = live.vault
         self.conversations = conversations
+        self.turns = turns
 
     # -- entries -------------------------------------------------------------------------
     def check(self, question: str, answer: str) -> Verdict | None:
@@ -285,14 +289,14 @@ class VerifiedLibrary:
             and not conversations.system_text(conv)
         )
         if hit is None or (hit.mode == "transfer" and not fresh):
-            result = conversations.send(conversation_id, question, params, job)
+            result = self.turns.send(conversation_id, question, params, job)
             result.library = LibraryUse("none", hit.score if hit else None)
             return result
         counters = Counters()
         self.live.records.check("conversations", conv)
         if hit.mode == "transfer":
             graft = self.live.graft(hit.entry.block_id, hit.entry.id, counters, job)
-            result = conversations.turn(
+            result = self.turns.turn(
                 conv,
                 question,
                 counters,
@@ -369,7 +373,7 @@ class VerifiedLibrary:
         counters.new_tokens += len(record.probe_tokens)
         start = time.perf_counter()
         boundaries = entry.verdict.get("boundaries", [1, n_tokens, n_tokens])
-        self.conversations.commit_turn(
+        self.turns.commit_turn(
             conv,
             row,
             0,
@@ -401,9 +405,9 @@ class VerifiedLibrary:
         job: Job,
     ) -> TurnResult:
         """Mid-conversation: the stored answer is appended as tokens (prefill, no decoding)."""
-        live, conversations = self.live, self.conversations
+        live = self.live
         engine = live.engine
-        graft = conversations.ensure_live(conv, counters, job, seal_checked=True)
+        graft = self.turns.ensure_live(conv, counters, job, seal_checked=True)
         user_start = len(engine.tokens) - len(engine.probe_tokens)
         user_tokens = engine.turns.user_turn(question, bool(conv.get("thinking")))
         answer_tokens = engine.encode_text(entry.answer) + engine.model_close()
@@ -418,11 +422,11 @@ class VerifiedLibrary:
         row, _record = live.persist(
             "conversation",
             conv["id"],
-            conversations.live_parent(conv, conv["head_block_id"]),
+            self.turns.live_parent(conv, conv["head_block_id"]),
             live.next_generation(conv["id"]),
             counters,
         )
-        conversations.commit_turn(
+        self.turns.commit_turn(
             conv,
             row,
             conv["n_messages"] or 0,
