@@ -33,8 +33,18 @@ if compgen -G ".venv/lib/python3*/site-packages/llama_cpp/lib/libggml-vulkan.so"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     mesa-vulkan-drivers >/dev/null
 fi
-run_pytest "$@"
-if [ "$#" -eq 0 ]; then
-  echo "test.sh: the window tests again, on a real X server with a window manager"
-  run_pytest --x -p no:cacheprovider tests/test_gui.py tests/test_ui_look.py
+if [ "$#" -gt 0 ]; then
+  run_pytest "$@"
+  exit
 fi
+# The whole suite in two parts, so both figures the project holds itself to are printed:
+# the fast tier (limit 30 s on 2 cores) and the whole suite (limit 20 minutes).
+started=$SECONDS
+run_pytest -m "not model" -p no:cacheprovider
+fast=$((SECONDS - started))
+echo "test.sh: the fast tier took ${fast} s (limit 30 s)"
+run_pytest -m model -p no:cacheprovider --durations=25
+echo "test.sh: the window tests again, on a real X server with a window manager"
+run_pytest --x -p no:cacheprovider tests/test_gui.py tests/test_ui_look.py
+total=$((SECONDS - started))
+echo "test.sh: the fast tier took ${fast} s (limit 30 s); the whole suite $((total / 60)) min $((total % 60)) s (limit 20 min)"
