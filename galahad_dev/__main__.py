@@ -14,8 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench import parse_sizes
 from galahad_desktop.cli.common import parse_pairs
+from galahad_desktop.errors import InputError
+from galahad_desktop.system.files import read_regular_file
+from galahad_dev import bench
+from galahad_dev.bench import parse_sizes
+
+GENERATED = "generated"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,9 +31,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="development benchmarks")
-    bench.add_argument("kind", choices=["persist", "pickle", "plot"])
-    bench.add_argument("--sizes", default="1000,4000,16000")
-    bench.add_argument("--reps", type=int, default=3)
+    bench.add_argument(
+        "kind", choices=["resume", "deposit", "kv-quality", "persist", "pickle", "plot"]
+    )
+    bench.add_argument(
+        "--sizes",
+        default="1000,4000,16000",
+        help="token counts, comma-separated (kv-quality: the first is the tokens read)",
+    )
+    bench.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
+    bench.add_argument(
+        "--kv-types", default="f16,q8_0", help="resume, deposit: KV cache types, side by side"
+    )
+    bench.add_argument("--window", type=int, default=256, help="kv-quality: tokens predicted")
+    bench.add_argument("--text", type=Path, help="kv-quality: a held-out text (default: generated)")
+    bench.add_argument(
+        "--image",
+        nargs="?",
+        const=GENERATED,
+        metavar="PICTURE",
+        help="resume: one picture (default: a generated photo) restored from its block against "
+        "the vision encoder and prefill again (needs a model with a vision projector)",
+    )
     bench.add_argument("--turns", type=int, default=3)
     bench.add_argument(
         "--from",
@@ -101,6 +125,33 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def measure(
+    args: argparse.Namespace, sizes: list[int], overrides: dict[str, Any]
+) -> tuple[str, dict[str, Any], str]:
+    """bench resume|deposit|kv-quality: the app's restore and reading against plain
+    llama.cpp on this machine, in a throwaway data directory."""
+    kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
+    if any(k not in ("f16", "q8_0") for k in kv_types) or not kv_types:
+        raise InputError("--kv-types takes f16, q8_0 or both (comma-separated).")
+    if args.image is not None and args.kind != "resume":
+        raise InputError("--image goes with `bench resume`.")
+    if args.image is not None:
+        picture = None if args.image == GENERATED else Path(args.image)
+        result = bench.bench_picture(args.reps, args.model, overrides, log, picture)
+        return "bench-resume-image", result, bench.picture_table(result)
+    if args.kind == "resume":
+        result = bench.bench_resume(sizes, args.reps, args.model, overrides, log, kv_types)
+        return "bench-resume", result, bench.resume_table(result)
+    if args.kind == "deposit":
+        result = bench.bench_deposit(sizes, args.reps, args.model, overrides, log, kv_types)
+        return "bench-deposit", result, bench.deposit_table(result)
+    source = None
+    if args.text is not None:
+        source = read_regular_file(args.text, 64 * 2**20, "a text").decode("utf-8", "replace")
+    result = bench.bench_kv_quality(sizes[0], args.window, args.model, overrides, log, source)
+    return "bench-kv-quality", result, bench.quality_table(result)
+
+
 def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
     overrides = parse_pairs(args.set)
     if args.command == "bench":
@@ -113,6 +164,8 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
                 raise SystemExit("No plot: install the 'bench' extra (matplotlib).")
             return "bench-plot", {"plot": str(path)}, f"wrote {path}"
         sizes = parse_sizes(args.sizes)
+        if args.kind in ("resume", "deposit", "kv-quality"):
+            return measure(args, sizes, overrides)
         if args.kind == "persist":
             result = peers.bench_persist(sizes, args.turns, args.model, overrides, log)
             text = json.dumps(result["summary"], indent=1)
@@ -230,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = args.out / f"{name}.json"
     result["saved_to"] = str(path)
     result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    result.setdefault("stamp", bench.stamp(result.get("fingerprint")))
     path.write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result, default=str) if args.json else text)
     return 0

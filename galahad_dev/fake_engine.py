@@ -25,7 +25,7 @@ from galahad_desktop.engine.chat_format import GEMMA3_TURNS, TurnFormat
 from galahad_desktop.engine.decoding import Generation, decode_reply
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
-from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.protocol import ChatEngine, check_state_fits
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
@@ -336,11 +336,7 @@ class FakeEngine:
     def restore(
         self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int], size: int | None = None
     ) -> float:
-        if len(tokens) > self.n_ctx:
-            raise InputError(
-                f"The stored state holds {len(tokens)} tokens, more than the "
-                f"{self.n_ctx}-token context."
-            )
+        check_state_fits(len(tokens), self.n_ctx)
         size = ctypes.sizeof(payload) if size is None else size
         try:
             state = kvstate.parse(payload, size)

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench import Bench, Log, machine
 from galahad_desktop.memory.verified.verifiers import verifier_for
+from galahad_dev.bench import Bench, Log, machine
 
 UNIT_TEMPLATES = (("km", "m"), ("kg", "g"), ("h", "min"), ("m", "cm"), ("l", "ml"))
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from galahad_desktop.errors import GalahadError, InputError
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.transfer import formats
+from galahad_desktop.memory.transfer import exporters
 from galahad_desktop.vault.keys import MemoryKeyStore
 from galahad_dev import import_samples
 from galahad_dev.fake_engine import fake_factory
@@ -54,10 +54,10 @@ OTHER_VALUES: list[Any] = [
 
 def _galahad_sample(path: Path) -> Path:
     messages = [
-        formats.ExportedMessage("user", "Wie hoch ist der Mont Blanc?", 1_700_000_000.0),
-        formats.ExportedMessage("model", "Etwa 4.806 Meter.", 1_700_000_050.0),
+        exporters.ExportedMessage("user", "Wie hoch ist der Mont Blanc?", 1_700_000_000.0),
+        exporters.ExportedMessage("model", "Etwa 4.806 Meter.", 1_700_000_050.0),
     ]
-    path.write_text(formats.to_json("Berge", 1_700_000_000.0, 1_700_000_050.0, messages))
+    path.write_text(exporters.to_json("Berge", 1_700_000_000.0, 1_700_000_050.0, messages))
     return path
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench import Bench, Log, machine, rss_mb
+from galahad_dev.bench import Bench, Log, machine, rss_mb
 from galahad_dev.corpus import Corpus, Needle
 from galahad_dev.needles import question
 

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench import Bench, Log, context_for, machine
+from galahad_dev.bench import Bench, Log, context_for, machine
 from galahad_dev.corpus import Corpus
 
 CODE = re.compile(r"(?<!\d)\d{4}(?!\d)")

@@ -1,4 +1,4 @@
-"""Development benchmarks beside the shipped `galahad bench`: per-turn persist as chain links
+"""Development benchmarks beside `bench resume|deposit`: per-turn persist as chain links
 against whole states, llama-cpp-python's save_state + pickle as a peer baseline for resume,
 and the README's plots (matplotlib, the `bench` extra).
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from galahad_desktop.bench import Bench, Log, context_for, llama_engine, median, ms_since
 from galahad_desktop.engine.engine import Engine
+from galahad_dev.bench import Bench, Log, context_for, llama_engine, median, ms_since
 
 
 def bench_pickle(

@@ -37,13 +37,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.bench import Bench, Log, machine
 from galahad_desktop.engine.embedder import Embedder
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.rerank import Reranking, decide_reranked
 from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
+from galahad_dev.bench import Bench, Log, machine
 from galahad_dev.vector_cache import VectorCache
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"

@@ -7,10 +7,10 @@ cd "$(dirname "$0")/.."
 source .venv/bin/activate
 out=benchmarks/results
 declare -A commands=(
-  [bench-resume]="galahad bench resume --sizes 1000,4000,16000 --reps 2 --out $out"
-  [bench-deposit]="galahad bench deposit --sizes 1000,4000,16000 --reps 1 --out $out"
-  [bench-kv-quality]="galahad bench kv-quality --sizes 4000 --window 256 --text benchmarks/routing/documents/gpl-3.txt --out $out"
-  [bench-resume-image]="galahad bench resume --image --reps 5 --model MODEL --set n_ctx=4096 --out $out"
+  [bench-resume]="python -m galahad_dev bench resume --sizes 1000,4000,16000 --reps 2"
+  [bench-deposit]="python -m galahad_dev bench deposit --sizes 1000,4000,16000 --reps 1"
+  [bench-kv-quality]="python -m galahad_dev bench kv-quality --sizes 4000 --window 256 --text benchmarks/routing/documents/gpl-3.txt"
+  [bench-resume-image]="python -m galahad_dev --model MODEL --set n_ctx=4096 bench resume --image --reps 5"
   [bench-persist]="python -m galahad_dev bench persist --sizes 1000,4000,16000 --turns 3"
   [eval-import]="python -m galahad_dev eval import --mutations 1000 --seed 0"
   [eval-destinations]="python -m galahad_dev eval destinations"
@@ -22,9 +22,9 @@ declare -A commands=(
   [eval-routing]="python -m galahad_dev eval routing"
   [eval-routing-gemma4-test]="python -m galahad_dev --model MODEL --out OUT eval routing --documents dpkg-triggers.txt,gpl-3.txt,emacs-tutorial-ja.txt,man-db-manual.txt --ledgers 1"
   [eval-flywheel]="python -m galahad_dev eval flywheel --problems 30 --attempts 5"
-  [ui-stall]="python -m benchmarks.ui_stall --json"
-  [ui-render]="python -m benchmarks.ui_render --json"
-  [bench-server]="python -m benchmarks.server_ttft"
+  [ui-stall]="python -m galahad_dev.ui_stall --json"
+  [ui-render]="python -m galahad_dev.ui_render --json"
+  [bench-server]="python -m galahad_dev.server_ttft"
 )
 names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=("${!commands[@]}")

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH" PYTHON="$PWD/.venv/bin/python"
 export QT_QPA_PLATFORM=offscreen PYTHONUNBUFFERED=1
-ruff check galahad_desktop galahad_dev tests benchmarks scripts
+ruff check galahad_desktop galahad_dev tests scripts
 mypy
 lint-imports --no-cache
 run_pytest() {  # [--x] pytest arguments

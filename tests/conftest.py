@@ -77,53 +77,59 @@ def keystore() -> MemoryKeyStore:
     return MemoryKeyStore()
 
 
+@contextlib.contextmanager
+def _closed_after() -> Iterator[list[Galahad]]:
+    """The cores a factory opened, each closed when the test is done."""
+    opened: list[Galahad] = []
+    try:
+        yield opened
+    finally:
+        for core in opened:
+            with contextlib.suppress(Exception):
+                core.close()
+
+
 @pytest.fixture()
 def make_core(
     tmp_path: Path, keystore: MemoryKeyStore, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., Galahad]]:
     """Open a Galahad core on tmp_path/data (a fresh engine each call) with the real model:
     the parametrized family when the test asks for `family`, else the embedded Gemma 3."""
-    opened: list[Galahad] = []
     model = None
     if "family" in request.fixturenames:
         model = request.getfixturevalue("family_model")
+    with _closed_after() as opened:
 
-    def factory(data: Path | None = None, **overrides: Any) -> Galahad:
-        core = Galahad(
-            data or tmp_path / "data",
-            model_path=model,
-            keystore=keystore,
-            overrides={**TEST_OVERRIDES, **overrides},
-        )
-        opened.append(core)
-        return core
+        def factory(data: Path | None = None, **overrides: Any) -> Galahad:
+            core = Galahad(
+                data or tmp_path / "data",
+                model_path=model,
+                keystore=keystore,
+                overrides={**TEST_OVERRIDES, **overrides},
+            )
+            opened.append(core)
+            return core
 
-    yield factory
-    for core in opened:
-        with contextlib.suppress(Exception):
-            core.close()
+        yield factory
 
 
 @pytest.fixture()
 def make_fake_core(tmp_path: Path, keystore: MemoryKeyStore) -> Iterator[Callable[..., Galahad]]:
     """A core on the fake engine (fast tier): real vault, catalog, chains and proofs."""
-    opened: list[Galahad] = []
+    with _closed_after() as opened:
 
-    def factory(flavour: str = "gemma3", data: Path | None = None, **overrides: Any) -> Galahad:
-        core = Galahad(
-            data or tmp_path / "data",
-            model_path=tmp_path / f"fake-{flavour}.gguf",
-            keystore=keystore,
-            overrides={"n_ctx": 2048, "temperature": 0.0, **overrides},
-            engine_factory=fake_factory(flavour),
-        )
-        opened.append(core)
-        return core
+        def factory(flavour: str = "gemma3", data: Path | None = None, **overrides: Any) -> Galahad:
+            core = Galahad(
+                data or tmp_path / "data",
+                model_path=tmp_path / f"fake-{flavour}.gguf",
+                keystore=keystore,
+                overrides={"n_ctx": 2048, "temperature": 0.0, **overrides},
+                engine_factory=fake_factory(flavour),
+            )
+            opened.append(core)
+            return core
 
-    yield factory
-    for core in opened:
-        with contextlib.suppress(Exception):
-            core.close()
+        yield factory
 
 
 def _private_keyring() -> bool:

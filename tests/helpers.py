@@ -101,3 +101,40 @@ def when_a_modal_opens(act: Callable[[Any], None]) -> list[str]:
 
     QTimer.singleShot(50, check)
     return seen
+
+
+def dev(
+    *args: str,
+    tmp_path: Path,
+    timeout: float = 900,
+    data_dir: Path | None = None,
+    model: Path | None = None,
+) -> dict[str, Any]:
+    """`python -m galahad_dev ...` (the development tools), one JSON object back;
+    `data_dir`: where a user's data would be (a benchmark must never touch it)."""
+    env = {**os.environ, **({"GALAHAD_DATA_DIR": str(data_dir)} if data_dir else {})}
+    head = ["--model", str(model)] if model is not None else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "galahad_dev", "--json", "--out", str(tmp_path), *head, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def show_window(qtbot: Any, bridge: Any, data_dir: Path, prompts: Any, wait_ms: int) -> Any:
+    """The main window on a bridge, its modal questions answered by `prompts`, shown and
+    settled (opened, and nothing left waiting in its lanes)."""
+    from galahad_desktop.ui.main_window import MainWindow
+
+    window = MainWindow(bridge, data_dir)
+    window.prompts = prompts
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.opened, timeout=wait_ms):
+        window.show()
+    qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=wait_ms)
+    return window

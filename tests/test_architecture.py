@@ -138,7 +138,7 @@ def test_every_write_path_opens_binary_on_windows(tmp_path: Path) -> None:
 
 
 def test_peak_memory_is_read_in_the_platforms_unit() -> None:
-    from galahad_desktop.bench import maxrss_mb
+    from galahad_dev.bench import maxrss_mb
 
     assert maxrss_mb(2 * 2**20, "darwin") == 2.0  # bytes on macOS
     assert maxrss_mb(2048, "linux") == 2.0  # KiB on Linux

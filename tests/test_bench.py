@@ -8,39 +8,24 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers import cli_json
+from tests.helpers import dev
 
 pytestmark = pytest.mark.model
 
 
-def dev(*args: str, tmp_path: Path, timeout: float = 900) -> dict[str, Any]:
-    """`python -m galahad_dev ...` (the development tools), one JSON object back."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "galahad_dev", "--json", "--out", str(tmp_path), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
-
-
 def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    result = cli_json(
+    result = dev(
         "bench",
         "resume",
         "--sizes",
         "150,300",
         "--reps",
         "1",
-        "--out",
-        str(out),
+        tmp_path=out,
         data_dir=tmp_path / "unused",
     )
     sizes = (150, 150, 300, 300)  # each size with an f16 and a q8_0 cache, side by side
@@ -63,6 +48,9 @@ def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
         assert row["proof"] == "exact"
         assert set(row["config"]) >= {"flash_attn", "swa_full", "n_batch"}
     assert result["fingerprint"] and (out / "bench-resume.json").exists()
+    stamp = result["stamp"]  # what it was measured on, saved with it
+    assert stamp["fingerprint"] == result["fingerprint"] and stamp["machine"]["cpus"] >= 1
+    assert len(stamp["commit"] or "") == 40 and isinstance(stamp["uncommitted_changes"], bool)
     assert not (tmp_path / "unused").exists()  # benchmarks never touch the user's data
     plot = dev("bench", "plot", "--from", str(out / "bench-resume.json"), tmp_path=tmp_path)
     assert Path(plot["plot"]).stat().st_size > 1000
@@ -71,14 +59,13 @@ def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
 def test_bench_resume_image_restores_a_picture_against_reading_it_again(
     tmp_path: Path, vision_model: Path
 ) -> None:
-    result = cli_json(
+    result = dev(
         "bench",
         "resume",
         "--image",
         "--reps",
         "1",
-        "--out",
-        str(tmp_path / "results"),
+        tmp_path=tmp_path / "results",
         data_dir=tmp_path / "unused",
         model=vision_model,
     )
@@ -93,8 +80,15 @@ def test_bench_resume_image_restores_a_picture_against_reading_it_again(
 
 
 def test_bench_deposit_rows(tmp_path: Path) -> None:
-    deposit = cli_json(
-        "bench", "deposit", "--sizes", "200", "--reps", "1", data_dir=tmp_path / "unused"
+    deposit = dev(
+        "bench",
+        "deposit",
+        "--sizes",
+        "200",
+        "--reps",
+        "1",
+        tmp_path=tmp_path / "results",
+        data_dir=tmp_path / "unused",
     )
     assert [r["kv_type"] for r in deposit["results"]] == ["f16", "q8_0"]
     for row in deposit["results"]:
@@ -114,8 +108,15 @@ def test_bench_deposit_rows(tmp_path: Path) -> None:
 
 
 def test_bench_kv_quality_compares_both_q8_0_routes_with_f16(tmp_path: Path) -> None:
-    result = cli_json(
-        "bench", "kv-quality", "--sizes", "300", "--window", "24", data_dir=tmp_path / "unused"
+    result = dev(
+        "bench",
+        "kv-quality",
+        "--sizes",
+        "300",
+        "--window",
+        "24",
+        tmp_path=tmp_path / "results",
+        data_dir=tmp_path / "unused",
     )
     assert [r["run"] for r in result["results"]] == [
         "f16",
@@ -272,7 +273,7 @@ def test_eval_routing_with_the_model_reranker(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("real_keyring")
 def test_ui_render_benchmark_opens_a_long_conversation(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ui_render", "--messages", "40", "--json"],
+        [sys.executable, "-m", "galahad_dev.ui_render", "--messages", "40", "--json"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -77,18 +77,22 @@ def test_the_terminal_chat_commands_and_no_empty_conversation(tmp_path: Path) ->
     assert "restored" in text or "exact" in text  # /resume 2 grafted the first chat
 
 
-def test_a_shared_system_prompt_is_grafted_exactly_on_the_gemma4_test_model(
-    gemma4_path: Path, tmp_path: Path
-) -> None:
+def _gemma4_core(gemma4_path: Path, tmp_path: Path) -> Galahad:
     from galahad_desktop.vault.keys import MemoryKeyStore
     from tests.helpers import TEST_OVERRIDES
 
-    core = Galahad(
+    return Galahad(
         tmp_path / "data",
         model_path=gemma4_path,
         keystore=MemoryKeyStore(),
         overrides=dict(TEST_OVERRIDES),
     )
+
+
+def test_a_shared_system_prompt_is_grafted_exactly_on_the_gemma4_test_model(
+    gemma4_path: Path, tmp_path: Path
+) -> None:
+    core = _gemma4_core(gemma4_path, tmp_path)
     try:
         words = "You are the archivist of a small harbour town. " * 8
         first = core.send(None, "Hello", system_prompt=words, max_tokens=4)
@@ -108,15 +112,8 @@ def test_a_pasted_document_is_shared_by_first_messages_on_the_gemma4_test_model(
     """Gemma 4 has its own system turn; a document pasted at the start of the first message
     is kept up to its last paragraph break and grafted into the next conversation."""
     from galahad_desktop.memory.results import ChatMessage
-    from galahad_desktop.vault.keys import MemoryKeyStore
-    from tests.helpers import TEST_OVERRIDES
 
-    core = Galahad(
-        tmp_path / "data",
-        model_path=gemma4_path,
-        keystore=MemoryKeyStore(),
-        overrides=dict(TEST_OVERRIDES),
-    )
+    core = _gemma4_core(gemma4_path, tmp_path)
     try:
         doc = "The harbour of Port Elling has three piers; ferries use the north pier. " * 25
         system = ChatMessage("system", "Be brief.")

@@ -22,7 +22,7 @@ from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
 from galahad_dev import import_samples as import_fixtures
-from tests.helpers import photo, story, when_a_modal_opens
+from tests.helpers import photo, show_window, story, when_a_modal_opens
 
 pytestmark = [
     pytest.mark.gui,
@@ -82,12 +82,7 @@ def open_window(qtbot, data_dir: Path) -> Iterator[Callable[..., MainWindow]]:  
     def factory(model: Path | None = None) -> MainWindow:
         bridge = CoreBridge(default_core_factory(data_dir, model))
         bridges.append(bridge)
-        window = MainWindow(bridge, data_dir)
-        window.prompts = ScriptedPrompts()  # type: ignore[assignment]
-        qtbot.addWidget(window)
-        with qtbot.waitSignal(window.opened, timeout=WAIT_MS):
-            window.show()
-        qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
+        window: MainWindow = show_window(qtbot, bridge, data_dir, ScriptedPrompts(), WAIT_MS)
         return window
 
     yield factory

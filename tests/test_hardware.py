@@ -23,7 +23,7 @@ from galahad_desktop.engine import devices
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_dev.redteam import FakeService
-from tests.helpers import ROOT, cli_json, story
+from tests.helpers import ROOT, cli_json, dev, story
 
 GIB = 1024**3
 
@@ -417,7 +417,7 @@ def test_info_and_bench_name_the_device(tmp_path: Path, device_server: str) -> N
     assert placement["device"] != "CPU" and placement["gpu_layers"] == 19
     assert (REAL_GPU or placement["device"].startswith("RPC0")) and placement["kv_devices"]
     assert "CPU" not in placement["kv_devices"]
-    bench = cli_json(
+    bench = dev(
         "--set",
         f"rpc_servers={device_server}",
         "bench",
@@ -426,6 +426,7 @@ def test_info_and_bench_name_the_device(tmp_path: Path, device_server: str) -> N
         "1000",
         "--reps",
         "1",
+        tmp_path=tmp_path / "results",
         data_dir=tmp_path / "bench",
     )
     row = bench["results"][0]

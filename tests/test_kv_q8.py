@@ -90,7 +90,7 @@ def test_an_import_and_a_long_document_in_parts_under_q8_0(
 
 def test_kv_quality_runs_on_the_gemma4_test_model(gemma4_path: Path) -> None:
     """Mechanics only (random weights): every run reads the same tokens and is compared."""
-    from galahad_desktop import bench
+    from galahad_dev import bench
 
     result = bench.bench_kv_quality(256, 16, gemma4_path, {"n_threads": 2}, lambda _l: None)
     assert [r["run"] for r in result["results"]] == [name for name, _c in bench.QUALITY_RUNS]

@@ -112,12 +112,7 @@ def test_serve_remembers_the_history_across_a_restart(
     assert restored.usage.prompt_tokens - cached < 40  # only the new message was read
     again.stop()
     # The same history sent to a server that never saw it is read in full: same reply.
-    fresh = Server(tmp_path / "fresh")
-    servers.append(fresh)
-    reread = fresh.chat(history)
-    assert reread.usage.prompt_tokens_details.cached_tokens == 0
-    assert reread.choices[0].message.content == restored.choices[0].message.content
-    fresh.stop()
+    _a_fresh_server_reads_it_all_and_says_the_same(tmp_path, servers, history, restored)
     shown = run_cli("serve", "--show-key", data_dir=data).stdout.strip()
     assert shown == server.key
     rotated = run_cli("serve", "--rotate-key", data_dir=data).stdout.strip()
@@ -149,12 +144,7 @@ def test_a_system_prompt_and_a_pasted_document_are_read_once_by_the_server(
     cached = answer.usage.prompt_tokens_details.cached_tokens
     assert cached >= 400 and answer.usage.prompt_tokens - cached < 30  # the document too
     again.stop()
-    fresh = Server(tmp_path / "fresh")
-    servers.append(fresh)
-    reread = fresh.chat(asked)
-    assert reread.usage.prompt_tokens_details.cached_tokens == 0
-    assert reread.choices[0].message.content == answer.choices[0].message.content
-    fresh.stop()
+    _a_fresh_server_reads_it_all_and_says_the_same(tmp_path, servers, asked, answer)
     checked = json.loads(run_cli("--json", "verify", "--all", data_dir=tmp_path / "data").stdout)
     assert checked["ok"] and {v["kind"] for v in checked["results"]} >= {"prompt"}
 
@@ -163,3 +153,16 @@ def test_serve_refuses_a_network_address_without_the_flag(tmp_path: Path) -> Non
     proc = run_cli("serve", "--host", "0.0.0.0", data_dir=tmp_path / "data", check=False)
     assert proc.returncode == 4 and "--allow-network" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _a_fresh_server_reads_it_all_and_says_the_same(
+    tmp_path: Path, servers: list[Server], messages: list[Any], reply: Any
+) -> None:
+    """The same messages sent to a server that never saw them are read in full, and the
+    reply is the same as the one that came from memory."""
+    fresh = Server(tmp_path / "fresh")
+    servers.append(fresh)
+    reread = fresh.chat(messages)
+    assert reread.usage.prompt_tokens_details.cached_tokens == 0
+    assert reread.choices[0].message.content == reply.choices[0].message.content
+    fresh.stop()

@@ -39,7 +39,7 @@ from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.render import message_html
 from galahad_desktop.ui.settings_dialog import SettingsDialog
 from galahad_desktop.ui.worker import CoreBridge
-from tests.helpers import when_a_modal_opens
+from tests.helpers import show_window, when_a_modal_opens
 
 pytestmark = pytest.mark.gui
 UI = Path(__file__).resolve().parent.parent / "galahad_desktop" / "ui"
@@ -84,13 +84,7 @@ def window(qtbot, make_fake_core: Callable[..., Galahad], tmp_path: Path) -> Ite
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     bridge = CoreBridge(lambda: make_fake_core(data=data, max_tokens=24))
-    win = MainWindow(bridge, data)
-    win.prompts = Answers()  # type: ignore[assignment]
-    qtbot.addWidget(win)
-    with qtbot.waitSignal(win.opened, timeout=WAIT_MS):
-        win.show()
-    qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
-    yield win
+    yield show_window(qtbot, bridge, data, Answers(), WAIT_MS)
     bridge.stop()
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import openai
 import pytest
 
+from tests.helpers import show_window
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt, QUrl
@@ -68,12 +70,7 @@ def make_window(
             (lambda: GatedDownloads(data)) if downloads else None,
         )
         bridges.append(bridge)
-        win = MainWindow(bridge, data)
-        win.prompts = Answers()  # type: ignore[assignment]
-        qtbot.addWidget(win)
-        with qtbot.waitSignal(win.opened, timeout=WAIT_MS):
-            win.show()
-        qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=WAIT_MS)
+        win: MainWindow = show_window(qtbot, bridge, data, Answers(), WAIT_MS)
         return win
 
     yield factory

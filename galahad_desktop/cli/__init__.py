@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func, needs_core=core)
         return p
 
-    for module in (chat, documents, store, models, verified, measure, serve):
+    for module in (chat, documents, store, models, verified, serve):
         module.register(add)
     return parser
 

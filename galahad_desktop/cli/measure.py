@@ -1,59 +1,17 @@
-"""Measurements any user can run: `galahad bench resume|deposit` and `galahad --self-test`."""
+"""`galahad --self-test`: a small document stored, resumed in a fresh engine and proven exact.
+
+The benchmarks are development tools (`python -m galahad_dev bench`), not part of the app."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.cli.common import Output, parse_pairs
-from galahad_desktop.errors import InputError
-from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 GENERATED = "generated"
-
-
-def cmd_bench(args: argparse.Namespace, out: Output) -> int:
-    from galahad_desktop import bench
-
-    overrides = parse_pairs(args.set)
-    sizes = bench.parse_sizes(args.sizes)
-    kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
-    if any(k not in ("f16", "q8_0") for k in kv_types) or not kv_types:
-        raise InputError("--kv-types takes f16, q8_0 or both (comma-separated).")
-    if args.image is not None and args.kind != "resume":
-        raise InputError("--image goes with `galahad bench resume`.")
-    if args.kind == "resume" and args.image is not None:
-        picture = None if args.image == GENERATED else Path(args.image)
-        result = bench.bench_picture(args.reps, args.model, overrides, out.info, picture)
-        text = bench.picture_table(result)
-    elif args.kind == "resume":
-        result = bench.bench_resume(sizes, args.reps, args.model, overrides, out.info, kv_types)
-        text = bench.resume_table(result)
-    elif args.kind == "deposit":
-        result = bench.bench_deposit(sizes, args.reps, args.model, overrides, out.info, kv_types)
-        text = bench.deposit_table(result)
-    else:
-        source = None
-        if args.text is not None:
-            source = read_regular_file(args.text, 64 * 2**20, "a text").decode("utf-8", "replace")
-        result = bench.bench_kv_quality(
-            sizes[0], args.window, args.model, overrides, out.info, source
-        )
-        text = bench.quality_table(result)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        # One file per benchmark, replaced by each run (git keeps the history).
-        name = f"{args.kind}-image" if args.image is not None else args.kind
-        path = args.out / f"bench-{name}.json"
-        result["saved_to"] = str(path)
-        result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
-        atomic_write_bytes(path, json.dumps(result, indent=1, default=str).encode())
-    out.result(result, text)
-    return 0
 
 
 def self_test(args: argparse.Namespace, out: Output) -> int:
@@ -146,33 +104,3 @@ def _picture_reader_works(folder: Path) -> bool:
         and read.rgb[:3] == bytes((30, 90, 200))
         and (len(pages) == 1)
     )
-
-
-def register(add: Any) -> None:
-    p = add(
-        "bench",
-        "measure restore and deposit against plain llama.cpp on this machine (throwaway data dir)",
-        cmd_bench,
-        core=False,
-    )
-    p.add_argument("kind", choices=["resume", "deposit", "kv-quality"])
-    p.add_argument(
-        "--sizes",
-        default="1000,4000,16000",
-        help="token counts, comma-separated (kv-quality: the first is the tokens read)",
-    )
-    p.add_argument(
-        "--kv-types", default="f16,q8_0", help="resume, deposit: KV cache types, side by side"
-    )
-    p.add_argument("--window", type=int, default=256, help="kv-quality: tokens predicted")
-    p.add_argument("--text", type=Path, help="kv-quality: a held-out text (default: generated)")
-    p.add_argument(
-        "--image",
-        nargs="?",
-        const=GENERATED,
-        metavar="PICTURE",
-        help="resume: one picture (default: a generated photo) restored from its block against "
-        "the vision encoder and prefill again (needs a model with a vision projector)",
-    )
-    p.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
-    p.add_argument("--out", type=Path, help="also save the JSON here (a directory)")

@@ -36,6 +36,7 @@ import llama_cpp
 
 from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
 from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.sockets import listen
 
 DeviceKind = Literal["CPU", "GPU", "iGPU", "accelerator", "other"]
 
@@ -459,15 +460,7 @@ def serve_rpc(endpoint: str, n_threads: int, on_ready: Callable[[], None] | None
     `endpoint`, passes one client through, and answers any other with RPC_BUSY at once
     rather than leaving it hanging."""
     host, port = check_endpoint(endpoint)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-    except OSError as exc:
-        listener.close()
-        raise InputError(f"Cannot serve on {endpoint}: {exc.strerror}.") from None
-    listener.listen(8)
+    listener = listen(host, port, 8, f"Cannot serve on {endpoint}")
     with socket.socket() as spare:
         spare.bind(("127.0.0.1", 0))
         inner = ("127.0.0.1", int(spare.getsockname()[1]))

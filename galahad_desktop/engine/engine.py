@@ -33,7 +33,7 @@ from galahad_desktop.engine.decoding import Generation, decode_reply, is_tag
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
 from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
-from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.protocol import ChatEngine, check_state_fits
 from galahad_desktop.engine.reader import F16Reader
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot, log_softmax_at
@@ -472,11 +472,7 @@ class Engine:
         self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int], size: int | None = None
     ) -> float:
         """Graft a captured state at its own positions into a cleared context; return ms."""
-        if len(tokens) > self.n_ctx:
-            raise InputError(
-                f"The stored state holds {len(tokens)} tokens, more than the "
-                f"{self.n_ctx}-token context."
-            )
+        check_state_fits(len(tokens), self.n_ctx)
         start = time.perf_counter()
         self.reset(wipe=False)  # puts the cell cursor back at 0, as in a fresh context
         size = ctypes.sizeof(payload) if size is None else size

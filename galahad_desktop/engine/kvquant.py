@@ -10,9 +10,10 @@ f16 scale (the block's largest magnitude / 127) and 32 signed bytes, rounded to 
 even as llama.cpp's x86 kernel does.
 
 The conversion rounds twice (the f32 value to f16 when read, the f16 value to 8 bits here)
-where llama.cpp's own q8_0 cache rounds once; `galahad bench kv-quality` measures what that
-costs. A converted state is grafted into the q8_0 context and proven there like any capture,
-so restores of it are exact by construction; only the stored values differ.
+where llama.cpp's own q8_0 cache rounds once; `python -m galahad_dev bench kv-quality`
+measures what that costs. A converted state is grafted into the q8_0 context and proven
+there like any capture, so restores of it are exact by construction; only the stored values
+differ.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.engine.values import EngineConfig, Placement
+from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
 
 StateBuffer = ctypes.Array[ctypes.c_uint8]
@@ -71,3 +72,11 @@ class ChatEngine(Protocol):
     def snapshot(self) -> Snapshot: ...
     def resume(self, snapshot: Snapshot) -> float: ...
     def close(self) -> None: ...
+
+
+def check_state_fits(n_tokens: int, n_ctx: int) -> None:
+    """A stored state larger than the context is refused before anything is grafted."""
+    if n_tokens > n_ctx:
+        raise InputError(
+            f"The stored state holds {n_tokens} tokens, more than the {n_ctx}-token context."
+        )

@@ -21,6 +21,7 @@ from galahad_desktop.errors import InputError
 from galahad_desktop.server import DEFAULT_PORT
 from galahad_desktop.server.app import Limits, ServerIdentity, build_app
 from galahad_desktop.server.lane import CoreLane
+from galahad_desktop.sockets import listen
 
 MAX_CONNECTIONS = 32
 
@@ -54,16 +55,7 @@ def check_host(host: str, allow_network: bool) -> str:
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the server starts (so the port is known, and a
     port in use is a clear error rather than a log line)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise InputError(f"Cannot listen on {host}:{port} ({exc.strerror}).") from None
-    sock.listen(64)
-    return sock
+    return listen(host, port, 64, f"Cannot listen on {host}:{port}")
 
 
 class LocalServer:

@@ -397,32 +397,32 @@ class Records:
             table: {r["id"] for r in self.catalog.select(table)}
             for table in ("conversations", "documents", "verified", "prompts")
         }
-        problems = [
-            f"Message {m['id']} belongs to no conversation ({m['conversation_id']})"
-            for m in self.catalog.select("messages")
-            if m["conversation_id"] not in ids["conversations"]
-        ]
-        problems += [
-            f"Reply version {v['id']} belongs to no conversation ({v['conversation_id']})"
-            for v in self.catalog.select("reply_versions")
-            if v["conversation_id"] not in ids["conversations"]
-        ]
-        problems += [
-            f"API history entry {a['id']} belongs to no conversation ({a['conversation_id']})"
-            for a in self.catalog.select("api_prefixes")
-            if a["conversation_id"] not in ids["conversations"]
-        ]
-        problems += [
-            f"Document part {p['id']} belongs to no document ({p['document_id']})"
-            for p in self.catalog.select("parts")
-            if p["document_id"] not in ids["documents"]
-        ]
-        parts = {p["id"] for p in self.catalog.select("parts")}
-        problems += [
-            f"Passage vectors {v['id']} belong to no document part ({v['part_id']})"
-            for v in self.catalog.select("part_vectors")
-            if v["part_id"] not in parts
-        ]
+        ids["parts"] = {p["id"] for p in self.catalog.select("parts")}
+        problems: list[str] = []
+        for what, table, column, parents, parent in (
+            ("Message {} belongs", "messages", "conversation_id", "conversations", "conversation"),
+            (
+                "Reply version {} belongs",
+                "reply_versions",
+                "conversation_id",
+                "conversations",
+                "conversation",
+            ),
+            (
+                "API history entry {} belongs",
+                "api_prefixes",
+                "conversation_id",
+                "conversations",
+                "conversation",
+            ),
+            ("Document part {} belongs", "parts", "document_id", "documents", "document"),
+            ("Passage vectors {} belong", "part_vectors", "part_id", "parts", "document part"),
+        ):
+            problems += [
+                f"{what.format(r['id'])} to no {parent} ({r[column]})"
+                for r in self.catalog.select(table)
+                if r[column] not in ids[parents]
+            ]
         problems += [
             f"Conversation {c['id']} is on a document that is not in the catalog"
             for c in self.catalog.select("conversations")

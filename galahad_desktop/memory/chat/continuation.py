@@ -17,9 +17,7 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
-from galahad_desktop.memory.chat.conversations import Conversations
-from galahad_desktop.memory.chat.live import LiveContext
-from galahad_desktop.memory.chat.turning import ConversationTurns
+from galahad_desktop.memory.chat.turning import TurnRoom
 from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
 from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.vault import new_id
@@ -36,14 +34,8 @@ SUMMARY_ACK = "Thank you; I have the summary. Let us continue."
 PICTURE = "\x00picture:"  # marks a picture's turn among the pairs (never a message's text)
 
 
-class Continuation:
-    def __init__(
-        self, live: LiveContext, conversations: Conversations, turns: ConversationTurns
-    ) -> None:
-        self.live = live
-        self.vault = live.vault
-        self.conversations = conversations
-        self.turns = turns
+class Continuation(TurnRoom):
+    """A full conversation goes on in a new one: from a summary, or its documents and last turns."""
 
     def reply_room(self) -> int:
         return self.turns.reply_room()

@@ -470,3 +470,16 @@ class ConversationTurns:
                 if not self.vault.children(b)
             ]
         return released, retired
+
+
+class TurnRoom:
+    """A room that writes turns into conversations (continuation, the verified library):
+    the live context, the conversations' store and the turns, given by the façade."""
+
+    def __init__(
+        self, live: LiveContext, conversations: Conversations, turns: ConversationTurns
+    ) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
+        self.turns = turns

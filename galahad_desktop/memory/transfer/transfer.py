@@ -23,7 +23,7 @@ from galahad_desktop.memory.results import (
     ImportResult,
     SkippedImport,
 )
-from galahad_desktop.memory.transfer import formats
+from galahad_desktop.memory.transfer import exporters, formats
 from galahad_desktop.system.files import atomic_write_bytes, check_export_destination
 from galahad_desktop.vault.names import BlockRow, ConversationRow
 from galahad_desktop.vault.vault import new_id
@@ -203,12 +203,12 @@ class Transfer:
     def export(
         self, conversation_id: str, fmt: str, out: Path | None = None, force: bool = False
     ) -> ExportResult:
-        writer = formats.EXPORTERS.get(fmt)
+        writer = exporters.EXPORTERS.get(fmt)
         if writer is None:
             raise InputError(f"Unknown export format '{fmt}'; use md, json or html.")
         conv = self.conversations.row(conversation_id)
         messages = [
-            formats.ExportedMessage(m.role, m.text, m.created_at)
+            exporters.ExportedMessage(m.role, m.text, m.created_at)
             for m in self.conversations.messages(conversation_id)
         ]
         text = writer(

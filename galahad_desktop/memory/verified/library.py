@@ -26,9 +26,8 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
-from galahad_desktop.memory.chat.conversations import Conversations
-from galahad_desktop.memory.chat.live import MODEL_CHANGED, LiveContext, Rendered
-from galahad_desktop.memory.chat.turning import ConversationTurns
+from galahad_desktop.memory.chat.live import MODEL_CHANGED, Rendered
+from galahad_desktop.memory.chat.turning import TurnRoom
 from galahad_desktop.memory.results import LibraryUse, TurnResult
 from galahad_desktop.memory.verified.verifiers import Verdict, normalize, verifier_for
 from galahad_desktop.vault.names import BlockRow, ConversationRow
@@ -82,14 +81,8 @@ def problem_key(question: str) -> tuple[str, str]:
     return f"text:{normalize(question)}", "user"
 
 
-class VerifiedLibrary:
-    def __init__(
-        self, live: LiveContext, conversations: Conversations, turns: ConversationTurns
-    ) -> None:
-        self.live = live
-        self.vault = live.vault
-        self.conversations = conversations
-        self.turns = turns
+class VerifiedLibrary(TurnRoom):
+    """Answers kept and reused, each checked before it is stored."""
 
     # -- entries -------------------------------------------------------------------------
     def check(self, question: str, answer: str) -> Verdict | None:

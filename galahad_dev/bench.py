@@ -1,7 +1,6 @@
-"""`galahad bench resume|deposit`: our path against plain llama.cpp, measured side by side in
-one run (medians of repetitions), with the runtime fingerprint — like llama-bench, shipped so
-any user can measure their own machine. Peer baselines and evaluations live in the
-development package (galahad_dev), not here.
+"""`python -m galahad_dev bench resume|deposit|kv-quality`: our path against plain
+llama.cpp, measured side by side in one run (medians of repetitions), with the runtime
+fingerprint, like llama-bench. A development tool (it needs a checkout), not the app's.
 
 Absolute times on shared machines drift; the ratios within one run are the result.
 """
@@ -15,6 +14,7 @@ import platform
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +53,28 @@ def machine() -> dict[str, Any]:
         "processor": platform.processor(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+    }
+
+
+def stamp(fingerprint: str | None = None) -> dict[str, Any]:
+    """What a result was measured on: the commit, whether the tree had local changes
+    beside it, the machine, and the runtime fingerprint (when one engine measured it)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], capture_output=True, text=True, cwd=root, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "machine": machine(),
+        "fingerprint": fingerprint,
     }
 
 

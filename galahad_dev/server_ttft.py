@@ -14,7 +14,7 @@ to the first token is measured at the client.
 - **streaming overhead**: per-token time seen by a streaming client against the engine's own
   decode time for the same reply (in-process, through the facade).
 
-Run: scripts/with-keyring.sh .venv/bin/python -m benchmarks.server_ttft [--tokens 4000] [--json]
+Run: scripts/with-keyring.sh .venv/bin/python -m galahad_dev.server_ttft [--tokens 4000] [--json]
 Needs the peer: pip install "llama-cpp-python[server]==0.3.36" (in the `bench` extra).
 """
 
@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from galahad_desktop.paths import default_model_path
+from galahad_dev.bench import stamp
 from galahad_dev.corpus import Corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +157,9 @@ class Peer:
             self.proc.wait(60)
 
 
-def first_token_ms(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[float, Any]:
+def first_token_ms(
+    client: openai.OpenAI, messages: list[ChatCompletionMessageParam]
+) -> tuple[float, Any]:
     """Time from sending to the first streamed token; the usage when the server gives it."""
     start = time.perf_counter()
     first, usage = None, None
@@ -181,8 +183,15 @@ def first_token_ms(client: openai.OpenAI, messages: list[dict[str, str]]) -> tup
     return first if first is not None else float("nan"), usage
 
 
+def asking(
+    history: list[ChatCompletionMessageParam], text: str
+) -> list[ChatCompletionMessageParam]:
+    """The history and one more user message, as a client sends them."""
+    return [*history, {"role": "user", "content": text}]
+
+
 def per_token_ms(
-    client: openai.OpenAI, messages: list[dict[str, str]], n: int
+    client: openai.OpenAI, messages: list[ChatCompletionMessageParam], n: int
 ) -> tuple[float, int]:
     stamps: list[float] = []
     for chunk in client.chat.completions.create(
@@ -199,15 +208,17 @@ DOC_QUESTIONS = ("Which depot is named first?", "Who signed the last record?")
 DOCUMENT = " ".join(Corpus(11).filler(1460))
 
 
-def pasted(question: str) -> list[dict[str, str]]:
+def pasted(question: str) -> list[ChatCompletionMessageParam]:
     """A new chat that begins with a pasted document (~3,000 tokens), then a question."""
     return [{"role": "user", "content": f"{DOCUMENT}\n\n{question}"}]
 
 
-def build_history(client: openai.OpenAI, tokens: int) -> tuple[list[dict[str, str]], int]:
+def build_history(
+    client: openai.OpenAI, tokens: int
+) -> tuple[list[ChatCompletionMessageParam], int]:
     """Turns of ~450 tokens written through our server until the history holds `tokens`."""
     corpus = Corpus(7)
-    messages: list[dict[str, str]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You keep the depot records and answer briefly."}
     ]
     held = 0
@@ -222,18 +233,17 @@ def build_history(client: openai.OpenAI, tokens: int) -> tuple[list[dict[str, st
     return messages, held
 
 
-def streaming_overhead(data: Path, messages: list[dict[str, str]], n: int) -> dict[str, float]:
+def streaming_overhead(
+    data: Path, messages: list[ChatCompletionMessageParam], n: int
+) -> dict[str, float]:
     """The engine's own decode time per token for the reply the server streams."""
     from galahad_desktop.memory.galahad import Galahad
-    from galahad_desktop.memory.results import ChatMessage
+    from galahad_desktop.memory.results import ChatMessage, ChatRole
 
     core = Galahad(data, overrides={"n_ctx": N_CTX, "n_threads": THREADS, "n_batch": BATCH})
     try:
         done = core.complete_chat(
-            [
-                ChatMessage("assistant" if m["role"] == "assistant" else m["role"], m["content"])
-                for m in messages
-            ],  # type: ignore[arg-type]
+            [ChatMessage(cast(ChatRole, m["role"]), str(m.get("content") or "")) for m in messages],
             max_tokens=n,
             temperature=0,
         )
@@ -246,25 +256,6 @@ def streaming_overhead(data: Path, messages: list[dict[str, str]], n: int) -> di
         core.close()
 
 
-def stamp() -> dict[str, Any]:
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout.strip()
-    return {
-        "commit": commit,
-        "uncommitted_changes": bool(changed),  # measured on that commit plus local edits
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4000)
@@ -275,13 +266,13 @@ def main() -> int:
     ours = Ours(work / "data")
     client = ours.start()
     history, held = build_history(client, args.tokens)
-    ask = [*history, {"role": "user", "content": NEW}]
+    ask = asking(history, NEW)
     ours_hot, hot_usage = first_token_ms(client, ask)
     ours.stop()
     client = ours.start()
-    ask2 = [*history, {"role": "user", "content": NEW + " Answer in one line."}]
+    ask2 = asking(history, NEW + " Answer in one line.")
     ours_restart, restart_usage = first_token_ms(client, ask2)
-    ask3 = [*history, {"role": "user", "content": "Name one person from the records."}]
+    ask3 = asking(history, "Name one person from the records.")
     stream_ms, streamed = per_token_ms(client, ask3, 48)
     ours.stop()
     # The same request to a server that never saw it: everything is read (a plain server's cost).
@@ -297,7 +288,7 @@ def main() -> int:
     fresh.stop()
     overhead = streaming_overhead(
         work / "data",
-        [*history, {"role": "user", "content": "Name one person in the records, please."}],
+        asking(history, "Name one person in the records, please."),
         48,
     )
     # The peer, same model and settings.

@@ -6,11 +6,11 @@ the real engine) is opened in the real window with the real worker. Printed:
   in the worker, then every turn rendered and painted on the main thread);
 - render_ms: the main thread's part of it (200 turns to HTML, laid out and painted);
 - stream_stall_ms: the longest main-thread stall while a reply streams into that
-  conversation (a 5 ms QTimer's longest gap, as in benchmarks/ui_stall.py).
+  conversation (a 5 ms QTimer's longest gap, as in galahad_dev/ui_stall.py).
 Targets: render < 300 ms, stall < 50 ms. Figures, not a timed test: machines are noisy.
 
 Run: scripts/with-keyring.sh env QT_QPA_PLATFORM=offscreen .venv/bin/python \\
-         -m benchmarks.ui_render [--messages 200] [--json]
+         -m galahad_dev.ui_render [--messages 200] [--json]
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 
-from benchmarks.ui_stall import StallMeter
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.settings import Settings
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
+from galahad_dev.bench import stamp
+from galahad_dev.ui_stall import StallMeter, fresh_window_data
 
 RENDER_TARGET_MS = 300.0
 STALL_TARGET_MS = 50.0
@@ -89,10 +89,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    app = QApplication(sys.argv)
-    data = Path(tempfile.mkdtemp()) / "data"
-    data.mkdir(mode=0o700)
-    Settings(data).update({"n_ctx": 16384, "max_tokens": 48, "temperature": 0.0})
+    app, data = fresh_window_data({"n_ctx": 16384, "max_tokens": 48, "temperature": 0.0})
     export = chatgpt_export(Path(tempfile.mkdtemp()) / "conversations.json", args.messages)
     core = Galahad(data)
     imported = core.import_conversations(export)
@@ -102,7 +99,7 @@ def main() -> int:
     bridge = CoreBridge(default_core_factory(data, None))
     window = MainWindow(bridge, data)
     errors: list[str] = []
-    window.prompts.warn = lambda _title, message: errors.append(message)  # type: ignore[method-assign]
+    window.prompts.warn = lambda _title, message: errors.append(message)  # type: ignore[method-assign,assignment]
     window.resize(1180, 760)
     window.show()
     idle = lambda: bridge.pending() == 0  # noqa: E731
@@ -118,7 +115,7 @@ def main() -> int:
         view.transcript.viewport().repaint()  # laid out and painted, not just parsed
         render.append((time.perf_counter() - start) * 1e3)
 
-    ChatView.set_messages = timed  # type: ignore[method-assign]
+    ChatView.set_messages = timed  # type: ignore[method-assign,assignment]
     opened: list[float] = []
     window.conversation_opened.connect(lambda _o: opened.append(time.perf_counter()))
     start = time.perf_counter()
@@ -146,6 +143,7 @@ def main() -> int:
         "render_target_ms": RENDER_TARGET_MS,
         "stall_target_ms": STALL_TARGET_MS,
         "ok": render[0] < RENDER_TARGET_MS and stall < STALL_TARGET_MS,
+        "stamp": stamp(),
     }
     if args.json:
         print(json.dumps(out))

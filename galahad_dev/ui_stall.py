@@ -7,7 +7,7 @@ A 5 ms QTimer ticks on the main thread while the real window drives the real wor
 longest gap between ticks is the longest time the UI could not respond. Target: < 50 ms.
 
 Run: scripts/with-keyring.sh env QT_QPA_PLATFORM=offscreen .venv/bin/python \
-         -m benchmarks.ui_stall [--tokens 4000] [--json]
+         -m galahad_dev.ui_stall [--tokens 4000] [--json]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -31,6 +32,7 @@ from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import default_bridge
+from galahad_dev.bench import stamp
 from galahad_dev.corpus import Corpus
 from tests.fakehub import FakeHub
 
@@ -84,22 +86,29 @@ def all_at_once(
     return worst
 
 
+def fresh_window_data(settings: dict[str, Any]) -> tuple[QApplication, Path]:
+    """The application and a new data directory with these settings (a window's first
+    start, measured)."""
+    app = QApplication(sys.argv)
+    data = Path(tempfile.mkdtemp()) / "data"
+    data.mkdir(mode=0o700)
+    Settings(data).update(settings)
+    return app, data
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=4000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    app = QApplication(sys.argv)
-    data = Path(tempfile.mkdtemp()) / "data"
-    data.mkdir(mode=0o700)
-    Settings(data).update({"n_ctx": args.tokens + 3072, "max_tokens": 24})
+    app, data = fresh_window_data({"n_ctx": args.tokens + 3072, "max_tokens": 24})
     bridge = default_bridge(data, None)
     window = MainWindow(bridge, data)
 
     def failed(_title: str, message: str) -> None:  # a modal box would wait forever here
         raise SystemExit(f"ui_stall: {message}")
 
-    window.prompts.warn = failed  # type: ignore[method-assign]
+    window.prompts.warn = failed  # type: ignore[method-assign,assignment]
     window.show()
     meter = StallMeter()
     idle = lambda: bridge.pending() == 0  # noqa: E731
@@ -124,6 +133,7 @@ def main() -> int:
     meter.measure(lambda: None, idle)
     bridge.run(lambda core, _job: core.unlock())
     meter.measure(lambda: None, idle)
+    assert conversation is not None
     results["resume_ms"] = meter.measure(lambda: window.open_conversation(conversation), idle)
     graft = window.graft_label.text()
     # A document added to the open conversation (a chain link), then a routed question.
@@ -144,6 +154,7 @@ def main() -> int:
         "resume_status": graft,
         "tokens": args.tokens,
         "ok": max(results.values()) < 50,
+        "stamp": stamp(),
     }
     if args.json:
         print(json.dumps(out))

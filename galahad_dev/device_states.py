@@ -3,7 +3,7 @@ device (llama.cpp's RPC device; a Vulkan device when the build has one and it is
 side by side in one process: the state bytes, the next-token logits, and each device's
 state restored into the other's context.
 
-Run: .venv/bin/python -m benchmarks.device_states [--tokens 1000] [--json]
+Run: .venv/bin/python -m galahad_dev.device_states [--tokens 1000] [--json]
      (GGML_VK_VISIBLE_DEVICES=0 adds Mesa's lavapipe, a Vulkan device on the CPU)
 """
 
@@ -25,13 +25,15 @@ from galahad_desktop.engine import devices
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.values import EngineConfig
 from galahad_desktop.paths import default_model_path
+from galahad_dev.bench import stamp
 from galahad_dev.corpus import Corpus
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     def log_softmax(x: np.ndarray) -> np.ndarray:
         x = x.astype(np.float64) - x.max()
-        return x - np.log(np.exp(x).sum())
+        out: np.ndarray = x - np.log(np.exp(x).sum())
+        return out
 
     lp, lq = log_softmax(p_logits), log_softmax(q_logits)
     return float((np.exp(lp) * (lp - lq)).sum())
@@ -125,7 +127,7 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait()
-    report = {"tokens": len(tokens), "devices": results, "cross": cross}
+    report = {"tokens": len(tokens), "devices": results, "cross": cross, "stamp": stamp()}
     if args.json:
         print(json.dumps(report))
     else:
