@@ -194,16 +194,21 @@ class Harness:
 
     # -- what must hold after every area -------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        listed = self.json("list")["conversations"]
-        shown = {
-            c["id"]: subprocess.run(
-                self.command(["show", c["id"]]), capture_output=True, timeout=TIMEOUT_S
-            ).stdout
-            for c in listed
-        }
+        """What is stored, read through the core in this process (as a start of the app
+        would read it) without loading the model: each conversation's messages, and the
+        settings file's bytes."""
+        from galahad_desktop.memory.galahad import Galahad
+
+        core = Galahad(self.data)
+        try:
+            rows = core.vault.records.conversations()
+            counts = {r["id"]: r["n_messages"] or 0 for r in rows}
+            shown = {c: [(m.role, m.text) for m in core.messages(c)] for c in counts}
+        finally:
+            core.close()
         settings = self.data / "settings.json"
         return {
-            "conversations": {c["id"]: c["n_messages"] for c in listed},
+            "conversations": counts,
             "shown": shown,
             "settings": settings.read_bytes() if settings.is_file() else None,
         }

@@ -208,7 +208,17 @@ class Engine:
         """The user-defined tokens (llama.cpp matches their text inside raw text) and every
         markup token, never shown as reply text: control tokens, and user-defined ones
         written as a tag (`<|channel>`, `<start_of_image>`). Gemma also marks runs of
-        whitespace and newlines user-defined: those are text, and stay text."""
+        whitespace and newlines user-defined: those are text, and stay text. The scan asks
+        llama.cpp about every token (a third of a second for Gemma's 262k), so its result is
+        kept for the process, per model file as it is on disk."""
+        stat = self.config.model_path.stat()
+        key = (str(self.config.model_path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key not in _MARKUP_SCANS:
+            _MARKUP_SCANS[key] = self._scan_markup()
+        user_defined, markup = _MARKUP_SCANS[key]
+        return list(user_defined), markup
+
+    def _scan_markup(self) -> tuple[tuple[int, ...], frozenset[int]]:
         user_flag = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
         control_flag = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
         user_defined: list[int] = []
@@ -221,7 +231,7 @@ class Engine:
                 user_defined.append(token)
                 if is_tag(self._special_text(token)):
                     markup.add(token)
-        return user_defined, frozenset(markup)
+        return tuple(user_defined), frozenset(markup)
 
     def is_end_of_generation(self, token: int) -> bool:
         return self.model.is_end_of_generation(token)
@@ -521,6 +531,9 @@ class Engine:
         self.context.close()
         self.model.close()
 
+
+# Model file (path, size, mtime) -> its user-defined and markup tokens (Engine._markup_tokens).
+_MARKUP_SCANS: dict[tuple[str, int, int], tuple[tuple[int, ...], frozenset[int]]] = {}
 
 READ_IN_F16_MIN = 64  # shorter reads from empty run in the q8_0 context itself
 SCRATCH_SEQ = 1  # a second sequence: serializes a range of sequence 0, or holds a state

@@ -27,10 +27,16 @@ def sha256_file(path: Path, chunk: int = 8 * 1024 * 1024) -> str:
     return digest.hexdigest()
 
 
+_DIGESTS: dict[str, str] = {}  # this process's model digests, by (path, size, mtime)
+
+
 def model_sha256(path: Path, cache_file: Path | None) -> str:
-    """SHA-256 of the model file, cached by (path, size, mtime) so it is computed once."""
+    """SHA-256 of the model file, cached by (path, size, mtime) so it is computed once: in
+    the data directory's cache file, and for this process."""
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    if key in _DIGESTS and cache_file is None:
+        return _DIGESTS[key]
     cache: dict[str, str] = {}
     if cache_file is not None and cache_file.exists():
         with contextlib.suppress(OSError, ValueError):
@@ -39,7 +45,8 @@ def model_sha256(path: Path, cache_file: Path | None) -> str:
                 cache = {str(k): str(v) for k, v in loaded.items()}
     if key in cache:
         return cache[key]
-    digest = sha256_file(path)
+    digest = _DIGESTS.get(key) or sha256_file(path)
+    _DIGESTS[key] = digest
     if cache_file is not None:
         cache[key] = digest
         with contextlib.suppress(OSError):
