@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +56,9 @@ FLAVOURS: dict[str, tuple[TurnFormat, list[str], list[str]]] = {
     "gemma3": (GEMMA3_TURNS, ["<start_of_turn>", "<end_of_turn>"], ["<start_of_image>"]),
     "gemma4": (GEMMA4_FORMAT, ["<|turn>", "<turn|>", "<|think|>"], ["<|channel>", "<channel|>"]),
 }
+
+
+_PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}  # specials -> one regex for them
 
 
 def _row(previous: bytes, token: int, pos: int) -> bytes:
@@ -133,33 +137,27 @@ class FakeEngine:
 
     # -- tokens --------------------------------------------------------------------------
     def encode_template(self, text: str) -> list[int]:
-        out: list[int] = []
-        i = 0
-        while i < len(text):
-            for special in self.specials:
-                if text.startswith(special, i):
-                    out.append(self.ids[special])
-                    i += len(special)
-                    break
-            else:
-                out.extend(text[i].encode("utf-8"))
-                i += 1
-        return out
+        return self._split(text, tuple(self.specials))
 
     def _plain(self, text: str) -> list[int]:
         """Like llama.cpp with parse_special=False: user-defined markers still match."""
+        return self._split(text, tuple(s for s in self.specials if s in self.guard.markers))
+
+    def _split(self, text: str, specials: tuple[str, ...]) -> list[int]:
+        """These specials as their ids (the first that matches where several could, as
+        llama.cpp's tokenizer does), every other character as its UTF-8 bytes."""
+        if not specials:
+            return list(text.encode("utf-8"))
+        pattern = _PATTERNS.get(specials)
+        if pattern is None:
+            pattern = _PATTERNS[specials] = re.compile("|".join(map(re.escape, specials)))
         out: list[int] = []
-        i = 0
-        markers = [s for s in self.specials if s in self.guard.markers]
-        while i < len(text):
-            for marker in markers:
-                if text.startswith(marker, i):
-                    out.append(self.ids[marker])
-                    i += len(marker)
-                    break
-            else:
-                out.extend(text[i].encode("utf-8"))
-                i += 1
+        at = 0
+        for found in pattern.finditer(text):
+            out.extend(text[at : found.start()].encode("utf-8"))
+            out.append(self.ids[found.group()])
+            at = found.end()
+        out.extend(text[at:].encode("utf-8"))
         return out
 
     def encode_text(self, text: str) -> list[int]:

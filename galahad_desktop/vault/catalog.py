@@ -242,12 +242,14 @@ class Catalog:
         self.db.execute("PRAGMA secure_delete=ON")
         self.db.execute("PRAGMA foreign_keys=ON")
         existing = set(self.db.table_names())
+        # Each table's columns asked once (a PRAGMA per question: every open pays for them).
+        have = {name: set(self.db[name].columns_dict) for name in _TABLES if name in existing}
         missing = [n for n in _TABLES if existing and n not in existing] + [
             f"{name}.{column}"
             for name, (columns, _pk) in _TABLES.items()
-            if name in existing
+            if name in have
             for column in columns
-            if column not in self.db[name].columns_dict
+            if column not in have[name]
         ]
         if missing and self._schema_version() == SCHEMA_VERSION:
             # A current catalog lacks a table or column: dropped by someone, never ours to
@@ -260,8 +262,9 @@ class Catalog:
         for name, (columns, pk) in _TABLES.items():
             self.db[name].create(columns, pk=pk, if_not_exists=True)  # type: ignore[union-attr]
             table = self.db[name]
+            present = have.get(name) or set(table.columns_dict)
             for column, kind in columns.items():  # a catalog from before the column existed
-                if column not in table.columns_dict:
+                if column not in present:
                     table.add_column(column, kind)  # type: ignore[union-attr]
         self.db["messages"].create_index(  # type: ignore[union-attr]
             ["conversation_id", "seq"], unique=True, if_not_exists=True
