@@ -46,6 +46,11 @@ class ModelError(GalahadError):
     exit_code = 7
 
 
+class DeviceLostError(ModelError):
+    """A device server (llama.cpp's RPC backend) went away while a model was on it: the
+    model's calls on it can never finish, and the model is loaded again without it."""
+
+
 class BusyError(GalahadError):
     """Another Galahad process holds the data directory."""
 

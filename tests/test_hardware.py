@@ -5,6 +5,7 @@ on 127.0.0.1 — states captured from the device and restored into it, every pro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -602,6 +604,117 @@ print(engine.placement.device, len(engine.tokens))
     assert proc.returncode == 0, proc.stderr[-2000:]
     device, n_tokens = proc.stdout.split()
     assert device == "CPU" and int(n_tokens) > 2
+
+
+# A conversation on a device server (`galahad serve-device`) that goes away: mid-reply (once
+# the reply has evaluated 6 tokens) or while the chat idles between turns. The child process
+# would abort (exit 134) where llama.cpp's RPC client is left to handle the loss.
+_LOSS_CHILD = """
+import json, socket, subprocess, sys, time
+from pathlib import Path
+from galahad_desktop.jobs import Job
+from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.vault.keys import MemoryKeyStore
+
+data, port, model, when = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] or None, sys.argv[4]
+server = subprocess.Popen(
+    [sys.executable, "-m", "galahad_desktop.cli", "serve-device", "--port", str(port)],
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+for _ in range(600):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+keys = MemoryKeyStore()
+settings = {"n_ctx": 2048, "n_threads": 2, "temperature": 0.0, "max_tokens": 48}
+core = Galahad(data, model_path=Path(model) if model else None, keystore=keys,
+               overrides={**settings, "rpc_servers": f"127.0.0.1:{port}", "n_gpu_layers": -1})
+first = core.send(None, "Hello! Say something short.")
+placement = core.engine.placement.device
+pieces = []
+
+def on_pace(generated, _rate):
+    if when == "mid-reply" and generated == 6:
+        server.kill()
+        server.wait()
+
+if when == "idle":
+    server.kill()
+    server.wait()
+    time.sleep(1.5)  # llama.cpp's dispatcher notices the closed connection by itself
+cut = core.send(first.conversation_id, "Tell me a long story about a lighthouse.",
+                Job(on_text=pieces.append, on_pace=on_pace))
+after = core.engine.placement.device
+third = core.send(first.conversation_id, "Thanks. One more sentence, please.")
+stored = [m.text for m in core.messages(first.conversation_id)]
+core.close()
+again = Galahad(data, model_path=Path(model) if model else None, keystore=keys, overrides=settings)
+resumed = again.resume(first.conversation_id)
+print(json.dumps({
+    "placement": placement, "after": after, "stop": cut.stop_reason, "notice": cut.notice,
+    "streamed": "".join(pieces), "reply": cut.reply, "generated": cut.counters.generated_tokens,
+    "third": third.reply, "stored": stored, "resumed": resumed.proof.verdict,
+    "resumed_tokens": resumed.restored_tokens, "first_tokens": first.context_tokens,
+    "cut_tokens": cut.context_tokens, "third_tokens": third.context_tokens,
+}))
+again.close()
+"""
+
+
+def _lose_the_device(tmp_path: Path, model: Path | None, when: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _LOSS_CHILD,
+            str(tmp_path / "data"),
+            str(_free_port()),
+            str(model or ""),
+            when,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    assert result["placement"].startswith("RPC"), result
+    assert result["after"] == "CPU", result  # loaded again without the server
+    assert result["resumed"] == "exact", result
+    # The whole conversation went on from where it was: nothing before the cut was dropped.
+    assert result["first_tokens"] < result["cut_tokens"] < result["third_tokens"], result
+    assert result["cut_tokens"] < result["resumed_tokens"] <= result["third_tokens"], result
+    return result
+
+
+@pytest.mark.model
+@pytest.mark.gpu
+def test_a_device_server_lost_mid_reply_keeps_what_was_streamed_and_goes_on_on_the_cpu(
+    tmp_path: Path, family: str, family_model: Path | None
+) -> None:
+    result = _lose_the_device(tmp_path, family_model, "mid-reply")
+    assert result["stop"] == "device_lost", result
+    assert "went away" in result["notice"] and "127.0.0.1" in result["notice"]
+    assert 1 <= result["generated"] <= 6, result  # the token that failed was never shown
+    assert result["reply"] == result["streamed"], result  # what the user saw is what is kept
+    assert result["stored"][3] == result["reply"]
+    assert len(result["stored"]) == 6, result  # and the next turn ran on the CPU
+    if family == "gemma3":
+        assert result["streamed"].strip(), result  # (the Gemma 4 test model writes markup)
+
+
+@pytest.mark.model
+@pytest.mark.gpu
+def test_a_device_server_lost_while_the_chat_idles_leaves_the_next_turn_to_the_cpu(
+    tmp_path: Path,
+) -> None:
+    result = _lose_the_device(tmp_path, None, "idle")
+    assert result["stop"] != "device_lost", result  # answered whole, on the CPU
+    assert result["reply"].strip() and result["reply"] == result["streamed"], result
+    assert len(result["stored"]) == 6, result
 
 
 def _has_vulkan_backend() -> bool:

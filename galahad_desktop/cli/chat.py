@@ -11,7 +11,12 @@ from galahad_desktop.cli.common import (
     progress_printer,
     sampling_of,
 )
-from galahad_desktop.errors import ContextFullError, GalahadError, InputError
+from galahad_desktop.errors import (
+    ContextFullError,
+    DeviceLostError,
+    GalahadError,
+    InputError,
+)
 from galahad_desktop.jobs import Job
 from galahad_desktop.memory.results import TurnResult
 
@@ -99,7 +104,9 @@ def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         result = run_turn(core, out, conversation_id, args.message, args)
         if out.as_json:
             out.result(result, "")
-        return 0
+        # A reply cut by a lost device server is stored, but the command did not do all it
+        # was asked: it says so (describe() names the problem) and exits as a model error.
+        return DeviceLostError.exit_code if result.stop_reason == "device_lost" else 0
     if info.model.kind != "chat":
         out.info(f"Model: {info.model.name} — a {info.model.label}.")
     if conversation_id is not None:

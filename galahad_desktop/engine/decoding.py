@@ -24,10 +24,18 @@ from typing import Literal, Protocol
 import numpy as np
 
 from galahad_desktop.engine.sampling import Sampler, SamplingParams
+from galahad_desktop.errors import DeviceLostError
 from galahad_desktop.jobs import Job
 
-StopReason = Literal["end", "length", "cancelled", "context_full", "stop_text"]
-STOP_REASONS: tuple[StopReason, ...] = ("end", "length", "cancelled", "context_full", "stop_text")
+StopReason = Literal["end", "length", "cancelled", "context_full", "stop_text", "device_lost"]
+STOP_REASONS: tuple[StopReason, ...] = (
+    "end",
+    "length",
+    "cancelled",
+    "context_full",
+    "stop_text",
+    "device_lost",
+)
 
 
 @dataclass
@@ -40,10 +48,17 @@ class Generation:
     answer_tokens: list[int] = field(default_factory=list)  # without the thought channel
     thought: str = ""  # the thought channel's text (never part of the answer)
     seed: int = 0  # the seed the sampler ran with (a reply can be reproduced with it)
+    problem: str = ""  # why the reply was cut (device_lost: what llama.cpp said)
 
     @property
     def thought_tokens(self) -> int:
         return len(self.tokens) - len(self.answer_tokens)
+
+    def check_device(self) -> Generation:
+        """For callers that store nothing of a cut reply: a lost device server is an error."""
+        if self.stop_reason == "device_lost":
+            raise DeviceLostError(self.problem)
+        return self
 
 
 @dataclass(frozen=True)
@@ -133,12 +148,50 @@ def decode_reply(
     """Sample a reply token by token until a stop rule, max_tokens, cancel or a full
     context. The stop token itself is not evaluated: the caller closes the turn with the
     canonical closing tokens. `scripted` tokens (tests) come before sampled ones. The
-    pace (tokens so far, tokens/s) goes to `job.pace` as the reply streams."""
+    pace (tokens so far, tokens/s) goes to `job.pace` as the reply streams. A device server
+    lost mid-reply ends it with what was evaluated so far ("device_lost"); the token whose
+    evaluation failed was never streamed."""
     seed = fresh_seed() if params.seed is None else params.seed
     sampler = Sampler(params, seed)
     stream = _Stream(job, StopTexts(params.stop))
     generated: list[int] = []
     answer: list[int] = []
+    stop_reason: StopReason = "length"
+    problem = ""
+    start = time.perf_counter()
+    try:
+        stop_reason = _sample(
+            model, rules, params, job, scripted, sampler, stream, generated, answer
+        )
+    except DeviceLostError as lost:
+        stop_reason, problem = "device_lost", str(lost)
+    stream.finish()
+    elapsed = time.perf_counter() - start
+    return Generation(
+        generated,
+        "".join(stream.pieces),
+        stop_reason,
+        elapsed * 1e3,
+        len(generated) / elapsed if elapsed > 0 else 0.0,
+        answer,
+        stream.thought(),
+        seed,
+        problem,
+    )
+
+
+def _sample(
+    model: Decoder,
+    rules: StopRules,
+    params: SamplingParams,
+    job: Job,
+    scripted: Iterator[int] | None,
+    sampler: Sampler,
+    stream: _Stream,
+    generated: list[int],
+    answer: list[int],
+) -> StopReason:
+    """The loop itself: fills `generated` and `answer`, returns why it stopped."""
     stop_reason: StopReason = "length"
     start = time.perf_counter()
     for _ in range(params.max_tokens):
@@ -169,18 +222,7 @@ def decode_reply(
         if stream.held.hit:
             stop_reason = "stop_text"
             break
-    stream.finish()
-    elapsed = time.perf_counter() - start
-    return Generation(
-        generated,
-        "".join(stream.pieces),
-        stop_reason,
-        elapsed * 1e3,
-        len(generated) / elapsed if elapsed > 0 else 0.0,
-        answer,
-        stream.thought(),
-        seed,
-    )
+    return stop_reason
 
 
 class _Stream:

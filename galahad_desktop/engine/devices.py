@@ -140,6 +140,11 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
+def ggml_library() -> ctypes.CDLL:
+    """libggml, for callers that set one of its process-wide hooks (engine/device_guard.py)."""
+    return _ggml()
+
+
 _load_lock = threading.Lock()
 _loaded = False
 

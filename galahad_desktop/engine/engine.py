@@ -21,7 +21,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from galahad_desktop.engine import devices, gguf, kvquant, kvstate
+from galahad_desktop.engine import device_guard, devices, gguf, kvquant, kvstate
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine.chat_format import (
     GEMMA3_TURNS,
@@ -32,7 +32,13 @@ from galahad_desktop.engine.chat_format import (
 from galahad_desktop.engine.decoding import Generation, decode_reply, is_tag
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
-from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
+from galahad_desktop.engine.native import (
+    DIRECT,
+    ContextSettings,
+    NativeCalls,
+    NativeContext,
+    NativeModel,
+)
 from galahad_desktop.engine.protocol import ChatEngine, check_state_fits
 from galahad_desktop.engine.reader import F16Reader
 from galahad_desktop.engine.sampling import SamplingParams
@@ -45,7 +51,7 @@ from galahad_desktop.engine.values import (
     EngineConfig,
     Placement,
 )
-from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.errors import DeviceLostError, InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 
 _BUFFER_LINE = re.compile(r"^\S*?:?\s*(\S+)\s+(model|KV) buffer size =\s+([\d.]+) MiB")
@@ -77,16 +83,29 @@ class Engine:
         self.config = config
         devices.load_backends()
         for endpoint in config.rpc_servers:
+            if endpoint in device_guard.lost_servers():
+                raise DeviceLostError(
+                    f"The device server at {endpoint} went away earlier in this session; "
+                    "restart Galahad to use it again."
+                )
             devices.add_rpc_server(endpoint)
         offload = self._plan_offload(config)
         self.gpu_layers = offload.gpu_layers
         used = list(offload.devices) if self.gpu_layers else []
+        served = tuple(e for e in config.rpc_servers if any(e in d.description for d in used))
+        # A model on a device server makes its calls on a thread of its own: if the server
+        # goes away, the caller gets an error instead of the process aborting.
+        self.calls: NativeCalls = device_guard.NativeThread(served) if served else DIRECT
         self.decoded_tokens = 0  # counted at the decode call itself (NativeContext)
         try:
             with devices.captured_log() as log:
-                self.model, self.context = self._load(config, used)
+                self.model, self.context = self.calls.call(self._load, config, used)
         except ValueError as exc:
+            self._stop_calls()
             raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
+        except BaseException:
+            self._stop_calls()
+            raise
         total_layers = self.model.n_layer() + 1
         self.gpu_layers = min(self.gpu_layers, total_layers)
         self.placement = Placement(
@@ -100,7 +119,6 @@ class Engine:
             cpu_features=devices.cpu_features(),
             reason=offload.reason,
         )
-        self._ctx = self.context.handle
         self.n_vocab = self.model.n_vocab()
         self.n_ctx = self.context.n_ctx()
         user_defined, markup = self._markup_tokens()
@@ -140,7 +158,9 @@ class Engine:
         """The model on exactly the planned devices, and a context with a second sequence in
         one unified cache (so a position range can be serialized through a scratch
         sequence)."""
-        model = NativeModel(config.model_path, self.gpu_layers, devices.handles(used))
+        model = NativeModel(
+            config.model_path, self.gpu_layers, devices.handles(used), calls=self.calls
+        )
         settings = ContextSettings(
             n_ctx=config.n_ctx,
             n_batch=config.n_batch,
@@ -154,7 +174,7 @@ class Engine:
             kv_unified=True,
         )
         try:
-            return model, NativeContext(model, settings, self._counted)
+            return model, NativeContext(model, settings, self._counted, self.calls)
         except ValueError:
             model.close()
             raise
@@ -288,7 +308,7 @@ class Engine:
     def reset(self, wipe: bool = True) -> None:
         """Empty the context. `wipe` also zeroes the KV buffers (lock uses it to drop
         decrypted state); a restore skips it: masked cells contribute exact zeros."""
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), wipe)
+        self.context.clear(wipe)
         self._resumed_logits = None
         self.tokens = []
         self._held = None
@@ -320,29 +340,21 @@ class Engine:
     def save_sequence_file(self, tokens: list[int], path: Path) -> tuple[float, int]:
         """llama.cpp's own per-sequence state file (llama-server's slot save): plain, no
         authentication; the benchmark's baseline. Returns (save ms, bytes)."""
-        n = len(tokens)
-        token_array = (llama_cpp.llama_token * n)(*tokens)
         start = time.perf_counter()
-        llama_cpp.llama_state_seq_save_file(self._ctx, str(path).encode(), 0, token_array, n)
+        self.context.save_seq_file(path, tokens)
         return (time.perf_counter() - start) * 1e3, path.stat().st_size
 
     def load_sequence_file(self, n: int, path: Path) -> float:
         """Load a file save_sequence_file wrote (n tokens); returns ms."""
-        out_tokens = (llama_cpp.llama_token * (n + 16))()
-        count = ctypes.c_size_t(0)
         start = time.perf_counter()
-        loaded = llama_cpp.llama_state_seq_load_file(
-            self._ctx, str(path).encode(), 0, out_tokens, n + 16, ctypes.byref(count)
-        )
-        if loaded == 0:
+        if not self.context.load_seq_file(path, n):
             raise ModelError("llama.cpp could not load the sequence state file.")
         return (time.perf_counter() - start) * 1e3
 
     def last_logits(self) -> np.ndarray:
         if self._resumed_logits is not None:
             return self._resumed_logits.copy()
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return self.context.logits(1, self.n_vocab)
 
     def score(self, tokens: Sequence[int], job: Job = NO_JOB) -> tuple[np.ndarray, float]:
         """Evaluate tokens after what the context holds (as evaluate() does) and return each
@@ -369,8 +381,7 @@ class Engine:
             self.tokens.extend(piece)
             following = list(tokens[offset + 1 : offset + len(piece) + 1])
             if following:
-                ptr = llama_cpp.llama_get_logits(self._ctx)
-                rows = np.ctypeslib.as_array(ptr, shape=(len(piece), self.n_vocab))
+                rows = self.context.logits(len(piece), self.n_vocab)
                 out[offset + 1 : offset + 1 + len(following)] = log_softmax_at(
                     rows[: len(following)], following
                 )
@@ -405,9 +416,8 @@ class Engine:
         """Remember what the context holds now, so the turn can be re-read from here: its
         cells are shared into the scratch sequence (no copy in a unified cache), which
         keeps them even where the sliding window would let them go."""
-        memory = llama_cpp.llama_get_memory(self._ctx)
-        llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
-        llama_cpp.llama_memory_seq_cp(memory, 0, SCRATCH_SEQ, -1, -1)
+        self.context.seq_remove(SCRATCH_SEQ)
+        self.context.seq_copy(0, SCRATCH_SEQ)
         self._held = len(self.tokens)
 
     def return_to_hold(self) -> int:
@@ -415,10 +425,9 @@ class Engine:
         window cannot roll back); returns how many tokens were dropped."""
         if self._held is None:
             raise ModelError("No held state to return to.")
-        memory = llama_cpp.llama_get_memory(self._ctx)
-        llama_cpp.llama_memory_seq_rm(memory, 0, -1, -1)
-        llama_cpp.llama_memory_seq_cp(memory, SCRATCH_SEQ, 0, -1, -1)
-        llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+        self.context.seq_remove(0)
+        self.context.seq_copy(SCRATCH_SEQ, 0)
+        self.context.seq_remove(SCRATCH_SEQ)
         dropped = len(self.tokens) - self._held
         self.tokens = self.tokens[: self._held]
         self._held = None
@@ -426,20 +435,17 @@ class Engine:
 
     def release_hold(self) -> None:
         if self._held is not None:
-            memory = llama_cpp.llama_get_memory(self._ctx)
-            llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+            self.context.seq_remove(SCRATCH_SEQ)
             self._held = None
 
     # -- state capture / restore ---------------------------------------------------------
     def capture(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
         """Serialize sequence 0 into one buffer: (buffer, bytes used, ms)."""
         start = time.perf_counter()
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        used = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        buf, used = self.context.seq_state(0)
         if used == 0:
             raise ModelError("llama.cpp could not serialize the sequence state.")
-        return buf, int(used), (time.perf_counter() - start) * 1e3
+        return buf, used, (time.perf_counter() - start) * 1e3
 
     def capture_from(self, start: int) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
         """Serialize only the cells at positions >= start (what a chain link holds), in
@@ -447,18 +453,15 @@ class Engine:
         cache), that sequence is serialized, and its cells are relabelled as sequence 0."""
         begin = time.perf_counter()
         self.release_hold()
-        memory = llama_cpp.llama_get_memory(self._ctx)
-        llama_cpp.llama_memory_seq_cp(memory, 0, SCRATCH_SEQ, start, -1)
+        self.context.seq_copy(0, SCRATCH_SEQ, start)
         try:
-            size = llama_cpp.llama_state_seq_get_size(self._ctx, SCRATCH_SEQ)
-            buf = (ctypes.c_uint8 * size)()
-            used = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, SCRATCH_SEQ)
+            buf, used = self.context.seq_state(SCRATCH_SEQ)
         finally:
-            llama_cpp.llama_memory_seq_rm(memory, SCRATCH_SEQ, -1, -1)
+            self.context.seq_remove(SCRATCH_SEQ)
         if used == 0:
             raise ModelError("llama.cpp could not serialize the new cells.")
-        kvstate.relabel(buf, int(used), SCRATCH_SEQ)
-        return buf, int(used), (time.perf_counter() - begin) * 1e3
+        kvstate.relabel(buf, used, SCRATCH_SEQ)
+        return buf, used, (time.perf_counter() - begin) * 1e3
 
     def regraft_window(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
         """Re-graft the sliding-window cache from its own capture, in place (O(window)):
@@ -467,13 +470,8 @@ class Engine:
         the window's state: its layout is the chain link's."""
         begin = time.perf_counter()
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, 0, flags)
-        buf = (ctypes.c_uint8 * size)()
-        used = int(llama_cpp.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags))
-        if (
-            used == 0
-            or llama_cpp.llama_state_seq_set_data_ext(self._ctx, buf, used, 0, flags) != used
-        ):
+        buf, used = self.context.seq_state(0, flags)
+        if used == 0 or not self.context.set_seq_state(buf, used, 0, flags):
             self.reset()
             raise ModelError("llama.cpp could not re-graft the sliding-window cache.")
         return buf, used, (time.perf_counter() - begin) * 1e3
@@ -486,7 +484,7 @@ class Engine:
         start = time.perf_counter()
         self.reset(wipe=False)  # puts the cell cursor back at 0, as in a fresh context
         size = ctypes.sizeof(payload) if size is None else size
-        if llama_cpp.llama_state_seq_set_data(self._ctx, payload, size, 0) != size:
+        if not self.context.set_seq_state(payload, size):
             self.reset()
             raise ModelError("llama.cpp refused the stored state (layout does not match).")
         self.tokens = list(tokens)
@@ -506,6 +504,7 @@ class Engine:
                 self.context.params,
                 self.config.n_batch,
                 self._counted,
+                self.calls,
             )
         head, last = list(tokens[:-1]), list(tokens[-1:])
         f16, size = self._reader.read(head, job)
@@ -530,6 +529,11 @@ class Engine:
             self._reader = None
         self.context.close()
         self.model.close()
+        self._stop_calls()
+
+    def _stop_calls(self) -> None:
+        if isinstance(self.calls, device_guard.NativeThread):
+            self.calls.close()
 
 
 # Model file (path, size, mtime) -> its user-defined and markup tokens (Engine._markup_tokens).

@@ -15,12 +15,36 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import llama_cpp
+import numpy as np
 
 from galahad_desktop.errors import ModelError
 
 ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
+T = TypeVar("T")
+
+
+class NativeCalls(Protocol):
+    """How a model's llama.cpp calls are made: here and now, or on the model's own thread."""
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def release(self, fn: Callable[..., Any], *args: Any) -> None: ...
+
+
+class DirectCalls:
+    """A model on this computer's own devices: its calls run on the caller's thread."""
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    def release(self, fn: Callable[..., Any], *args: Any) -> None:
+        fn(*args)
+
+
+DIRECT = DirectCalls()
+
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -43,10 +67,13 @@ class NativeModel:
         n_gpu_layers: int = 0,
         devices: Sequence[int] = (),
         vocab_only: bool = False,
+        calls: NativeCalls = DIRECT,
     ) -> None:
         """`devices` are llama.cpp device handles: the model loads onto exactly these (none:
-        the CPU alone). Raises ValueError when llama.cpp cannot load the file."""
+        the CPU alone). `calls` frees it (on a device server, on the model's own thread).
+        Raises ValueError when llama.cpp cannot load the file."""
         _init_backend()
+        self._calls = calls
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
         params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
@@ -143,7 +170,7 @@ class NativeModel:
 
     def close(self) -> None:
         if self.handle is not None:
-            llama_cpp.llama_model_free(self.handle)
+            self._calls.release(llama_cpp.llama_model_free, self.handle)
             self.handle = None
 
 
@@ -165,14 +192,17 @@ class ContextSettings:
 
 
 class NativeContext:
-    """A context on a model, with its batch. Every decode is counted by `on_decode`."""
+    """A context on a model, with its batch. Every decode is counted by `on_decode`. Every
+    call that may reach a device goes through `calls` (engine/device_guard.py)."""
 
     def __init__(
         self,
         model: NativeModel,
         settings: ContextSettings,
         on_decode: Callable[[int], None] = lambda n: None,
+        calls: NativeCalls = DIRECT,
     ) -> None:
+        self._calls = calls
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = settings.n_ctx
         params.n_batch = settings.n_batch
@@ -222,6 +252,9 @@ class NativeContext:
     def decode(self, tokens: Sequence[int], n_past: int, logits_all: bool = False) -> None:
         """Evaluate up to n_batch tokens at positions n_past.. of sequence 0 (logits for
         the last, or for every one); cells at or after n_past are dropped first."""
+        self._calls.call(self._decode, tokens, n_past, logits_all)
+
+    def _decode(self, tokens: Sequence[int], n_past: int, logits_all: bool) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, -1, n_past, -1)
         batch = self._batch
         batch.n_tokens = len(tokens)
@@ -277,18 +310,90 @@ class NativeContext:
 
     def whole_state(self) -> bytes:
         """Every sequence's state (llama_state_get_data, what Llama.save_state keeps)."""
-        size = llama_cpp.llama_state_get_size(self.handle)
+        size = self._calls.call(llama_cpp.llama_state_get_size, self.handle)
         buffer = (ctypes.c_uint8 * size)()
-        used = llama_cpp.llama_state_get_data(self.handle, buffer, size)
+        used = self._calls.call(llama_cpp.llama_state_get_data, self.handle, buffer, size)
         return bytes(buffer[:used])
 
     def set_whole_state(self, state: bytes) -> None:
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if llama_cpp.llama_state_set_data(self.handle, buffer, len(state)) != len(state):
+        done = self._calls.call(llama_cpp.llama_state_set_data, self.handle, buffer, len(state))
+        if done != len(state):
             raise ModelError("llama.cpp refused the saved state.")
+
+    # -- sequences and their state (what the engine grafts, holds and captures)
+    def clear(self, wipe: bool) -> None:
+        """Empty every sequence; `wipe` also zeroes the KV buffers."""
+        self._calls.call(llama_cpp.llama_memory_clear, self.memory, wipe)
+
+    def seq_remove(self, seq: int, start: int = -1, end: int = -1) -> None:
+        self._calls.call(llama_cpp.llama_memory_seq_rm, self.memory, seq, start, end)
+
+    def seq_copy(self, source: int, target: int, start: int = -1, end: int = -1) -> None:
+        """Share a range of cells into another sequence (no copy in a unified cache)."""
+        self._calls.call(llama_cpp.llama_memory_seq_cp, self.memory, source, target, start, end)
+
+    def logits(self, rows: int, n_vocab: int) -> np.ndarray:
+        """A copy of the logits of the last decode: its last row (rows=1) or its `rows`
+        rows (a decode with logits for every token)."""
+        return self._calls.call(self._logits, rows, n_vocab)
+
+    def _logits(self, rows: int, n_vocab: int) -> np.ndarray:
+        if rows == 1:
+            ptr = llama_cpp.llama_get_logits_ith(self.handle, -1)
+            return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(rows, n_vocab)).copy()
+
+    def seq_state(self, seq: int, flags: int = 0) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        """One sequence's state (flags: llama.cpp's LLAMA_STATE_SEQ_FLAGS_*): the buffer and
+        the bytes used (0: llama.cpp could not serialize it)."""
+        return self._calls.call(self._seq_state, seq, flags)
+
+    def _seq_state(self, seq: int, flags: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        size = llama_cpp.llama_state_seq_get_size_ext(self.handle, seq, flags)
+        buffer = (ctypes.c_uint8 * size)()
+        used = llama_cpp.llama_state_seq_get_data_ext(self.handle, buffer, size, seq, flags)
+        return buffer, int(used)
+
+    def set_seq_state(
+        self, state: ctypes.Array[ctypes.c_uint8], size: int, seq: int = 0, flags: int = 0
+    ) -> bool:
+        """Graft a sequence's state at its own positions; False when llama.cpp refuses it."""
+        done = self._calls.call(
+            llama_cpp.llama_state_seq_set_data_ext, self.handle, state, size, seq, flags
+        )
+        return int(done) == size
+
+    def save_seq_file(self, path: Path, tokens: Sequence[int]) -> None:
+        """llama.cpp's own plain state file of sequence 0 (the benchmark's baseline)."""
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        self._calls.call(
+            llama_cpp.llama_state_seq_save_file,
+            self.handle,
+            str(path).encode(),
+            0,
+            array,
+            len(tokens),
+        )
+
+    def load_seq_file(self, path: Path, n: int) -> bool:
+        """Load a file save_seq_file wrote (n tokens) into sequence 0."""
+        out_tokens = (llama_cpp.llama_token * (n + 16))()
+        count = ctypes.c_size_t(0)
+        loaded = self._calls.call(
+            llama_cpp.llama_state_seq_load_file,
+            self.handle,
+            str(path).encode(),
+            0,
+            out_tokens,
+            n + 16,
+            ctypes.byref(count),
+        )
+        return int(loaded) != 0
 
     def close(self) -> None:
         if self.handle is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self.handle)
+            self._calls.release(llama_cpp.llama_batch_free, self._batch)
+            self._calls.release(llama_cpp.llama_free, self.handle)
             self.handle = None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import llama_cpp
 
+from galahad_desktop.engine.native import DIRECT, NativeCalls
 from galahad_desktop.errors import ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 
@@ -28,12 +29,14 @@ class F16Reader:
         params: llama_cpp.llama_context_params,
         n_batch: int,
         on_decode: Callable[[int], None],
+        calls: NativeCalls = DIRECT,
     ) -> None:
+        self._calls = calls
         reading = llama_cpp.llama_context_params()
         ctypes.memmove(ctypes.byref(reading), ctypes.byref(params), ctypes.sizeof(reading))
         reading.type_k = llama_cpp.GGML_TYPE_F16
         reading.type_v = llama_cpp.GGML_TYPE_F16
-        ctx = llama_cpp.llama_init_from_model(model, reading)
+        ctx = calls.call(llama_cpp.llama_init_from_model, model, reading)
         if ctx is None:
             raise ModelError("llama.cpp could not create the f16 reading context.")
         self._ctx = ctx
@@ -44,6 +47,9 @@ class F16Reader:
         self, tokens: Sequence[int], job: Job = NO_JOB
     ) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
         """Evaluate `tokens` from an empty context; return sequence 0's state (f16)."""
+        return self._calls.call(self._read, tokens, job)
+
+    def _read(self, tokens: Sequence[int], job: Job) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
         memory = llama_cpp.llama_get_memory(self._ctx)
         llama_cpp.llama_memory_clear(memory, True)
         start = time.perf_counter()
@@ -69,4 +75,4 @@ class F16Reader:
             llama_cpp.llama_memory_clear(memory, True)  # no decrypted state stays here
 
     def close(self) -> None:
-        llama_cpp.llama_free(self._ctx)
+        self._calls.release(llama_cpp.llama_free, self._ctx)

@@ -186,7 +186,8 @@ class Vision:
         encoded = time.perf_counter()
         n_past = len(engine.tokens)
         new_n_past = llama_cpp.llama_pos(0)
-        status = mtmd.mtmd_helper_decode_image_chunk(
+        status = engine.calls.call(  # the decode may reach a device server
+            mtmd.mtmd_helper_decode_image_chunk,
             self._ctx,
             engine.context.handle,
             chunk,

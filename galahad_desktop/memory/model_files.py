@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from galahad_desktop.engine.device_guard import lost_servers
 from galahad_desktop.engine.values import EngineConfig
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
@@ -32,7 +33,12 @@ def engine_config(settings: Settings, model_path: Path | None) -> EngineConfig:
         model_path=path,
         n_ctx=values.n_ctx,
         n_gpu_layers=values.n_gpu_layers,
-        rpc_servers=tuple(e.strip() for e in values.rpc_servers.split(",") if e.strip()),
+        # A server that went away in this process is left out (engine/device_guard.py).
+        rpc_servers=tuple(
+            e.strip()
+            for e in values.rpc_servers.split(",")
+            if e.strip() and e.strip() not in lost_servers()
+        ),
         n_threads=values.n_threads,
         n_batch=values.n_batch,
         n_ubatch=values.n_ubatch,

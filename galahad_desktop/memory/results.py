@@ -19,7 +19,14 @@ from galahad_desktop.memory.retrieval.router import RouteDecision
 
 LibraryMode = Literal["none", "recurrence", "transfer"]
 TurnStop = Literal[
-    "end", "length", "cancelled", "context_full", "stop_text", "verified", "document"
+    "end",
+    "length",
+    "cancelled",
+    "context_full",
+    "stop_text",
+    "device_lost",
+    "verified",
+    "document",
 ]
 MessageRole = Literal["user", "model", "document"]
 VerifyVerdict = Literal["exact", "close", "diverged", "skipped"]
@@ -102,6 +109,7 @@ class TurnResult:
     image_tokens: int = 0  # a picture read into the conversation: its image positions
     seed: int | None = None  # the sampler's seed (with it, the reply can be reproduced)
     versions: int = 1  # the reply's versions, this one included (Regenerate keeps them)
+    notice: str = ""  # what went wrong on the way, said to the user (a device server lost)
 
     def describe(self) -> str:
         """The status line after a turn: what the graft did, what the turn cost."""
@@ -120,6 +128,8 @@ class TurnResult:
                 f"thought for {self.thought_tokens} tokens (not kept); re-read the "
                 f"{self.reread_tokens}-token answer"
             )
+        if self.notice:
+            parts.append(self.notice)
         return " · ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,6 +141,7 @@ class TurnResult:
             "thought_tokens": self.thought_tokens,
             "reread_tokens": self.reread_tokens,
             "stop_reason": self.stop_reason,
+            "notice": self.notice,
             **self.counters.as_dict(),
             "proof": self.proof.verdict,
             "proof_detail": self.proof.as_dict(),

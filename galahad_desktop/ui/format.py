@@ -85,7 +85,8 @@ def turn_status(result: TurnResult) -> str:
             f" · thought for {result.thought_tokens} tokens (not kept); re-read the "
             f"{result.reread_tokens}-token answer"
         )
-    return f"{status} · saved in {result.counters.persist_ms:.0f} ms"
+    status = f"{status} · saved in {result.counters.persist_ms:.0f} ms"
+    return f"{result.notice} · {status}" if result.notice else status
 
 
 def resume_note(report: GraftReport) -> str:

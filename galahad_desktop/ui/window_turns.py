@@ -43,6 +43,7 @@ STOP_NOTES = {
     "cancelled": "stopped",
     "length": "cut at the reply length limit",
     "context_full": "stopped: the conversation is full",
+    "device_lost": "cut: the device server went away",
 }
 
 

@@ -127,7 +127,7 @@ class Continuation(TurnRoom):
                 params.seed,
             ),
             job.silent(),  # the summary is shown once written, not streamed
-        )
+        ).check_device()
         summary = generation.text.strip() or "(the model wrote no summary)"
         new_id_ = self._start(conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, job)
         return Continued(new_id_, "summary", len(prompt) + len(generation.tokens), 0, summary)

@@ -23,12 +23,13 @@ from typing import Any, Protocol
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
+from galahad_desktop.engine.device_guard import lost_servers
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine, StateBuffer
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.engine.vision import LedgerRead, Vision, holds_pictures
-from galahad_desktop.errors import InputError, IntegrityError, ModelError
+from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
@@ -117,6 +118,17 @@ class LiveContext:
     # -- the engine ----------------------------------------------------------------------
     @property
     def engine(self) -> ChatEngine:
+        if self._engine is not None and lost_servers() & set(self._engine.config.rpc_servers):
+            # Its calls can never finish. Never swapped silently in the middle of a step
+            # (that would go on with an empty context): the step fails, and the next use
+            # loads the engine again without the server (memory/model_files.py).
+            servers = ", ".join(self._engine.config.rpc_servers)
+            self.close()
+            raise DeviceLostError(
+                f"The device server at {servers} went away. The model is loaded again "
+                "without it for the rest of this session; restart Galahad to use that "
+                "server again."
+            )
         if self._engine is None:
             self._engine = self._engine_factory()
         return self._engine

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.decoding import Generation
@@ -23,7 +25,7 @@ from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.errors import InputError, IntegrityError, check_text
+from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
@@ -32,6 +34,28 @@ from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_token
 from galahad_desktop.memory.results import GraftReport, TurnResult
 from galahad_desktop.vault.names import BlockRow, ConversationRow, MessageRow, VersionRow
 from galahad_desktop.vault.vault import new_id
+
+P = ParamSpec("P")
+
+
+def on_another_device_if_lost(
+    method: Callable[Concatenate[ConversationTurns, P], TurnResult],
+) -> Callable[Concatenate[ConversationTurns, P], TurnResult]:
+    """A device server lost before the reply began (while grafting or reading the
+    message): nothing was stored or streamed, so the turn runs once more on the engine
+    loaded again without the server, and says why. Lost during or after the reply, the turn
+    keeps the reply itself (`_reply_elsewhere`)."""
+
+    @functools.wraps(method)
+    def run(turns: ConversationTurns, /, *args: P.args, **kwargs: P.kwargs) -> TurnResult:
+        try:
+            return method(turns, *args, **kwargs)
+        except DeviceLostError as lost:
+            turns.live.close()  # the lost engine: the next use loads it again without it
+            result = method(turns, *args, **kwargs)
+            return dataclasses.replace(result, notice=result.notice or str(lost))
+
+    return run
 
 
 class ConversationTurns:
@@ -116,6 +140,7 @@ class ConversationTurns:
             return GraftReport(conversation_id, "", 0, 0, 0, 0.0, proofs.NO_PROOF)
         return report
 
+    @on_another_device_if_lost
     def send(
         self,
         conversation_id: str,
@@ -143,6 +168,7 @@ class ConversationTurns:
             params,
         )
 
+    @on_another_device_if_lost
     def regenerate(
         self,
         conversation_id: str,
@@ -178,6 +204,7 @@ class ConversationTurns:
         versions = sum(v["seq"] == seq + 1 for v in self.records.versions(conv["id"]))
         return dataclasses.replace(result, versions=versions + 1)
 
+    @on_another_device_if_lost
     def branch(
         self,
         conversation_id: str,
@@ -290,15 +317,16 @@ class ConversationTurns:
         graft = graft or shared
         reply_start = len(engine.tokens)
         generation, reread = self._reply(params, counters, job)
+        engine = self.engine  # another one when a device server went away mid-reply
         reply_end = len(engine.tokens)
         persist_start = time.perf_counter()
-        row, _record = self.live.persist(
-            "conversation",
-            conv["id"],
-            self.live_parent(conv, parent_block),
-            self.live.next_generation(conv["id"]),
-            counters,
-        )
+        try:
+            row = self._persist(conv, parent_block, counters)
+        except DeviceLostError as lost:  # the reply is out: keep it, store it from the CPU
+            self._carry_over(engine.tokens, counters, NO_JOB)
+            generation = dataclasses.replace(generation, problem=str(lost))
+            engine = self.engine
+            row = self._persist(conv, parent_block, counters)
         self.commit_turn(
             conv,
             row,
@@ -326,7 +354,20 @@ class ConversationTurns:
             thought_tokens=generation.thought_tokens,
             reread_tokens=reread,
             seed=generation.seed,
+            notice=generation.problem,
         )
+
+    def _persist(
+        self, conv: ConversationRow, parent_block: str | None, counters: Counters
+    ) -> BlockRow:
+        row, _record = self.live.persist(
+            "conversation",
+            conv["id"],
+            self.live_parent(conv, parent_block),
+            self.live.next_generation(conv["id"]),
+            counters,
+        )
+        return row
 
     def _reply(
         self, params: SamplingParams, counters: Counters, job: Job
@@ -335,12 +376,23 @@ class ConversationTurns:
         answer tokens were re-read (a thinking reply's thoughts are not history: the context
         goes back to the start of the reply and re-reads only the answer)."""
         engine = self.engine
+        reply_start = len(engine.tokens)
         holds_thoughts = engine.turns.thought_open is not None
         if holds_thoughts:
             engine.hold()
         generation = engine.generate(params, job)
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
+        if generation.stop_reason != "device_lost":
+            try:
+                return generation, self._close_reply(generation, holds_thoughts, counters)
+            except DeviceLostError as lost:
+                generation = dataclasses.replace(generation, problem=str(lost))
+        return self._reply_elsewhere(engine.tokens[:reply_start], generation, params, counters, job)
+
+    def _close_reply(self, generation: Generation, holds_thoughts: bool, counters: Counters) -> int:
+        """Close the turn after its reply; returns how many answer tokens were re-read."""
+        engine = self.engine
         reread = 0
         if holds_thoughts and generation.thought_tokens:
             engine.return_to_hold()
@@ -353,7 +405,41 @@ class ConversationTurns:
         close = engine.model_close()
         engine.evaluate(close)
         counters.new_tokens += len(close)
-        return generation, reread
+        return reread
+
+    def _reply_elsewhere(
+        self,
+        ledger: list[int],
+        generation: Generation,
+        params: SamplingParams,
+        counters: Counters,
+        job: Job,
+    ) -> tuple[Generation, int]:
+        """The device server went away mid-reply: the engine is loaded again without it,
+        the conversation so far is re-read there, and the reply ends with what was
+        streamed (kept and stored like any reply). Lost before the first token, the reply
+        is answered on the new engine instead."""
+        kept = generation.answer_tokens if generation.thought_tokens else generation.tokens
+        engine = self._carry_over(ledger, counters, job)
+        if not generation.tokens:
+            again, reread = self._reply(params, counters, job)
+            return dataclasses.replace(again, problem=generation.problem), reread
+        kept = strip_whitespace_tokens(engine, kept) if generation.thought_tokens else kept
+        close = engine.model_close()
+        counters.prefill_ms += engine.evaluate([*kept, *close])
+        counters.recomputed_tokens += len(kept)
+        counters.new_tokens += len(close)
+        return generation, len(kept) if generation.thought_tokens else 0
+
+    def _carry_over(self, ledger: list[int], counters: Counters, job: Job) -> ChatEngine:
+        """Load the engine again without the lost device server and re-read `ledger` there
+        (the lost engine's native memory stays where it is: engine/device_guard.py)."""
+        ledger = list(ledger)
+        self.live.close()
+        engine = self.engine
+        counters.prefill_ms += engine.evaluate(ledger, job)
+        counters.recomputed_tokens += len(ledger)
+        return engine
 
     def live_parent(self, conv: ConversationRow, grafted: str | None) -> str | None:
         """The block this turn continues (its chain parent): what the context was grafted

@@ -358,7 +358,7 @@ class Routing:
         finally:
             if scored is not None:
                 scored.release()
-        generation = engine.generate(params, job)
+        generation = engine.generate(params, job).check_device()
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
         return AskResult(
