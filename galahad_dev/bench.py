@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import platform
 import random
@@ -199,7 +200,7 @@ class Bench:
             "command": command,
             "results": rows,
             "fingerprint": engine.fingerprint,
-            "fingerprint_details": engine.fingerprint_details,
+            "fingerprint_details": engine.fingerprint_details.as_dict(),
             "placement": engine.placement.as_dict(),  # the device, offloaded layers, KV's home
             "machine": machine(),
         }
@@ -333,7 +334,7 @@ def bench_resume(
 
 
 def config_of(core: Galahad) -> dict[str, Any]:
-    d = core.engine.fingerprint_details
+    d = core.engine.fingerprint_details.as_dict()
     keys = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "flash_attn", "swa_full", "kv_type")
     return {k: d[k] for k in keys}
 
@@ -619,7 +620,7 @@ def bench_picture(
             "proof": "exact" if set(verdicts) == {"exact"} else ",".join(sorted(set(verdicts))),
             "block_bytes": row["file_bytes"],
             "reps": reps,
-            "vision": core.vision_status(),
+            "vision": dataclasses.asdict(core.vision_status()),
             "config": config_of(core),
         }
         out["speedup_vs_reread"] = out["reread_ms"] / out["restore_ms"]

@@ -30,7 +30,13 @@ from galahad_desktop.engine.protocol import ChatEngine, check_state_fits
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
-from galahad_desktop.engine.values import GEMMA_SAMPLING, EngineConfig, Placement
+from galahad_desktop.engine.values import (
+    GEMMA_SAMPLING,
+    EngineConfig,
+    Placement,
+    RuntimeDetails,
+    SamplingDefaults,
+)
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 
@@ -87,20 +93,26 @@ class FakeEngine:
         self._full: dict[int, bytes] = {}  # pos -> K row (V is derived)
         self._swa: dict[int, bytes] = {}  # the sliding-window section's cells
         self.model_sha256 = hashlib.sha256(f"fake-{flavour}".encode()).hexdigest()
-        self.fingerprint_details = {
-            "model_sha256": self.model_sha256,
-            "fake": True,
-            "n_ctx": self.n_ctx,
-            "n_batch": config.n_batch,
-            "n_ubatch": config.n_ubatch,
-            "n_threads": config.n_threads,
-            "flash_attn": config.flash_attn,
-            "kv_type": config.kv_type,
-            "swa_full": config.swa_full,
-            "system_info": "fake",
-            "turn_format": fmt.as_dict(),
-        }
-        self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details)
+        self.fingerprint_details = RuntimeDetails(
+            model_sha256=self.model_sha256,
+            llama_cpp_python="fake",
+            system_info="fake",
+            gpu_offload=False,
+            n_gpu_layers=0,
+            device="CPU",
+            n_ctx=self.n_ctx,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            n_threads=config.n_threads,
+            flash_attn=config.flash_attn,
+            kv_type=config.kv_type,
+            attn_rot_disabled=False,
+            swa_full=config.swa_full,
+            kv_unified=True,
+            n_seq_max=2,
+            turn_format=fmt,
+        )
+        self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details.as_dict())
         self.probe_tokens = self.turns.probe
         self.decoded_tokens = 0
         self._held: tuple[list[int], dict[int, bytes], dict[int, bytes]] | None = None
@@ -128,8 +140,8 @@ class FakeEngine:
             "fake model for tests",
         )
 
-    def sampling_defaults(self) -> dict[str, float | int]:
-        return dict(GEMMA_SAMPLING)
+    def sampling_defaults(self) -> SamplingDefaults:
+        return GEMMA_SAMPLING
 
     def is_end_of_generation(self, token: int) -> bool:
         eog = {"<eos>", "<end_of_turn>", "<turn|>"}

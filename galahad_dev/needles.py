@@ -112,7 +112,7 @@ def eval_needles(
             "seed": seed,
             "results": probes + control_rows,
             "fingerprint": core.engine.fingerprint,
-            "fingerprint_details": core.engine.fingerprint_details,
+            "fingerprint_details": core.engine.fingerprint_details.as_dict(),
             "machine": machine(),
         }
     finally:

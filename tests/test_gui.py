@@ -358,7 +358,7 @@ def test_settings_model_switch_and_download(  # type: ignore[no-untyped-def]
         with qtbot.waitSignal(window.opened, timeout=WAIT_MS) as switched:
             window.get_gemma4("")
     info = switched.args[0]
-    assert info.model.architecture == "gemma4" and info.turn_format["user_open"] == "<|turn>user\n"
+    assert info.model.architecture == "gemma4" and info.turn_format.user_open == "<|turn>user\n"
     assert (data_dir / "models" / e2b.file).exists()
     with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS) as opened:
         window.open_conversation(conversation)

@@ -335,7 +335,7 @@ def _on_device(core: Galahad) -> None:
     assert name != "CPU" and (REAL_GPU or name.startswith("RPC")), placement.device
     assert placement.kv_devices and "CPU" not in placement.kv_devices, placement.kv_buffers
     assert any(buffer.startswith(name) for buffer in placement.model_buffers)
-    assert core.engine.fingerprint_details["device"] == placement.device
+    assert core.engine.fingerprint_details.device == placement.device
 
 
 @pytest.mark.model

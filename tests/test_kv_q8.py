@@ -29,7 +29,7 @@ def test_q8_0_blocks_are_half_the_bytes_and_every_path_is_exact(
     deposited = core.deposit_text("story.txt", text)
     assert deposited.block_bytes <= 0.56 * f16_bytes, (deposited.block_bytes, f16_bytes)
     engine = core.engine
-    assert engine.reads_in_f16 and engine.fingerprint_details["kv_type"] == "q8_0"
+    assert engine.reads_in_f16 and engine.fingerprint_details.kv_type == "q8_0"
     conversation = core.new_conversation(document_id=deposited.document_id)
     first = core.send(
         conversation, "What is Arthur's access code?", params=core.sampling(max_tokens=6)
@@ -63,7 +63,7 @@ def test_an_f16_block_is_reread_under_q8_0_and_the_rotation_switch_is_in_the_fin
     q8.close()
     monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")  # quantized K and V stored unrotated
     unrotated = make_core(**Q8)
-    assert unrotated.engine.fingerprint_details["attn_rot_disabled"] is True
+    assert unrotated.engine.fingerprint_details.attn_rot_disabled is True
     assert unrotated.engine.fingerprint != fingerprint
     again = unrotated.resume(conversation)
     assert again.fallback_reason == "the model or its runtime settings changed"

@@ -31,7 +31,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
             deposited = first.deposit(doc)
             info = first.info()
             backend, placement = info.backend, info.placement
-            system_info = info.fingerprint_details["system_info"]
+            system_info = info.fingerprint_details.system_info
         finally:
             first.close()
         second = Galahad(data, model_path=args.model, keystore=keystore, overrides=overrides)

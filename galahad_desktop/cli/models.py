@@ -33,7 +33,7 @@ def cmd_info(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         f"{model.quantization}) — {model.label}",
         f"turn format: {info.turn_format_note}"
         + (" · thinking available" if info.supports_thinking else ""),
-        f"sampling: {', '.join(f'{k} {v}' for k, v in info.sampling_defaults.items())} "
+        f"sampling: {', '.join(f'{k} {v}' for k, v in info.sampling_defaults.as_dict().items())} "
         "(the model's recommendation)",
         f"fingerprint {info.fingerprint[:16]} · context {info.n_ctx:,}",
         *_placement_lines(info.placement),

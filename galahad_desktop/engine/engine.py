@@ -50,6 +50,8 @@ from galahad_desktop.engine.values import (
     Counters,
     EngineConfig,
     Placement,
+    RuntimeDetails,
+    SamplingDefaults,
 )
 from galahad_desktop.errors import DeviceLostError, InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
@@ -129,7 +131,7 @@ class Engine:
         self.tokens: list[int] = []
         self.model_sha256 = fp.model_sha256(config.model_path, hash_cache)
         self.fingerprint_details = self._fingerprint_details()
-        self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details)
+        self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details.as_dict())
         self.probe_tokens = self.turns.probe
         self._held: int | None = None
         self._rotations = kvquant.rotations_from_log(log)
@@ -180,30 +182,27 @@ class Engine:
             raise
 
     # -- identity ------------------------------------------------------------------------
-    def _fingerprint_details(self) -> dict[str, Any]:
+    def _fingerprint_details(self) -> RuntimeDetails:
         c = self.config
-        return {
-            "model_sha256": self.model_sha256,
-            "llama_cpp_python": llama_cpp.__version__,
-            "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
-            "gpu_offload": self.gpu_layers > 0,
-            "n_gpu_layers": self.gpu_layers,
-            # The device's kernels compute the KV bytes: a block made on a GPU is another
-            # runtime on the CPU (and the reverse) and is re-read, never grafted silently.
-            "device": self.placement.device if self.gpu_layers else "CPU",
-            "n_ctx": self.n_ctx,
-            "n_batch": c.n_batch,
-            "n_ubatch": c.n_ubatch,
-            "n_threads": c.n_threads,
-            "flash_attn": c.flash_attn,
-            "kv_type": c.kv_type,
-            # Quantized caches store K and V rotated unless this is set (not in the state).
-            "attn_rot_disabled": os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"),
-            "swa_full": c.swa_full,
-            "kv_unified": True,
-            "n_seq_max": SCRATCH_SEQ + 1,
-            "turn_format": self.turn_format.as_dict(),
-        }
+        return RuntimeDetails(
+            model_sha256=self.model_sha256,
+            llama_cpp_python=llama_cpp.__version__,
+            system_info=llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
+            gpu_offload=self.gpu_layers > 0,
+            n_gpu_layers=self.gpu_layers,
+            device=self.placement.device if self.gpu_layers else "CPU",
+            n_ctx=self.n_ctx,
+            n_batch=c.n_batch,
+            n_ubatch=c.n_ubatch,
+            n_threads=c.n_threads,
+            flash_attn=c.flash_attn,
+            kv_type=c.kv_type,
+            attn_rot_disabled=os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"),
+            swa_full=c.swa_full,
+            kv_unified=True,
+            n_seq_max=SCRATCH_SEQ + 1,
+            turn_format=self.turn_format,
+        )
 
     def _special_text(self, token: int) -> str:
         return self.model.detokenize([token], special=True).decode("utf-8", "replace")
@@ -263,14 +262,13 @@ class Engine:
     def model_info(self) -> ModelInfo:
         return gguf.describe(self.model, self.config.model_path, self.config.embedded)
 
-    def sampling_defaults(self) -> dict[str, float | int]:
+    def sampling_defaults(self) -> SamplingDefaults:
         """The publisher's recommended sampling: the GGUF's general.sampling.* keys, else
         Gemma's published defaults for a Gemma model."""
         meta = self.model.metadata
         arch = str(meta.get("general.architecture", ""))
-        out: dict[str, float | int] = dict(
-            GEMMA_SAMPLING if arch.startswith("gemma") else GENERIC_SAMPLING
-        )
+        out = GEMMA_SAMPLING if arch.startswith("gemma") else GENERIC_SAMPLING
+        published: dict[str, Any] = {}
         for key, name, kind in (
             ("general.sampling.temp", "temperature", float),
             ("general.sampling.top_k", "top_k", int),
@@ -279,8 +277,8 @@ class Engine:
             raw = meta.get(key)
             if raw is not None:
                 with contextlib.suppress(ValueError):
-                    out[name] = kind(float(raw))
-        return out
+                    published[name] = kind(float(raw))
+        return dataclasses.replace(out, **published)
 
     # -- tokens --------------------------------------------------------------------------
     def encode_template(self, text: str) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -16,7 +16,12 @@ from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
 from galahad_desktop.engine.turns import Turns
-from galahad_desktop.engine.values import EngineConfig, Placement
+from galahad_desktop.engine.values import (
+    EngineConfig,
+    Placement,
+    RuntimeDetails,
+    SamplingDefaults,
+)
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
 
@@ -32,7 +37,7 @@ class ChatEngine(Protocol):
     turn_format: TurnFormat
     probe_tokens: list[int]  # the next user turn's opening: what a graft proof evaluates
     fingerprint: str  # the runtime a block was captured under (model, settings, device)
-    fingerprint_details: dict[str, Any]
+    fingerprint_details: RuntimeDetails
     placement: Placement
     gpu_layers: int
     model_sha256: str
@@ -41,7 +46,7 @@ class ChatEngine(Protocol):
     @property
     def backend(self) -> str: ...
     def model_info(self) -> ModelInfo: ...
-    def sampling_defaults(self) -> dict[str, float | int]: ...
+    def sampling_defaults(self) -> SamplingDefaults: ...
 
     # -- tokens
     def encode_text(self, text: str) -> list[int]: ...

@@ -4,9 +4,11 @@ and the fake engine import them without loading the library."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
+
+from galahad_desktop.engine.chat_format import TurnFormat
 
 KvType = Literal["f16", "f32", "q8_0"]
 KV_TYPE_NAMES: tuple[KvType, ...] = ("f16", "f32", "q8_0")
@@ -34,10 +36,69 @@ class Placement:
         return {**asdict(self), "kv_devices": self.kv_devices}
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """A model publisher's recommended sampling (what settings and a conversation's own
+    values are laid over)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
 # What Google recommends for every Gemma model (used when the GGUF carries no
 # general.sampling.* keys); other families get llama.cpp's own defaults.
-GEMMA_SAMPLING = {"temperature": 1.0, "top_k": 64, "top_p": 0.95}
-GENERIC_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
+GEMMA_SAMPLING = SamplingDefaults(temperature=1.0, top_k=64, top_p=0.95)
+GENERIC_SAMPLING = SamplingDefaults(temperature=0.8, top_k=40, top_p=0.95)
+
+
+@dataclass(frozen=True)
+class RuntimeDetails:
+    """Everything the KV bytes of a block depend on: the runtime fingerprint is the hash of
+    these (engine/fingerprint.py), so a block made under other ones is re-read, never
+    grafted. `as_dict` is exactly what is hashed."""
+
+    model_sha256: str
+    llama_cpp_python: str  # "fake" for the fast tier's engine
+    system_info: str  # llama.cpp's build and CPU features
+    gpu_offload: bool
+    n_gpu_layers: int
+    # The device's kernels compute the KV bytes: a block made on a GPU is another runtime
+    # on the CPU (and the reverse) and is re-read, never grafted silently.
+    device: str
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    flash_attn: bool
+    kv_type: str
+    attn_rot_disabled: bool  # quantized caches store K and V rotated unless this is set
+    swa_full: bool
+    kv_unified: bool
+    n_seq_max: int
+    turn_format: TurnFormat
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["turn_format"] = self.turn_format.as_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class VisionStatus:
+    """Whether the model reads pictures, with which projector, and how."""
+
+    pictures: bool = False
+    audio: bool = False  # voice memos: not built (docs/features.md)
+    projector: str | None = None
+    problem: str = ""  # why a projector that is set up does not load
+    projector_sha256: str = ""
+    image_min_tokens: int = 0
+    image_max_tokens: int = 0
+    attention_within_image: str = ""  # "both ways" or "causal"
 
 
 @dataclass(frozen=True)

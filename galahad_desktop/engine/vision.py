@@ -124,7 +124,7 @@ class Vision:
             "attention_within_image": "both ways" if self.both_ways else "causal",
         }
         self.fingerprint = fp.runtime_fingerprint(
-            {**engine.fingerprint_details, "vision": self.details}
+            {**engine.fingerprint_details.as_dict(), "vision": self.details}
         )
 
     # -- reading -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.engine.values import EngineConfig
+from galahad_desktop.engine.values import EngineConfig, VisionStatus
 from galahad_desktop.errors import InputError, ModelError, check_text, user_path
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.chains import Chains
@@ -205,7 +205,7 @@ class Galahad(StoreFacade):
     def sampling(self, conversation_id: str | None = None, **changes: Any) -> SamplingParams:
         """Settings over the model publisher's recommendation, a conversation's own values
         over those, explicit changes over all."""
-        params: dict[str, Any] = dict(self.engine.sampling_defaults())
+        params: dict[str, Any] = self.engine.sampling_defaults().as_dict()
         for key in ("temperature", "top_p", "top_k", "max_tokens", "seed"):
             value = self.settings.get(key)
             if value is not None:
@@ -229,7 +229,7 @@ class Galahad(StoreFacade):
             backend=engine.backend,
             gpu_layers=engine.gpu_layers,
             n_ctx=engine.n_ctx,
-            turn_format=fmt.as_dict(),
+            turn_format=fmt,
             turn_format_note=fmt.describe(),
             sampling_defaults=engine.sampling_defaults(),
             keyring=self.vault.keystore.backend_name,
@@ -577,22 +577,17 @@ class Galahad(StoreFacade):
         """A picture document's PNG (or a scanned page's), decrypted in memory."""
         return self.documents.picture(document_id, part_no)
 
-    def vision_status(self) -> dict[str, Any]:
+    def vision_status(self) -> VisionStatus:
         """Whether this model reads pictures, and with which projector (a projector that
         does not load is reported, not raised)."""
         path = self.live.projector_path()
         if path is None:
-            return {"pictures": False, "audio": False, "projector": None}
+            return VisionStatus()
         try:
             vision = self.live.vision()
         except (InputError, ModelError) as exc:
-            return {"pictures": False, "audio": False, "projector": str(path), "problem": str(exc)}
-        return {
-            "pictures": True,
-            "audio": False,  # not built: see docs/features.md
-            "projector": str(path),
-            **vision.details,
-        }
+            return VisionStatus(projector=str(path), problem=str(exc))
+        return VisionStatus(pictures=True, projector=str(path), **vision.details)
 
     def document_parts_count(self, document_id: str) -> int:
         """How many parts a stored document has."""

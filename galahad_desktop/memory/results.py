@@ -11,9 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from galahad_desktop.engine.chat_format import TurnFormat
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.proof import NO_PROOF, ProofResult
-from galahad_desktop.engine.values import Counters, Placement
+from galahad_desktop.engine.values import (
+    Counters,
+    Placement,
+    RuntimeDetails,
+    SamplingDefaults,
+    VisionStatus,
+)
 from galahad_desktop.jobs import Progress
 from galahad_desktop.memory.retrieval.router import RouteDecision
 
@@ -407,13 +414,13 @@ class EngineInfo:
 
     model: ModelInfo
     fingerprint: str
-    fingerprint_details: dict[str, Any]
+    fingerprint_details: RuntimeDetails
     backend: str
     gpu_layers: int
     n_ctx: int
-    turn_format: dict[str, Any]
+    turn_format: TurnFormat
     turn_format_note: str
-    sampling_defaults: dict[str, Any]
+    sampling_defaults: SamplingDefaults
     keyring: str
     supports_thinking: bool
     settings_problems: list[str]
@@ -421,17 +428,17 @@ class EngineInfo:
     # Where the model runs: device, offloaded layers, KV cache's device, CPU kernels.
     placement: Placement | None = None
     # Pictures: whether the model reads them, its projector and image-token budget.
-    vision: dict[str, Any] = dataclasses.field(default_factory=dict)
+    vision: VisionStatus = dataclasses.field(default_factory=VisionStatus)
 
     def vision_note(self) -> str:
         v = self.vision
-        if not v.get("pictures"):
-            why = v.get("problem") or "no vision projector for this model"
+        if not v.pictures:
+            why = v.problem or "no vision projector for this model"
             return f"pictures: not available ({why}) · voice memos: not built"
         return (
-            f"pictures: yes ({Path(str(v['projector'])).name}, "
-            f"{v['image_min_tokens']}-{v['image_max_tokens']} tokens each, "
-            f"attention within a picture {v['attention_within_image']}) · voice memos: not built"
+            f"pictures: yes ({Path(str(v.projector)).name}, "
+            f"{v.image_min_tokens}-{v.image_max_tokens} tokens each, "
+            f"attention within a picture {v.attention_within_image}) · voice memos: not built"
         )
 
     def device_note(self) -> str:

@@ -74,7 +74,7 @@ class ModelActions:
         self.chat.thinking_box.setVisible(info.supports_thinking)
         self.welcome.show_model(info)
         kind = "" if info.model.kind == "chat" else f" ({info.model.label})"
-        note = "" if info.turn_format.get("understood", True) else f" · {info.turn_format_note}"
+        note = "" if info.turn_format.understood else f" · {info.turn_format_note}"
         self.set_status(
             f"{info.model.name}{kind} · {info.device_note()} · keys in "
             f"{keyring_label(info.keyring)}{note}"
