@@ -18,7 +18,7 @@ from galahad_desktop.cli.common import parse_pairs
 from galahad_desktop.errors import InputError
 from galahad_desktop.system.files import read_regular_file
 from galahad_dev import bench
-from galahad_dev.bench import parse_sizes
+from galahad_dev.bench import Run, parse_sizes
 
 GENERATED = "generated"
 
@@ -137,19 +137,50 @@ def measure(
         raise InputError("--image goes with `bench resume`.")
     if args.image is not None:
         picture = None if args.image == GENERATED else Path(args.image)
-        result = bench.bench_picture(args.reps, args.model, overrides, log, picture)
+        result = bench.bench_picture(args.reps, Run(args.model, overrides, log), picture)
         return "bench-resume-image", result, bench.picture_table(result)
     if args.kind == "resume":
-        result = bench.bench_resume(sizes, args.reps, args.model, overrides, log, kv_types)
+        result = bench.bench_resume(sizes, args.reps, Run(args.model, overrides, log), kv_types)
         return "bench-resume", result, bench.resume_table(result)
     if args.kind == "deposit":
-        result = bench.bench_deposit(sizes, args.reps, args.model, overrides, log, kv_types)
+        result = bench.bench_deposit(sizes, args.reps, Run(args.model, overrides, log), kv_types)
         return "bench-deposit", result, bench.deposit_table(result)
     source = None
     if args.text is not None:
         source = read_regular_file(args.text, 64 * 2**20, "a text").decode("utf-8", "replace")
-    result = bench.bench_kv_quality(sizes[0], args.window, args.model, overrides, log, source)
+    result = bench.bench_kv_quality(sizes[0], args.window, Run(args.model, overrides, log), source)
     return "bench-kv-quality", result, bench.quality_table(result)
+
+
+def model_eval(args: argparse.Namespace, run: Run) -> dict[str, Any] | None:
+    """The evaluations on a model (None: the kind is one of the fuzzers)."""
+    if args.kind == "needles":
+        from galahad_dev.needles import eval_needles
+
+        controls = 16 if args.controls is None else args.controls
+        return eval_needles(args.blocks, args.block_tokens, controls, args.seed, run)
+    if args.kind == "memory":
+        from galahad_dev.memory_eval import eval_memory
+
+        controls = 20 if args.controls is None else args.controls
+        return eval_memory(args.tokens, args.probes, controls, args.doc_tokens, args.seed, run)
+    if args.kind == "routing":
+        from galahad_dev.routing_eval import eval_routing
+
+        only = [d for d in args.documents.split(",") if d]
+        return eval_routing(
+            run,
+            embedding_model=args.embedding_model,
+            rerank=not args.no_rerank,
+            only=only,
+            ledgers=args.ledgers,
+            vector_cache=args.vector_cache,
+        )
+    if args.kind == "flywheel":
+        from galahad_dev.flywheel import eval_flywheel
+
+        return eval_flywheel(args.problems, args.attempts, args.seed, run, oracle=args.oracle)
+    return None
 
 
 def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
@@ -173,56 +204,9 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             result = peers.bench_pickle(sizes, args.reps, args.model, overrides, log)
             text = json.dumps(result["results"], indent=1)
         return f"bench-{args.kind}", result, text
-    if args.kind == "needles":
-        from galahad_dev.needles import eval_needles
-
-        result = eval_needles(
-            args.blocks,
-            args.block_tokens,
-            16 if args.controls is None else args.controls,
-            args.seed,
-            args.model,
-            overrides,
-            log,
-        )
-    elif args.kind == "memory":
-        from galahad_dev.memory_eval import eval_memory
-
-        result = eval_memory(
-            args.tokens,
-            args.probes,
-            20 if args.controls is None else args.controls,
-            args.doc_tokens,
-            args.seed,
-            args.model,
-            overrides,
-            log,
-        )
-    elif args.kind == "routing":
-        from galahad_dev.routing_eval import eval_routing
-
-        result = eval_routing(
-            args.model,
-            overrides,
-            log,
-            embedding_model=args.embedding_model,
-            rerank=not args.no_rerank,
-            only=[d for d in args.documents.split(",") if d],
-            ledgers=args.ledgers,
-            vector_cache=args.vector_cache,
-        )
-    elif args.kind == "flywheel":
-        from galahad_dev.flywheel import eval_flywheel
-
-        result = eval_flywheel(
-            args.problems,
-            args.attempts,
-            args.seed,
-            args.model,
-            overrides,
-            log,
-            oracle=args.oracle,
-        )
+    found = model_eval(args, Run(args.model, overrides, log))
+    if found is not None:
+        result = found
     else:
         from galahad_dev import hardening
 

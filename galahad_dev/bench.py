@@ -19,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,22 @@ from galahad_desktop.vault.blockfile import CHUNK_BYTES
 from galahad_desktop.vault.keys import MemoryKeyStore
 
 Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Where a measurement runs: the model (None: the embedded one), settings laid over the
+    defaults, and where its progress is written."""
+
+    model_path: Path | None
+    overrides: dict[str, Any]
+    log: Log
+
+    def bench(self, **changes: Any) -> Bench:
+        """A throwaway core on this run's model, with `changes` over its settings."""
+        return Bench(self.model_path, {**self.overrides, **changes}, self.log)
+
+
 _WORDS = (
     "the castle road river knight ledger winter harbour lantern orchard market bell tower "
     "bridge mill garden letter archive candle forge meadow chapel quarry ferry signal"
@@ -244,6 +260,14 @@ def floor_ms(n_bytes: int, tmp: Path) -> float:
     return elapsed
 
 
+def _texts(bench: Bench, sizes: list[int], kv_types: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """Each size under each KV cache type, side by side: the bench's core is switched to
+    the type, then (type, a text of that many tokens) is given."""
+    for size, kv_type in [(s, k) for s in sizes for k in kv_types]:
+        use_kv_type(bench, kv_type)
+        yield kv_type, bench.text_of_tokens(size)
+
+
 def use_kv_type(bench: Bench, kv_type: str) -> None:
     """Switch the bench's core to another KV cache type (a fresh engine)."""
     bench.core.settings.override({"kv_type": kv_type})
@@ -253,21 +277,17 @@ def use_kv_type(bench: Bench, kv_type: str) -> None:
 def bench_resume(
     sizes: list[int],
     reps: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     kv_types: tuple[str, ...] = ("f16",),
 ) -> dict[str, Any]:
     """Restore a stored document block into a new context against re-reading it and
     against llama.cpp's plain sequence file, with the floor (read + decrypt); once per KV
     cache type, side by side."""
-    bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
+    log, bench = run.log, run.bench(n_ctx=context_for(max(sizes)))
     rows = []
     try:
         core = bench.core
-        for size, kv_type in [(s, k) for s in sizes for k in kv_types]:
-            use_kv_type(bench, kv_type)
-            text = bench.text_of_tokens(size)
+        for kv_type, text in _texts(bench, sizes, kv_types):
             deposited = core.deposit_text("bench.txt", text)
             row_block = core.vault.block_row(deposited.block_id)
             tokens = core.vault.block_tokens(row_block)
@@ -369,22 +389,18 @@ def warm_up(engine: Engine, tokens: list[int]) -> None:
 def bench_deposit(
     sizes: list[int],
     reps: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     kv_types: tuple[str, ...] = ("f16",),
 ) -> dict[str, Any]:
     """A deposit (read, capture, encrypt, write) against plain llama.cpp reading the same
     tokens with an f16 cache (the previous defaults, and its fastest configuration here) and
     with the row's cache type; then an ask on the deposited block, whose proof must be
     exact, and a reply decoded on it (tokens/s). Once per KV cache type, side by side."""
-    bench = Bench(model_path, {**overrides, "n_ctx": context_for(max(sizes))}, log)
+    log, bench = run.log, run.bench(n_ctx=context_for(max(sizes)))
     rows = []
     try:
         core = bench.core
-        for size, kv_type in [(s, k) for s in sizes for k in kv_types]:
-            use_kv_type(bench, kv_type)
-            text = bench.text_of_tokens(size)
+        for kv_type, text in _texts(bench, sizes, kv_types):
             tokens = core.documents.document_tokens("bench.txt", text)
             default, best, native, deposit, peaks, decode = [], [], [], [], [], []
             verdicts = []
@@ -456,9 +472,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 def bench_kv_quality(
     n_tokens: int,
     window: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     text: str | None = None,
 ) -> dict[str, Any]:
     """The same tokens at the same positions through an f16 cache and through q8_0 caches
@@ -466,7 +480,7 @@ def bench_kv_quality(
     read into the cache, then each of the next `window` tokens is predicted from it. Reports
     the KL divergence of each q8_0 run's next-token distribution from f16's (mean, 99th
     percentile), top-1 agreement and every run's perplexity on the window."""
-    bench = Bench(model_path, {**overrides, "n_ctx": context_for(n_tokens + window)}, log)
+    log, bench = run.log, run.bench(n_ctx=context_for(n_tokens + window))
     engines: list[Engine] = []
     try:
         core = bench.core
@@ -573,15 +587,13 @@ def deposit_table(result: dict[str, Any]) -> str:
 
 def bench_picture(
     reps: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     picture: Path | None = None,
 ) -> dict[str, Any]:
     """One picture stored as a document, then restored from its block (and proved) against
     reading it again from the picture (vision encoder and prefill of its tokens), each in a
     new context, alternating. `picture`: a file of the user's (default: a generated photo)."""
-    bench = Bench(model_path, overrides, log)
+    log, bench = run.log, run.bench()
     try:
         core = bench.core
         if picture is None:

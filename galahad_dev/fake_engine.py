@@ -22,7 +22,7 @@ import numpy as np
 
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine import kvstate
-from galahad_desktop.engine.chat_format import GEMMA3_TURNS, TurnFormat
+from galahad_desktop.engine.chat_format import GEMMA3_TURNS, GEMMA4_TURNS, TurnFormat
 from galahad_desktop.engine.decoding import Generation, decode_reply
 from galahad_desktop.engine.markup import MarkupGuard
 from galahad_desktop.engine.modelinfo import ModelInfo
@@ -44,23 +44,10 @@ WINDOW = 32
 ROW = 16  # bytes per K (and V) row
 BYTES = 256
 
-GEMMA4_FORMAT = TurnFormat(
-    user_open="<|turn>user\n",
-    user_close="<turn|>\n",
-    model_open="<|turn>model\n",
-    generation_prompt="<|turn>model\n<|channel>thought\n<channel|>",
-    model_close="<turn|>\n",
-    source="the model's chat template",
-    system_open="<|turn>system\n",
-    system_close="<turn|>\n",
-    thinking_marker="<|think|>\n",
-    thinking_prompt="<|turn>model\n",
-    empty_thought="<|channel>thought\n<channel|>",
-)
 FLAVOURS: dict[str, tuple[TurnFormat, list[str], list[str]]] = {
     # (turn format, control tokens, user-defined tokens)
     "gemma3": (GEMMA3_TURNS, ["<start_of_turn>", "<end_of_turn>"], ["<start_of_image>"]),
-    "gemma4": (GEMMA4_FORMAT, ["<|turn>", "<turn|>", "<|think|>"], ["<|channel>", "<channel|>"]),
+    "gemma4": (GEMMA4_TURNS, ["<|turn>", "<turn|>", "<|think|>"], ["<|channel>", "<channel|>"]),
 }
 
 
@@ -93,24 +80,8 @@ class FakeEngine:
         self._full: dict[int, bytes] = {}  # pos -> K row (V is derived)
         self._swa: dict[int, bytes] = {}  # the sliding-window section's cells
         self.model_sha256 = hashlib.sha256(f"fake-{flavour}".encode()).hexdigest()
-        self.fingerprint_details = RuntimeDetails(
-            model_sha256=self.model_sha256,
-            llama_cpp_python="fake",
-            system_info="fake",
-            gpu_offload=False,
-            n_gpu_layers=0,
-            device="CPU",
-            n_ctx=self.n_ctx,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch,
-            n_threads=config.n_threads,
-            flash_attn=config.flash_attn,
-            kv_type=config.kv_type,
-            attn_rot_disabled=False,
-            swa_full=config.swa_full,
-            kv_unified=True,
-            n_seq_max=2,
-            turn_format=fmt,
+        self.fingerprint_details = RuntimeDetails.of(
+            config, ("fake", "fake"), self.model_sha256, self.n_ctx, (0, "CPU"), fmt
         )
         self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details.as_dict())
         self.probe_tokens = self.turns.probe

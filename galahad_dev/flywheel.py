@@ -10,11 +10,10 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from galahad_desktop.memory.verified.verifiers import verifier_for
-from galahad_dev.bench import Bench, Log, machine
+from galahad_dev.bench import Run, machine
 
 UNIT_TEMPLATES = (("km", "m"), ("kg", "g"), ("h", "min"), ("m", "cm"), ("l", "ml"))
 
@@ -61,16 +60,14 @@ def eval_flywheel(
     problems: int,
     attempts: int,
     seed: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     budget: int = 48,
     oracle: bool = False,
 ) -> dict[str, Any]:
     """With `oracle`, a problem the model fails is solved by the verifier itself (like a
     calculator tool), so recurrence, transfer and the gate can be measured on a model too
     weak to solve anything; the report says how many the model solved."""
-    bench = Bench(model_path, {**overrides, "n_ctx": 2048}, log)
+    log, bench = run.log, run.bench(n_ctx=2048)
     rng = random.Random(seed)
     try:
         core = bench.core

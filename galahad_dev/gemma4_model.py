@@ -27,8 +27,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import gguf  # imported where a file is written: it is only needed then
 
 TEMPLATE_MEMBER = "vendor/llama.cpp/models/templates/google-gemma-4-31B-it.jinja"
 TEMPLATE_SHA256 = "85a08664d16d8f3be4416c92427b3ac10df1024ac566cc0b4bc3bab409393f98"
@@ -343,6 +347,11 @@ def _write(
         writer.add_tensor(p + "inp_gate.weight", weights(s.per_layer_embd, s.n_embd))
         writer.add_tensor(p + "proj.weight", weights(s.n_embd, s.per_layer_embd))
         writer.add_tensor(p + "post_norm.weight", ones(s.n_embd))
+    write_out(writer)
+
+
+def write_out(writer: gguf.GGUFWriter) -> None:
+    """Header, metadata and tensors, in the order a GGUF file holds them."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from galahad_dev.gemma4_model import Gemma4Shape, cache_dir, write_once
+from galahad_dev.gemma4_model import Gemma4Shape, cache_dir, write_once, write_out
 
 BUILDER_VERSION = 1
 
@@ -114,7 +114,4 @@ def _write(path: Path, s: ProjectorShape, text_embd: int) -> None:
     writer.add_tensor("v.std_bias", np.zeros(s.n_embd, dtype=np.float32))
     writer.add_tensor("v.std_scale", ones(s.n_embd))
     writer.add_tensor("mm.input_projection.weight", weights(text_embd, s.n_embd, scale=0.5))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)

@@ -283,17 +283,15 @@ def _reason(message: str) -> str:
 # -- crash trials -----------------------------------------------------------------------------
 
 
+def galahad_command(data_dir: Path, settings: dict[str, Any], *args: str) -> list[str]:
+    """`galahad --data-dir DATA --set KEY=VALUE ... ARGS`, as a child process runs it."""
+    sets = [word for key, value in settings.items() for word in ("--set", f"{key}={value}")]
+    cli = [sys.executable, "-m", "galahad_desktop.cli"]
+    return [*cli, "--data-dir", str(data_dir), *sets, *args]
+
+
 def _galahad(data_dir: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "galahad_desktop.cli",
-        "--data-dir",
-        str(data_dir),
-        "--set",
-        "n_ctx=2048",
-        *args,
-    ]
+    return galahad_command(data_dir, {"n_ctx": 2048}, *args)
 
 
 def _json(data_dir: Path, *args: str) -> dict[str, Any]:

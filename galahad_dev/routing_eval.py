@@ -43,7 +43,7 @@ from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.rerank import Reranking, decide_reranked
 from galahad_desktop.memory.retrieval.router import PartIndex, RouteDecision, decide
-from galahad_dev.bench import Bench, Log, machine
+from galahad_dev.bench import Bench, Log, Run, machine
 from galahad_dev.vector_cache import VectorCache
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing"
@@ -411,9 +411,7 @@ def _rerank(
 
 
 def eval_routing(
-    model_path: Path | None,
-    overrides: dict[str, Any],
-    log: Log,
+    run: Run,
     root: Path = ROOT,
     embedding_model: Path | None = None,
     rerank: bool = True,
@@ -426,6 +424,7 @@ def eval_routing(
     `rerank` is off), and on generated ledgers. `only`: a subset of the documents.
     `vector_cache`: passage vectors from the checked cache beside the documents
     (vector_cache.py; the index time reported is then the cache's, not the model's)."""
+    model_path, overrides, log = run.model_path, run.overrides, run.log
     questions = load_questions(root)
     paths = sorted((root / "documents").iterdir())
     if only:

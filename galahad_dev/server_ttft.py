@@ -157,6 +157,11 @@ class Peer:
             self.proc.wait(60)
 
 
+def _cached(usage: Any) -> int | None:
+    """The prompt tokens a server said it served from its cache (None: no usage given)."""
+    return usage.prompt_tokens_details.cached_tokens if usage else None
+
+
 def first_token_ms(
     client: openai.OpenAI, messages: list[ChatCompletionMessageParam]
 ) -> tuple[float, Any]:
@@ -317,19 +322,13 @@ def main() -> int:
         "history_tokens": held,
         "ours_hot_ms": ours_hot,
         "ours_after_restart_ms": ours_restart,
-        "ours_cached_tokens_after_restart": restart_usage.prompt_tokens_details.cached_tokens
-        if restart_usage
-        else None,
+        "ours_cached_tokens_after_restart": _cached(restart_usage),
         "ours_prompt_tokens_after_restart": restart_usage.prompt_tokens if restart_usage else None,
-        "ours_cached_tokens_hot": hot_usage.prompt_tokens_details.cached_tokens
-        if hot_usage
-        else None,
+        "ours_cached_tokens_hot": _cached(hot_usage),
         "ours_fresh_no_history_ms": ours_fresh,
         "pasted_document_first_ms": pasted_first,
         "pasted_document_again_after_restart_ms": pasted_again,
-        "pasted_document_cached_tokens": pasted_usage.prompt_tokens_details.cached_tokens
-        if pasted_usage
-        else None,
+        "pasted_document_cached_tokens": _cached(pasted_usage),
         "pasted_document_prompt_tokens": pasted_usage.prompt_tokens if pasted_usage else None,
         "peer_pasted_document_again_hot_ms": peer_pasted_hot,
         "peer_hot_ms": peer_hot,

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
+
+from galahad_dev.hardening import galahad_command
 
 ROOT = Path(__file__).resolve().parent.parent
 # Small context keeps model tests quick; byte-exactness does not depend on it.
@@ -17,19 +22,8 @@ TEST_OVERRIDES: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "temperature": 
 
 def cli_command(*args: str, data_dir: Path, model: Path | None = None) -> list[str]:
     """The `galahad` command line the tests run (the test context size, greedy replies)."""
-    return [
-        sys.executable,
-        "-m",
-        "galahad_desktop.cli",
-        "--data-dir",
-        str(data_dir),
-        "--set",
-        f"n_ctx={TEST_OVERRIDES['n_ctx']}",
-        "--set",
-        "temperature=0",
-        *(["--model", str(model)] if model else []),
-        *args,
-    ]
+    settings = {"n_ctx": TEST_OVERRIDES["n_ctx"], "temperature": 0}
+    return galahad_command(data_dir, settings, *(["--model", str(model)] if model else []), *args)
 
 
 def run_cli(
@@ -60,6 +54,40 @@ def cli_json(*args: str, data_dir: Path, **kw: Any) -> dict[str, Any]:
     assert len(lines) == 1, f"expected one JSON line on stdout, got: {proc.stdout!r}"
     result: dict[str, Any] = json.loads(lines[0])
     return result
+
+
+def get_from_fake_hub(
+    repo: str, file: str, content: bytes, name: str, data_dir: Path, env: dict[str, str]
+) -> dict[str, Any]:
+    """`galahad models get NAME --use` from a stand-in hub serving `content` as repo/file."""
+    from tests.fakehub import FakeHub
+
+    with FakeHub(repo, file, content) as hub:
+        return cli_json(
+            "models",
+            "get",
+            name,
+            "--use",
+            data_dir=data_dir,
+            env={**env, "HF_ENDPOINT": hub.endpoint},
+        )
+
+
+Test = TypeVar("Test", bound=Callable[..., Any])
+
+
+def on_the_real_keyring(test: Test) -> Test:
+    """A model test run on the real OS keyring (Secret Service, the `real_keyring` fixture)."""
+    marked: Test = pytest.mark.model(
+        pytest.mark.keyring(pytest.mark.usefixtures("real_keyring")(test))
+    )
+    return marked
+
+
+def chatted(core: Any, texts: Sequence[str], **send: Any) -> tuple[str, list[Any]]:
+    """A new conversation with these messages sent in turn: its id, each turn's result."""
+    conversation: str = core.new_conversation()
+    return conversation, [core.send(conversation, text, **send) for text in texts]
 
 
 def story(n_sentences: int, secret: str = "Arthur's access code is 8842.") -> str:
@@ -138,3 +166,19 @@ def show_window(qtbot: Any, bridge: Any, data_dir: Path, prompts: Any, wait_ms: 
         window.show()
     qtbot.waitUntil(lambda: bridge.pending() == 0, timeout=wait_ms)
     return window
+
+
+@contextlib.contextmanager
+def window_opener(qtbot: Any, prompts: Any, wait_ms: int) -> Iterator[Callable[[Any, Path], Any]]:
+    """Open windows on bridges (`open(bridge, data_dir)`); every bridge is stopped after."""
+    bridges: list[Any] = []
+
+    def open_on(bridge: Any, data_dir: Path) -> Any:
+        bridges.append(bridge)
+        return show_window(qtbot, bridge, data_dir, prompts, wait_ms)
+
+    try:
+        yield open_on
+    finally:
+        for bridge in bridges:
+            bridge.stop()

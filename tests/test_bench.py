@@ -8,12 +8,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import dev
 
 pytestmark = pytest.mark.model
+
+
+def _all_measured(row: dict[str, Any], keys: str) -> None:
+    """Each named figure was measured (a positive number)."""
+    for key in keys.split():
+        assert row[key] > 0, key
 
 
 def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
@@ -34,17 +41,11 @@ def test_bench_resume_reports_every_method(tmp_path: Path) -> None:
     f16, q8 = result["results"][2:]
     assert q8["bytes_per_token"] < 0.6 * f16["bytes_per_token"]
     for row in result["results"]:
-        for key in (
-            "tokens",
-            "prefill_ms",
-            "restore_ms",
-            "proof_ms",
-            "floor_ms",
-            "seq_file_ms",
-            "block_bytes",
+        _all_measured(
+            row,
+            "tokens prefill_ms restore_ms proof_ms floor_ms seq_file_ms block_bytes "
             "ratio_to_seq_file",
-        ):
-            assert row[key] > 0, key
+        )
         assert row["proof"] == "exact"
         assert set(row["config"]) >= {"flash_attn", "swa_full", "n_batch"}
     assert result["fingerprint"] and (out / "bench-resume.json").exists()
@@ -93,15 +94,11 @@ def test_bench_deposit_rows(tmp_path: Path) -> None:
     assert [r["kv_type"] for r in deposit["results"]] == ["f16", "q8_0"]
     for row in deposit["results"]:
         assert row["tokens"] <= 200
-        for key in (
-            "raw_prefill_default_ms",
-            "raw_prefill_best_ms",
-            "raw_prefill_same_kv_ms",
-            "deposit_ms",
-            "decode_tokens_per_s",
-            "peak_rss_mb",
-        ):
-            assert row[key] > 0, key
+        _all_measured(
+            row,
+            "raw_prefill_default_ms raw_prefill_best_ms raw_prefill_same_kv_ms deposit_ms "
+            "decode_tokens_per_s peak_rss_mb",
+        )
         assert row["ask_proof"] == "exact"
         assert row["config"]["flash_attn"] in (True, False)
         assert row["config"]["kv_type"] == row["kv_type"]

@@ -16,7 +16,7 @@ from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.memory.galahad import Galahad
-from tests.helpers import story
+from tests.helpers import chatted, story
 from tests.test_graft import RUNTIMES
 
 pytestmark = pytest.mark.model
@@ -77,12 +77,20 @@ def test_parse_and_reassemble_is_the_identity(two_states: tuple[Engine, bytes, i
     assert _bytes(buffer, size) == late
 
 
+def _cut_at(
+    state: bytes, position: int
+) -> tuple[kvstate.SeqState, ctypes.Array[ctypes.c_uint8], int]:
+    """A state parsed, and the child cut from it at `position` (the cells after it)."""
+    parsed = kvstate.parse(state)
+    child, child_size = kvstate.cut(parsed, position)
+    return parsed, child, child_size
+
+
 def test_a_cut_child_spliced_onto_its_parent_is_byte_identical(
     two_states: tuple[Engine, bytes, int, bytes],
 ) -> None:
     engine, early, n_early, late = two_states
-    late_state = kvstate.parse(late)
-    child, child_size = kvstate.cut(late_state, n_early)
+    late_state, child, child_size = _cut_at(late, n_early)
     child_state = kvstate.parse(child, child_size)
     assert child_state.layout()[0] == [(n_early, 1800)]
     assert child_size < len(late) / 2
@@ -98,8 +106,7 @@ def test_splicing_without_the_parent_fails_loudly(
     two_states: tuple[Engine, bytes, int, bytes],
 ) -> None:
     _engine, _early, n_early, late = two_states
-    late_state = kvstate.parse(late)
-    child, child_size = kvstate.cut(late_state, n_early)
+    late_state, child, child_size = _cut_at(late, n_early)
     with pytest.raises(kvstate.KVLayoutError, match="missing"):
         kvstate.assemble(
             [kvstate.parse(child, child_size)], late_state.layout(), kvstate.bytes_buffer
@@ -167,9 +174,7 @@ def test_resume_regenerate_and_branch_graft_links_exactly(
     make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
 ) -> None:
     core = make_core(max_tokens=10, **runtime)
-    conversation = core.new_conversation()
-    for turn in range(3):
-        core.send(conversation, f"Name a colour for day {turn}.")
+    conversation, _turns = chatted(core, [f"Name a colour for day {t}." for t in range(3)])
     core.close()
     fresh = make_core(max_tokens=10, **runtime)
     report = fresh.resume(conversation)
@@ -190,9 +195,7 @@ def test_compaction_keeps_every_byte_of_the_spliced_state(
     make_core: Callable[..., Galahad], family: str, runtime: dict[str, bool]
 ) -> None:
     core = make_core(max_tokens=8, **runtime)
-    conversation = core.new_conversation()
-    for turn in range(6):
-        core.send(conversation, f"Count to {turn + 2}.")
+    conversation, _turns = chatted(core, [f"Count to {t + 2}." for t in range(6)])
     digest = _digest(core, conversation)
     checkpoint = core.messages(conversation)[-3].block_id  # the turn before last
     kept_digest = _digest(core, conversation, checkpoint)

@@ -22,6 +22,7 @@ from galahad_desktop.engine.values import EngineConfig
 from galahad_desktop.errors import DeviceLostError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.results import TurnResult
 from galahad_desktop.vault.keys import MemoryKeyStore
 from galahad_dev.fake_engine import FakeEngine
 
@@ -162,6 +163,18 @@ def _core(
     return core, made
 
 
+def _lose_on_the_second_turn(
+    core: Galahad, made: list[ChatEngine], text: str
+) -> tuple[TurnResult, TurnResult, list[str]]:
+    """A first turn on the device, then the device goes away during the second."""
+    first = core.send(None, "hello")
+    assert isinstance(made[0], _EngineOnALostDevice)
+    made[0].armed = True
+    streamed: list[str] = []
+    second = core.send(first.conversation_id, text, Job(on_text=streamed.append))
+    return first, second, streamed
+
+
 def _stored_replies(core: Galahad, conversation_id: str) -> list[str]:
     return [m.text for m in core.messages(conversation_id) if m.role == "model"]
 
@@ -172,11 +185,7 @@ def test_a_turn_cut_by_a_lost_device_is_kept_and_the_next_runs_on_another_engine
     keys = MemoryKeyStore()
     core, made = _core(tmp_path, "mid-reply", keys)
     try:
-        first = core.send(None, "hello")
-        assert isinstance(made[0], _EngineOnALostDevice)
-        made[0].armed = True
-        streamed: list[str] = []
-        cut = core.send(first.conversation_id, "tell me more", Job(on_text=streamed.append))
+        first, cut, streamed = _lose_on_the_second_turn(core, made, "tell me more")
         assert cut.stop_reason == "device_lost" and "went away" in cut.notice
         assert cut.counters.generated_tokens == 3
         assert cut.context_tokens > first.context_tokens + 3  # nothing before it dropped
@@ -199,11 +208,7 @@ def test_a_turn_cut_by_a_lost_device_is_kept_and_the_next_runs_on_another_engine
 def test_a_device_lost_before_the_reply_is_answered_on_another_engine(tmp_path: Path) -> None:
     core, made = _core(tmp_path, "before")
     try:
-        first = core.send(None, "hello")
-        assert isinstance(made[0], _EngineOnALostDevice)
-        made[0].armed = True
-        streamed: list[str] = []
-        second = core.send(first.conversation_id, "go on", Job(on_text=streamed.append))
+        first, second, streamed = _lose_on_the_second_turn(core, made, "go on")
         assert second.stop_reason != "device_lost" and "went away" in second.notice
         assert second.reply == "".join(streamed)  # streamed once, from the new engine
         assert len(made) == 2 and core.engine is made[1]

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from galahad_desktop.engine import sampling
+from galahad_desktop.engine.chat_format import GEMMA4_TURNS
 from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.models import catalog
 from galahad_desktop.vault.keys import MemoryKeyStore
-from tests.fakehub import FakeHub
-from tests.helpers import cli_json, run_cli
+from tests.helpers import cli_json, get_from_fake_hub, run_cli
 from tests.test_graft import RUNTIMES
 
 pytestmark = pytest.mark.model
@@ -45,6 +45,8 @@ def test_info_names_the_model_s_template(tmp_path: Path, gemma4_path: Path) -> N
     assert fmt["system_open"] == "<|turn>system\n" and fmt["supports_thinking"]
     assert info["model"]["architecture"] == "gemma4" and info["model"]["kind"] == "chat"
     assert info["sampling_defaults"] == {"temperature": 1.0, "top_k": 64, "top_p": 0.95}
+    # The fast tier's fake engine speaks the format read from this template, no other.
+    assert fmt == GEMMA4_TURNS.as_dict()
 
 
 @pytest.mark.keyring
@@ -178,15 +180,7 @@ def test_recommend_get_and_switch_from_the_command(
         assert {"repo", "file", "bytes", "kv_bytes_per_token", "fits"} <= c.keys()
     first = cli_json("chat", "--message", "Hello from Gemma 3.", "--max-tokens", "6", data_dir=data)
     e2b = catalog.model_for("E2B")
-    with FakeHub(e2b.repo, e2b.file, gemma4_path.read_bytes()) as hub:
-        got = cli_json(
-            "models",
-            "get",
-            "gemma-4",
-            "--use",
-            data_dir=data,
-            env={**env, "HF_ENDPOINT": hub.endpoint},
-        )
+    got = get_from_fake_hub(e2b.repo, e2b.file, gemma4_path.read_bytes(), "gemma-4", data, env)
     assert got["in_use"] and Path(got["path"]).name == e2b.file
     bad = run_cli("models", "get", "gemma-4", "--size", "7B", data_dir=data, check=False)
     assert bad.returncode == 4 and "no Gemma 4 '7B'" in bad.stderr

@@ -18,7 +18,7 @@ from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.jobs import Job
 from galahad_desktop.memory.documents import documents as documents_module
 from galahad_desktop.memory.galahad import Galahad
-from tests.helpers import story
+from tests.helpers import chatted, story
 
 pytestmark = pytest.mark.model
 
@@ -247,9 +247,8 @@ def test_regenerate_restores_the_turn_checkpoint(
     make_core: Callable[..., Galahad], family: str, runtime: dict[str, Any]
 ) -> None:
     core = make_core(**runtime)
-    conversation = core.new_conversation()
-    core.send(conversation, "Name a knight.", params=core.sampling(max_tokens=6))
-    second = core.send(conversation, "Name another one.", params=core.sampling(max_tokens=6))
+    knights = ("Name a knight.", "Name another one.")
+    conversation, (_first, second) = chatted(core, knights, params=core.sampling(max_tokens=6))
     old_head = core.vault.catalog.get("conversations", conversation)["head_block_id"]
     checkpoint = core.messages(conversation)[1].block_id
     core.close()
@@ -275,9 +274,8 @@ def test_branch_from_an_edited_message(
     make_core: Callable[..., Galahad], family: str, runtime: dict[str, Any]
 ) -> None:
     core = make_core(**runtime)
-    conversation = core.new_conversation()
-    core.send(conversation, "Name a knight.", params=core.sampling(max_tokens=6))
-    core.send(conversation, "Name another one.", params=core.sampling(max_tokens=6))
+    knights = ("Name a knight.", "Name another one.")
+    conversation, _turns = chatted(core, knights, params=core.sampling(max_tokens=6))
     core.close()
 
     fresh = make_core(**runtime)

@@ -22,7 +22,7 @@ from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
 from galahad_desktop.ui.worker import CoreBridge, default_core_factory
 from galahad_dev import import_samples as import_fixtures
-from tests.helpers import photo, show_window, story, when_a_modal_opens
+from tests.helpers import photo, story, when_a_modal_opens, window_opener
 
 pytestmark = [
     pytest.mark.gui,
@@ -77,17 +77,15 @@ class ScriptedPrompts:
 
 @pytest.fixture()
 def open_window(qtbot, data_dir: Path) -> Iterator[Callable[..., MainWindow]]:  # type: ignore[no-untyped-def]
-    bridges: list[CoreBridge] = []
+    with window_opener(qtbot, ScriptedPrompts(), WAIT_MS) as open_on:
 
-    def factory(model: Path | None = None) -> MainWindow:
-        bridge = CoreBridge(default_core_factory(data_dir, model))
-        bridges.append(bridge)
-        window: MainWindow = show_window(qtbot, bridge, data_dir, ScriptedPrompts(), WAIT_MS)
-        return window
+        def factory(model: Path | None = None) -> MainWindow:
+            window: MainWindow = open_on(
+                CoreBridge(default_core_factory(data_dir, model)), data_dir
+            )
+            return window
 
-    yield factory
-    for bridge in bridges:
-        bridge.stop()
+        yield factory
 
 
 def _send(qtbot, window: MainWindow, text: str) -> TurnResult:  # type: ignore[no-untyped-def]

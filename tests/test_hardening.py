@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from galahad_dev import hardening
-from tests.helpers import cli_json, run_cli, story
+from tests.helpers import cli_json, on_the_real_keyring, run_cli, story
 
 
 @pytest.mark.model  # not the model: the tamper fuzzer takes ~20 s, too slow for the fast tier
@@ -74,9 +74,7 @@ def test_passphrase_mode_without_any_keyring(tmp_path: Path) -> None:
     assert asked["proof"] == "exact" and asked["recomputed_tokens"] == 0
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 @pytest.mark.parametrize(
     "point", ["rotate-after-put", "rotate-before-commit", "rotate-after-commit"]
 )
@@ -113,9 +111,7 @@ def test_key_rotation_killed_midway_leaves_one_working_key(tmp_path: Path, point
         assert retired is None and active == old
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 def test_the_hostile_input_harness_scaled_down() -> None:
     """Issue #34's harness, one input of each kind (chosen by the seed) and two kill trials:
     no internal error, abort, hang, silent failure, leftover folder or empty conversation,
@@ -131,9 +127,7 @@ def test_the_hostile_input_harness_scaled_down() -> None:
     assert result["by_area"]["device"].get("refused") == 3  # settings, info, chat: all named
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 def test_crash_trials_scaled_down() -> None:
     result = hardening.crash_trials(6, seed=5, log=lambda _m: None)
     assert result["survived"] == result["trials"] == 6

@@ -19,6 +19,7 @@ from galahad_desktop.memory.retrieval.hybrid import (
     passages,
 )
 from galahad_desktop.memory.retrieval.router import Candidate, PartIndex
+from tests.helpers import on_the_real_keyring
 
 # A stand-in embedding: each concept is one axis, and words map to the concept they mean,
 # so "automobile" and "car" are the same direction without sharing a letter.
@@ -205,15 +206,12 @@ def test_library_answers_a_paraphrase_with_the_embedding_model(
     assert core.routing.method == "lexical" and core.routing._index is None
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 def test_get_the_embedding_model_from_the_catalog_and_ask_with_it(
     tmp_path: Path, minilm_path: Path
 ) -> None:
     from galahad_desktop.models import catalog
-    from tests.fakehub import FakeHub
-    from tests.helpers import cli_json, run_cli
+    from tests.helpers import cli_json, get_from_fake_hub, run_cli
 
     data = tmp_path / "data"
     words_only = cli_json("info", data_dir=data)
@@ -222,15 +220,9 @@ def test_get_the_embedding_model_from_the_catalog_and_ask_with_it(
     assert listed["embedding"]["file"] == catalog.EMBEDDING_GEMMA.file
     embedding = catalog.EMBEDDING_GEMMA
     # The stand-in hub serves the suite's MiniLM GGUF under EmbeddingGemma's name.
-    with FakeHub(embedding.repo, embedding.file, minilm_path.read_bytes()) as hub:
-        got = cli_json(
-            "models",
-            "get",
-            "embeddinggemma",
-            "--use",
-            data_dir=data,
-            env={"HF_ENDPOINT": hub.endpoint},
-        )
+    got = get_from_fake_hub(
+        embedding.repo, embedding.file, minilm_path.read_bytes(), "embeddinggemma", data, {}
+    )
     assert got["in_use"] and Path(got["path"]).name == embedding.file
     info = cli_json("info", data_dir=data)
     assert info["routing"].startswith("words and meaning") and embedding.file in info["routing"]

@@ -92,7 +92,9 @@ def test_kv_quality_runs_on_the_gemma4_test_model(gemma4_path: Path) -> None:
     """Mechanics only (random weights): every run reads the same tokens and is compared."""
     from galahad_dev import bench
 
-    result = bench.bench_kv_quality(256, 16, gemma4_path, {"n_threads": 2}, lambda _l: None)
+    result = bench.bench_kv_quality(
+        256, 16, bench.Run(gemma4_path, {"n_threads": 2}, lambda _l: None)
+    )
     assert [r["run"] for r in result["results"]] == [name for name, _c in bench.QUALITY_RUNS]
     for row in result["results"][1:]:
         assert row["kl_mean"] >= 0 and 0 <= row["top1_agreement"] <= 1

@@ -32,7 +32,7 @@ from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.models import catalog
 from galahad_desktop.vault.keys import MemoryKeyStore
 from tests.fakehub import FakeHub
-from tests.helpers import TEST_OVERRIDES, cli_json, photo, run_cli
+from tests.helpers import TEST_OVERRIDES, cli_json, on_the_real_keyring, photo, run_cli
 
 Params = SamplingParams(max_tokens=6, temperature=0.0, seed=1)
 
@@ -143,9 +143,7 @@ def open_core(tmp_path: Path, vision_model: Path) -> Any:
         core.close()
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 def test_a_picture_deposited_and_asked_from_new_processes(
     tmp_path: Path, vision_model: Path
 ) -> None:
@@ -333,9 +331,7 @@ def test_the_command_refuses_a_picture_without_a_projector(tmp_path: Path) -> No
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 def test_the_catalog_gets_a_model_with_its_projector(tmp_path: Path, vision_model: Path) -> None:
     from galahad_dev.gemma4_projector import build
 

@@ -13,7 +13,7 @@ from galahad_desktop.memory.documents.extraction import overlap_tail, split_for_
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.retrieval.router import PartIndex, decide, query_terms
 from galahad_dev.corpus import Corpus
-from tests.helpers import cli_json, run_cli
+from tests.helpers import cli_json, on_the_real_keyring, run_cli
 
 
 def _words(text: str) -> int:
@@ -174,9 +174,7 @@ def test_parts_text_and_index_are_never_on_disk_in_plain(
                 assert name.encode() not in content, f"{name} in {path}"
 
 
-@pytest.mark.model
-@pytest.mark.keyring
-@pytest.mark.usefixtures("real_keyring")
+@on_the_real_keyring
 def test_cli_lists_candidates_when_unsure_and_answers_a_chosen_part(tmp_path: Path) -> None:
     data = tmp_path / "data"
     corpus = Corpus(3)

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.helpers import show_window
+from tests.helpers import window_opener
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -60,22 +60,19 @@ class GatedDownloads(ModelDownloads):
 def make_window(
     qtbot: Any, make_fake_core: Callable[..., Galahad], tmp_path: Path
 ) -> Iterator[Callable[..., MainWindow]]:
-    bridges: list[CoreBridge] = []
+    with window_opener(qtbot, Answers(), WAIT_MS) as open_on:
 
-    def factory(downloads: bool = False, **overrides: Any) -> MainWindow:
-        data = tmp_path / "data"
-        data.mkdir(mode=0o700, exist_ok=True)
-        bridge = CoreBridge(
-            lambda: make_fake_core(data=data, **{"max_tokens": 24, **overrides}),
-            (lambda: GatedDownloads(data)) if downloads else None,
-        )
-        bridges.append(bridge)
-        win: MainWindow = show_window(qtbot, bridge, data, Answers(), WAIT_MS)
-        return win
+        def factory(downloads: bool = False, **overrides: Any) -> MainWindow:
+            data = tmp_path / "data"
+            data.mkdir(mode=0o700, exist_ok=True)
+            bridge = CoreBridge(
+                lambda: make_fake_core(data=data, **{"max_tokens": 24, **overrides}),
+                (lambda: GatedDownloads(data)) if downloads else None,
+            )
+            win: MainWindow = open_on(bridge, data)
+            return win
 
-    yield factory
-    for bridge in bridges:
-        bridge.stop()
+        yield factory
 
 
 def _block(win: MainWindow, label: str = "Asking the library") -> threading.Event:

@@ -83,6 +83,24 @@ GEMMA3_TURNS = TurnFormat(
 )
 
 
+# What derive_turn_format reads from Gemma 4's chat template (checked against the Gemma 4
+# test model, which carries the published template: tests/test_gemma4.py); the fast tier's
+# fake engine speaks it.
+GEMMA4_TURNS = TurnFormat(
+    user_open="<|turn>user\n",
+    user_close="<turn|>\n",
+    model_open="<|turn>model\n",
+    generation_prompt="<|turn>model\n<|channel>thought\n<channel|>",
+    model_close="<turn|>\n",
+    source=FROM_TEMPLATE,
+    system_open="<|turn>system\n",
+    system_close="<turn|>\n",
+    thinking_marker="<|think|>\n",
+    thinking_prompt="<|turn>model\n",
+    empty_thought="<|channel>thought\n<channel|>",
+)
+
+
 class TemplateNotUnderstood(Exception):
     """The template renders, but not into turns this code can append one at a time."""
 

@@ -87,13 +87,9 @@ class NativeThread:
         self._calls.put(None)
 
     def _serve(self) -> None:
-        while True:
-            item = self._calls.get()
-            if item is None:
-                return
-            fn, args, future = item
+        for fn, args, future in iter(self._calls.get, None):  # None: closed
             if future.done():
-                continue
+                continue  # settled by a loss before it ran
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the caller, who raises it

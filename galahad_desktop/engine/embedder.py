@@ -80,7 +80,7 @@ class Embedder:
                 f"{path.name} is not an embedding model (it gives no sentence vector); "
                 "choose one such as EmbeddingGemma (galahad models get embeddinggemma)."
             )
-        self.dimensions = self._model.n_embd()
+        self.dimensions = self._model.facts.n_embd
         self.prompts = prompts_for(self.architecture, self.name)
 
     @property

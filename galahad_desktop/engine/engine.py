@@ -108,7 +108,7 @@ class Engine:
         except BaseException:
             self._stop_calls()
             raise
-        total_layers = self.model.n_layer() + 1
+        total_layers = self.model.facts.n_layer + 1
         self.gpu_layers = min(self.gpu_layers, total_layers)
         self.placement = Placement(
             device=offload.device.label() if offload.device and self.gpu_layers else "CPU",
@@ -121,7 +121,7 @@ class Engine:
             cpu_features=devices.cpu_features(),
             reason=offload.reason,
         )
-        self.n_vocab = self.model.n_vocab()
+        self.n_vocab = self.model.facts.n_vocab
         self.n_ctx = self.context.n_ctx()
         user_defined, markup = self._markup_tokens()
         self.guard = MarkupGuard([self._special_text(t) for t in user_defined])
@@ -183,25 +183,15 @@ class Engine:
 
     # -- identity ------------------------------------------------------------------------
     def _fingerprint_details(self) -> RuntimeDetails:
-        c = self.config
-        return RuntimeDetails(
-            model_sha256=self.model_sha256,
-            llama_cpp_python=llama_cpp.__version__,
-            system_info=llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
-            gpu_offload=self.gpu_layers > 0,
-            n_gpu_layers=self.gpu_layers,
-            device=self.placement.device if self.gpu_layers else "CPU",
-            n_ctx=self.n_ctx,
-            n_batch=c.n_batch,
-            n_ubatch=c.n_ubatch,
-            n_threads=c.n_threads,
-            flash_attn=c.flash_attn,
-            kv_type=c.kv_type,
+        system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+        return RuntimeDetails.of(
+            self.config,
+            (llama_cpp.__version__, system_info),
+            self.model_sha256,
+            self.n_ctx,
+            (self.gpu_layers, self.placement.device if self.gpu_layers else "CPU"),
+            self.turn_format,
             attn_rot_disabled=os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") not in ("", "0"),
-            swa_full=c.swa_full,
-            kv_unified=True,
-            n_seq_max=SCRATCH_SEQ + 1,
-            turn_format=self.turn_format,
         )
 
     def _special_text(self, token: int) -> str:
@@ -211,8 +201,8 @@ class Engine:
         template = self.model.metadata.get("tokenizer.chat_template")
         if not template:
             return GEMMA3_TURNS
-        bos = self._special_text(self.model.token_bos())
-        eos = self._special_text(self.model.token_eos())
+        bos = self._special_text(self.model.facts.bos)
+        eos = self._special_text(self.model.facts.eos)
         try:
             return derive_turn_format(template, bos, eos)
         except TemplateNotUnderstood as exc:
@@ -294,7 +284,7 @@ class Engine:
         )
 
     def bos(self) -> list[int]:
-        return [self.model.token_bos()]
+        return [self.model.facts.bos]
 
     def model_close(self) -> list[int]:
         return list(self.turns.model_close)

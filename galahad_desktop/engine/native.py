@@ -58,6 +58,19 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a loaded model is, read once: it does not change while it is loaded."""
+
+    n_vocab: int
+    bos: int  # the beginning-of-sequence token
+    eos: int
+    n_layer: int
+    n_params: int
+    n_embd: int
+    description: str  # llama.cpp's one line: architecture, size, quantization
+
+
 class NativeModel:
     """A model file's weights (or only its vocabulary) and its metadata."""
 
@@ -89,6 +102,20 @@ class NativeModel:
         self.handle: llama_cpp.llama_model_p | None = handle
         self.vocab = llama_cpp.llama_model_get_vocab(handle)
         self.metadata = self._read_metadata()
+        self.facts = self._read_facts()
+
+    def _read_facts(self) -> ModelFacts:
+        description = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.handle, description, 256)
+        return ModelFacts(
+            n_vocab=int(llama_cpp.llama_vocab_n_tokens(self.vocab)),
+            bos=int(llama_cpp.llama_vocab_bos(self.vocab)),
+            eos=int(llama_cpp.llama_vocab_eos(self.vocab)),
+            n_layer=int(llama_cpp.llama_model_n_layer(self.handle)),
+            n_params=int(llama_cpp.llama_model_n_params(self.handle)),
+            n_embd=int(llama_cpp.llama_model_n_embd(self.handle)),
+            description=description.value.decode("utf-8", "replace"),
+        )
 
     def _read_metadata(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -134,18 +161,9 @@ class NativeModel:
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
         out = b"".join(self.piece(int(t), special) for t in tokens)
         # As llama-cpp-python does: a leading space after a BOS is the tokenizer's own.
-        if tokens and tokens[0] == self.token_bos() and out[:1] == b" ":
+        if tokens and tokens[0] == self.facts.bos and out[:1] == b" ":
             return out[1:]
         return out
-
-    def token_bos(self) -> int:
-        return int(llama_cpp.llama_vocab_bos(self.vocab))
-
-    def token_eos(self) -> int:
-        return int(llama_cpp.llama_vocab_eos(self.vocab))
-
-    def n_vocab(self) -> int:
-        return int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
     def token_attr(self, token: int) -> int:
         return int(llama_cpp.llama_vocab_get_attr(self.vocab, token))
@@ -154,19 +172,6 @@ class NativeModel:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
     # -- the weights
-    def n_layer(self) -> int:
-        return int(llama_cpp.llama_model_n_layer(self.handle))
-
-    def n_params(self) -> int:
-        return int(llama_cpp.llama_model_n_params(self.handle))
-
-    def n_embd(self) -> int:
-        return int(llama_cpp.llama_model_n_embd(self.handle))
-
-    def description(self) -> str:
-        buffer = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self.handle, buffer, 256)
-        return buffer.value.decode("utf-8", "replace")
 
     def close(self) -> None:
         if self.handle is not None:

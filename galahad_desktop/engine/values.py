@@ -81,6 +81,39 @@ class RuntimeDetails:
     n_seq_max: int
     turn_format: TurnFormat
 
+    @staticmethod
+    def of(
+        config: EngineConfig,
+        runtime: tuple[str, str],
+        model_sha256: str,
+        n_ctx: int,
+        placed: tuple[int, str],
+        turn_format: TurnFormat,
+        attn_rot_disabled: bool = False,
+    ) -> RuntimeDetails:
+        """Built from what the engine was configured with, its runtime (llama-cpp-python's
+        version, llama.cpp's system info) and where it placed the model (layers, device)."""
+        (version, system_info), (gpu_layers, device) = runtime, placed
+        return RuntimeDetails(
+            model_sha256=model_sha256,
+            llama_cpp_python=version,
+            system_info=system_info,
+            gpu_offload=gpu_layers > 0,
+            n_gpu_layers=gpu_layers,
+            device=device,
+            n_ctx=n_ctx,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            n_threads=config.n_threads,
+            flash_attn=config.flash_attn,
+            kv_type=config.kv_type,
+            attn_rot_disabled=attn_rot_disabled,
+            swa_full=config.swa_full,
+            kv_unified=True,
+            n_seq_max=2,  # sequence 0 and the scratch sequence (engine.SCRATCH_SEQ)
+            turn_format=turn_format,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["turn_format"] = self.turn_format.as_dict()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from galahad_desktop.engine.chat_format import TurnFormat
+from galahad_desktop.engine.decoding import StopReason
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.proof import NO_PROOF, ProofResult
 from galahad_desktop.engine.values import (
@@ -25,16 +26,8 @@ from galahad_desktop.jobs import Progress
 from galahad_desktop.memory.retrieval.router import RouteDecision
 
 LibraryMode = Literal["none", "recurrence", "transfer"]
-TurnStop = Literal[
-    "end",
-    "length",
-    "cancelled",
-    "context_full",
-    "stop_text",
-    "device_lost",
-    "verified",
-    "document",
-]
+# How a turn ended: as its reply did, or answered from the library, or a document added.
+TurnStop = StopReason | Literal["verified", "document"]
 MessageRole = Literal["user", "model", "document"]
 VerifyVerdict = Literal["exact", "close", "diverged", "skipped"]
 FullChoice = Literal["stop", "summary", "recent"]

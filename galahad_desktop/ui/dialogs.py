@@ -42,14 +42,23 @@ from galahad_desktop.ui.render import markdown_html
 from galahad_desktop.ui.worker import CANCELLED, Request
 
 
-class SecurityDialog(QDialog):
-    def __init__(self, host: Host, parent: QWidget) -> None:
+class SummaryDialog(QDialog):
+    """A dialog that opens on a summary line, filled in once the core has answered (the
+    subclass adds `summary` to `body` where it belongs)."""
+
+    def __init__(self, host: Host, parent: QWidget, title: str) -> None:
         super().__init__(parent)
         self.host = host
-        self.setWindowTitle("Security")
-        layout = QVBoxLayout(self)
+        self.setWindowTitle(title)
+        self.body = QVBoxLayout(self)
         self.summary = QLabel("…")
         self.summary.setWordWrap(True)
+
+
+class SecurityDialog(SummaryDialog):
+    def __init__(self, host: Host, parent: QWidget) -> None:
+        super().__init__(host, parent, "Security")
+        layout = self.body
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.summary)
         row = QHBoxLayout()
@@ -270,14 +279,10 @@ class TokenChart(QWidget):
         )
 
 
-class MemoryDialog(QDialog):
+class MemoryDialog(SummaryDialog):
     def __init__(self, host: Host, parent: QWidget) -> None:
-        super().__init__(parent)
-        self.host = host
-        self.setWindowTitle("Memory")
-        layout = QVBoxLayout(self)
-        self.summary = QLabel("…")
-        self.summary.setWordWrap(True)
+        super().__init__(host, parent, "Memory")
+        layout = self.body
         self.chart = TokenChart()
         self.library_list = QListWidget()
         theme.describe(self.library_list, "Verified answers", "Answers kept and reused")

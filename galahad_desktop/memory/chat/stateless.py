@@ -26,7 +26,7 @@ from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.system_prompt import CUSTOM, MAX_SYSTEM_CHARS
-from galahad_desktop.memory.chat.turning import ConversationTurns
+from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
 from galahad_desktop.memory.results import ChatCompletion, ChatMessage, TurnResult
 from galahad_desktop.vault.vault import new_id
 
@@ -113,7 +113,7 @@ class Found:
     seq: int  # where they end among its messages
 
 
-class StatelessChats:
+class StatelessChats(TurnRoom):
     """The API server's chat, over the same conversations and turns as the window."""
 
     def __init__(
@@ -124,11 +124,7 @@ class StatelessChats:
         forget: Callable[[str], object],
         add_picture: AddPicture,
     ) -> None:
-        self.live = live
-        self.vault = live.vault
-        self.records = live.records
-        self.conversations = conversations
-        self.turns = turns
+        super().__init__(live, conversations, turns)
         self.forget = forget  # a conversation this request made, when the request fails
         self.add_picture = add_picture  # a picture read into a conversation as its turn
 

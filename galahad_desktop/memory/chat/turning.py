@@ -31,7 +31,7 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
-from galahad_desktop.memory.results import GraftReport, TurnResult
+from galahad_desktop.memory.results import GraftReport, TurnResult, TurnStop
 from galahad_desktop.vault.names import BlockRow, ConversationRow, MessageRow, VersionRow
 from galahad_desktop.vault.vault import new_id
 
@@ -559,13 +559,41 @@ class ConversationTurns:
 
 
 class TurnRoom:
-    """A room that writes turns into conversations (continuation, the verified library):
-    the live context, the conversations' store and the turns, given by the façade."""
+    """A room that writes turns into conversations (continuation, the verified library,
+    documents, the API's stateless chats): the live context, the conversations' store and
+    the turns, given by the façade."""
 
     def __init__(
         self, live: LiveContext, conversations: Conversations, turns: ConversationTurns
     ) -> None:
         self.live = live
         self.vault = live.vault
+        self.records = live.records
         self.conversations = conversations
         self.turns = turns
+
+    def stored_turn(
+        self,
+        conversation_id: str,
+        reply: str,
+        stop: TurnStop,
+        counters: Counters,
+        graft: GraftReport | None,
+        image_tokens: int = 0,
+    ) -> TurnResult:
+        """What a turn stored without sampling a reply says (a document read into the
+        conversation, an answer from the verified library)."""
+        engine = self.live.engine
+        proof = graft.proof if graft else proofs.NO_PROOF
+        return TurnResult(
+            conversation_id,
+            reply,
+            stop,
+            counters,
+            proof,
+            graft,
+            len(engine.tokens),
+            engine.n_ctx,
+            0.0,
+            image_tokens=image_tokens,
+        )

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.picture import Picture
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.values import Counters
@@ -21,7 +20,7 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
-from galahad_desktop.memory.chat.turning import ConversationTurns
+from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
 from galahad_desktop.memory.documents.extraction import (
     NoTextLayer,
     extract_text_bounded,
@@ -53,7 +52,9 @@ class PlannedPart:
     tokens: int  # its document turn's length
 
 
-class Documents:
+class Documents(TurnRoom):
+    """Documents: deposited, read once into blocks, asked, added to conversations."""
+
     def __init__(
         self,
         live: LiveContext,
@@ -61,11 +62,7 @@ class Documents:
         turns: ConversationTurns,
         on_parts_added: Callable[[list[NewPart]], None],
     ) -> None:
-        self.live = live
-        self.vault = live.vault
-        self.records = live.records
-        self.conversations = conversations
-        self.turns = turns
+        super().__init__(live, conversations, turns)
         self.on_parts_added = on_parts_added  # the router's index follows deposits
 
     @property
@@ -641,15 +638,6 @@ class Documents:
             picture=picture,
         )
         counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
-        return TurnResult(
-            conv["id"],
-            ack,
-            "document",
-            counters,
-            graft.proof if graft else proofs.NO_PROOF,
-            graft,
-            len(engine.tokens),
-            engine.n_ctx,
-            0.0,
-            image_tokens=read.image_tokens,
+        return self.stored_turn(
+            conv["id"], ack, "document", counters, graft, image_tokens=read.image_tokens
         )

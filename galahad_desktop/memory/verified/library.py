@@ -429,14 +429,4 @@ class VerifiedLibrary(TurnRoom):
             [],
         )
         counters.persist_ms += (time.perf_counter() - start) * 1e3
-        return TurnResult(
-            conv["id"],
-            entry.answer,
-            "verified",
-            counters,
-            graft.proof if graft else proofs.NO_PROOF,
-            graft,
-            len(engine.tokens),
-            engine.n_ctx,
-            0.0,
-        )
+        return self.stored_turn(conv["id"], entry.answer, "verified", counters, graft)

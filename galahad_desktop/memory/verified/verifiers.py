@@ -62,6 +62,14 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
+def _numeric_verdict(
+    ok: bool, expected: float, stated: float | None, name: str, lead: str
+) -> Verdict:
+    """A number checked against the one computed: the detail is `lead` + the expected."""
+    shown = None if stated is None else _format(stated)
+    return Verdict(ok, _format(expected), shown, name, f"{lead}{_format(expected)}")
+
+
 def _format(value: float) -> str:
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
@@ -189,13 +197,7 @@ class ArithmeticVerifier:
         expected = float(safe_arithmetic(expression))
         stated = stated_answer(question, answer, expected)
         ok = stated is not None and _close(stated, expected)
-        return Verdict(
-            ok,
-            _format(expected),
-            None if stated is None else _format(stated),
-            self.name,
-            f"{expression} = {_format(expected)}",
-        )
+        return _numeric_verdict(ok, expected, stated, self.name, f"{expression} = ")
 
 
 # -- unit conversions ------------------------------------------------------------------------
@@ -366,13 +368,7 @@ class UnitConversionVerifier:
             return Verdict(False, "", None, self.name, "no unit conversion found")
         stated = stated_answer(question, answer, expected)
         ok = stated is not None and math.isclose(stated, expected, rel_tol=1e-3, abs_tol=1e-6)
-        return Verdict(
-            ok,
-            _format(expected),
-            None if stated is None else _format(stated),
-            self.name,
-            f"expected {_format(expected)}",
-        )
+        return _numeric_verdict(ok, expected, stated, self.name, "expected ")
 
 
 VERIFIERS: list[Verifier] = [UnitConversionVerifier(), ArithmeticVerifier()]
