@@ -154,8 +154,8 @@ def _on_abort(message: bytes | None) -> None:
     for native in watched:
         servers = ", ".join(native.servers)
         native.lose(
-            f"The device server at {servers} went away ({reason.strip() or 'no answer'}). "
-            "The model is loaded again without it for the rest of this session; restart "
-            "Galahad to use that server again."
+            f"The device server at {servers} went away: the model runs without it for the "
+            "rest of this session (restart Galahad to use it again). llama.cpp said: "
+            f"{reason.strip() or 'no answer'}."
         )
     threading.Event().wait()  # returning would let llama.cpp abort the process

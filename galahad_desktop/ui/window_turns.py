@@ -21,6 +21,7 @@ from galahad_desktop.memory.results import (
     ContextFull,
     Continued,
     ConversationSummary,
+    EngineInfo,
     OpenedConversation,
     TurnResult,
 )
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from galahad_desktop.ui.chat_view import ChatView
     from galahad_desktop.ui.prompts import Prompts
     from galahad_desktop.ui.sidebar import Sidebar
+    from galahad_desktop.ui.welcome import Welcome
     from galahad_desktop.ui.worker import CoreBridge, Request
 
 # How a reply ended, when that is not simply its end (shown on its card).
@@ -67,6 +69,8 @@ class TurnActions:
         context_meter: QProgressBar
         turn_finished: SignalInstance
         context_full: SignalInstance
+        info: EngineInfo | None
+        welcome: Welcome
 
         def set_status(self, text: str) -> None: ...
         def show_error(self, message: str, kind: str = "") -> None: ...
@@ -275,7 +279,15 @@ class TurnActions:
         if result.compaction is not None and result.compaction.merged:
             status += f" · compacted {result.compaction.merged} older turns"
         self.set_status(status)
+        if result.notice:  # the engine was loaded again elsewhere: say where it runs now
+            self.bridge.run(
+                lambda core, _job: core.info(), on_done=self._engine_moved, on_error=self.show_error
+            )
         self.turn_finished.emit(result)
+
+    def _engine_moved(self, info: EngineInfo) -> None:
+        self.info = info
+        self.welcome.show_model(info)
 
     def _turn_failed(self, message: str, kind: str, text: str = "") -> None:
         """Nothing was stored: the cards go back to what they were and, for a new message,

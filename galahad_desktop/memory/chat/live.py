@@ -125,9 +125,8 @@ class LiveContext:
             servers = ", ".join(self._engine.config.rpc_servers)
             self.close()
             raise DeviceLostError(
-                f"The device server at {servers} went away. The model is loaded again "
-                "without it for the rest of this session; restart Galahad to use that "
-                "server again."
+                f"The device server at {servers} went away: the model runs without it for "
+                "the rest of this session (restart Galahad to use it again)."
             )
         if self._engine is None:
             self._engine = self._engine_factory()
