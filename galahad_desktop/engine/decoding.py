@@ -156,7 +156,7 @@ def decode_reply(
     stream = _Stream(job, StopTexts(params.stop))
     generated: list[int] = []
     answer: list[int] = []
-    stop_reason: StopReason = "length"
+    stop_reason: StopReason
     problem = ""
     start = time.perf_counter()
     try:

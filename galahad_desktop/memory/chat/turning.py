@@ -419,17 +419,22 @@ class ConversationTurns:
         the conversation so far is re-read there, and the reply ends with what was
         streamed (kept and stored like any reply). Lost before the first token, the reply
         is answered on the new engine instead."""
-        kept = generation.answer_tokens if generation.thought_tokens else generation.tokens
         engine = self._carry_over(ledger, counters, job)
         if not generation.tokens:
             again, reread = self._reply(params, counters, job)
             return dataclasses.replace(again, problem=generation.problem), reread
-        kept = strip_whitespace_tokens(engine, kept) if generation.thought_tokens else kept
+        # As after any thinking reply, the history keeps the answer, not the thoughts.
+        thought = bool(generation.thought_tokens)
+        kept = (
+            strip_whitespace_tokens(engine, generation.answer_tokens)
+            if thought
+            else generation.tokens
+        )
         close = engine.model_close()
         counters.prefill_ms += engine.evaluate([*kept, *close])
         counters.recomputed_tokens += len(kept)
         counters.new_tokens += len(close)
-        return generation, len(kept) if generation.thought_tokens else 0
+        return generation, len(kept) if thought else 0
 
     def _carry_over(self, ledger: list[int], counters: Counters, job: Job) -> ChatEngine:
         """Load the engine again without the lost device server and re-read `ledger` there
