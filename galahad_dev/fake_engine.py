@@ -1,11 +1,15 @@
-"""A deterministic stand-in for the llama.cpp engine, for the fast test tier.
+"""A deterministic stand-in for llama.cpp's model and context, for the fast test tier.
 
-It has the Engine's interface and, where it matters, its behaviour: a byte tokenizer with the
-model's markup tokens, an interleaved KV cache (a full-attention section holding every
-position and a sliding-window section holding the last WINDOW), states serialized in
-llama.cpp's per-sequence layout (so the real parser, splicer and vault run on them), and
-logits computed from the cells the context holds — a wrong graft or splice changes them, so
-proofs are real checks here too. Nothing is a language model: replies are byte noise.
+FakeEngine is the real engine's logic (engine/context_engine.py) over Python stand-ins for
+the two things llama.cpp provides (engine/llama_api.py), as Dangerzone's dummy provider
+replaces only the process it spawns. FakeModel is a byte tokenizer with the model's markup
+tokens. FakeContext is an interleaved KV cache shared by two sequences (a full-attention
+section holding every position and a sliding-window section holding the last WINDOW), whose
+states are serialized in llama.cpp's per-sequence layout (so the real parser, splicer and
+vault run on them), and whose logits are computed from the cells it holds: a wrong graft or
+splice changes them, so proofs are real checks here too. Nothing is a language model:
+replies are byte noise, and scoring (a decode with logits for every token) is a copy model.
+Imports no llama.cpp.
 """
 
 from __future__ import annotations
@@ -14,117 +18,70 @@ import ctypes
 import hashlib
 import re
 import struct
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine.chat_format import GEMMA3_TURNS, GEMMA4_TURNS, TurnFormat
+from galahad_desktop.engine.context_engine import SCRATCH_SEQ, ContextEngine, Opened
 from galahad_desktop.engine.decoding import Generation, decode_reply
-from galahad_desktop.engine.markup import MarkupGuard
-from galahad_desktop.engine.modelinfo import ModelInfo
-from galahad_desktop.engine.protocol import ChatEngine, check_state_fits
-from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.engine.scoring import Snapshot
-from galahad_desktop.engine.turns import Turns
-from galahad_desktop.engine.values import (
-    GEMMA_SAMPLING,
-    EngineConfig,
-    Placement,
-    RuntimeDetails,
-    SamplingDefaults,
+from galahad_desktop.engine.llama_api import (
+    SEQ_PARTIAL_ONLY,
+    TOKEN_ATTR_CONTROL,
+    TOKEN_ATTR_NORMAL,
+    TOKEN_ATTR_USER_DEFINED,
+    ModelFacts,
 )
-from galahad_desktop.errors import InputError, ModelError
-from galahad_desktop.jobs import NO_JOB, Job, Progress
+from galahad_desktop.engine.modelinfo import ModelInfo
+from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.values import EngineConfig, Placement
+from galahad_desktop.jobs import NO_JOB, Job
 
 WINDOW = 32
 ROW = 16  # bytes per K (and V) row
 BYTES = 256
+COPY_BOOST = 5.0  # a continuation seen before: log p near -1 where others are near -6
+F16 = 1  # the ggml type the rows are labelled with
 
 FLAVOURS: dict[str, tuple[TurnFormat, list[str], list[str]]] = {
     # (turn format, control tokens, user-defined tokens)
     "gemma3": (GEMMA3_TURNS, ["<start_of_turn>", "<end_of_turn>"], ["<start_of_image>"]),
     "gemma4": (GEMMA4_TURNS, ["<|turn>", "<turn|>", "<|think|>"], ["<|channel>", "<channel|>"]),
 }
-
+END_OF_GENERATION = ("<eos>", "<end_of_turn>", "<turn|>")
 
 _PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}  # specials -> one regex for them
 
 
-def _row(previous: bytes, token: int, pos: int) -> bytes:
-    return hashlib.blake2b(previous + struct.pack("<ii", token, pos), digest_size=ROW).digest()
+class FakeModel:
+    """A byte vocabulary (ids 0-255) and the flavour's specials after it."""
 
-
-class FakeEngine:
-    def __init__(
-        self, config: EngineConfig, hash_cache: Path | None = None, flavour: str = "gemma3"
-    ) -> None:
-        self.config = config
-        self.flavour = flavour
-        fmt, controls, user_defined = FLAVOURS[flavour]
+    def __init__(self, flavour: str) -> None:
+        _fmt, controls, user_defined = FLAVOURS[flavour]
         self.specials = ["<bos>", "<eos>", *controls, *user_defined]
         self.ids = {text: BYTES + i for i, text in enumerate(self.specials)}
-        self.n_vocab = BYTES + len(self.specials)
-        self.n_ctx = config.n_ctx
-        self.gpu_layers = 0
-        self.placement = Placement("CPU", "CPU", 0, 1, {}, {}, "fake", {}, "a fake engine")
-        self.guard = MarkupGuard(user_defined)
-        self.turn_format = fmt
-        self.turns = Turns(self, fmt)
-        markup = frozenset(self.ids[t] for t in self.specials if t != "<bos>")
-        self.stop_rules = self.turns.stop_rules(self.is_end_of_generation, markup)
-        self.tokens: list[int] = []
-        self._full: dict[int, bytes] = {}  # pos -> K row (V is derived)
-        self._swa: dict[int, bytes] = {}  # the sliding-window section's cells
-        self.model_sha256 = hashlib.sha256(f"fake-{flavour}".encode()).hexdigest()
-        self.fingerprint_details = RuntimeDetails.of(
-            config, ("fake", "fake"), self.model_sha256, self.n_ctx, (0, "CPU"), fmt
-        )
-        self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details.as_dict())
-        self.probe_tokens = self.turns.probe
-        self.decoded_tokens = 0
-        self._held: tuple[list[int], dict[int, bytes], dict[int, bytes]] | None = None
-        self.script: list[int] = []  # tokens generate() emits before sampling (tests)
-        self.closed = False
-
-    # -- identity ------------------------------------------------------------------------
-    @property
-    def backend(self) -> str:
-        return "CPU"
-
-    def model_info(self) -> ModelInfo:
-        return ModelInfo(
-            str(self.config.model_path),
-            f"Fake {self.flavour}",
-            self.flavour,
-            "fake",
-            1,
-            1,
-            self.n_ctx,
-            2,
-            self.flavour == "gemma4",
-            "F32",
-            "chat" if self.flavour == "gemma4" else "demo",
-            "fake model for tests",
+        self.user_defined = frozenset(user_defined)
+        self.end_of_turn = self.ids["<end_of_turn>" if flavour == "gemma3" else "<turn|>"]
+        self.metadata = {"general.architecture": flavour, "general.name": f"Fake {flavour}"}
+        self.facts = ModelFacts(
+            n_vocab=BYTES + len(self.specials),
+            bos=self.ids["<bos>"],
+            eos=self.ids["<eos>"],
+            n_layer=1,
+            n_params=1,
+            n_embd=ROW,
+            description="fake model for tests",
         )
 
-    def sampling_defaults(self) -> SamplingDefaults:
-        return GEMMA_SAMPLING
-
-    def is_end_of_generation(self, token: int) -> bool:
-        eog = {"<eos>", "<end_of_turn>", "<turn|>"}
-        return token in {self.ids[t] for t in eog if t in self.ids}
-
-    # -- tokens --------------------------------------------------------------------------
-    def encode_template(self, text: str) -> list[int]:
-        return self._split(text, tuple(self.specials))
-
-    def _plain(self, text: str) -> list[int]:
-        """Like llama.cpp with parse_special=False: user-defined markers still match."""
-        return self._split(text, tuple(s for s in self.specials if s in self.guard.markers))
+    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        """As llama.cpp's: with special=False only user-defined markers still match."""
+        specials = [s for s in self.specials if special or s in self.user_defined]
+        out = [self.facts.bos] if add_bos else []
+        return out + self._split(text.decode("utf-8"), tuple(specials))
 
     def _split(self, text: str, specials: tuple[str, ...]) -> list[int]:
         """These specials as their ids (the first that matches where several could, as
@@ -143,203 +100,251 @@ class FakeEngine:
         out.extend(text[at:].encode("utf-8"))
         return out
 
-    def encode_text(self, text: str) -> list[int]:
-        return self.guard.tokenize(text, self._plain)
-
-    def bos(self) -> list[int]:
-        return [self.ids["<bos>"]]
-
-    def model_close(self) -> list[int]:
-        return list(self.turns.model_close)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        raw = bytearray()
-        for t in tokens:
-            if t < BYTES:
-                raw.append(t)
-            elif self.specials[t - BYTES] in self.guard.markers:
-                raw.extend(self.specials[t - BYTES].encode())
-        return bytes(raw).decode("utf-8", "replace")
-
-    # -- evaluation ----------------------------------------------------------------------
-    def reset(self, wipe: bool = True) -> None:
-        self.tokens = []
-        self._full = {}
-        self._swa = {}
-        self._held = None
-
-    def room(self) -> int:
-        return self.n_ctx - len(self.tokens)
-
-    def _append(self, token: int) -> None:
-        pos = len(self.tokens)
-        previous = self._full.get(pos - 1, b"\0" * ROW)
-        # A cell depends on the previous cell (which stands for everything before it).
-        self._full[pos] = _row(previous, token, pos)
-        self._swa[pos] = self._full[pos]
-        self._swa.pop(pos - WINDOW, None)
-        self.tokens.append(token)
-        self.decoded_tokens += 1
-
-    def evaluate(
-        self,
-        tokens: Sequence[int],
-        job: Job = NO_JOB,
-    ) -> float:
-        if len(tokens) > self.room():
-            raise InputError(
-                f"That needs {len(tokens)} more tokens but only {self.room()} of the "
-                f"{self.n_ctx}-token context are left."
-            )
-        start = time.perf_counter()
-        step = self.config.n_batch
-        for offset in range(0, len(tokens), step):
-            job.check()
-            for token in tokens[offset : offset + step]:
-                self._append(int(token))
-            piece = min(step, len(tokens) - offset)
-            job.progress(Progress(offset + piece, len(tokens), time.perf_counter() - start))
-        return (time.perf_counter() - start) * 1e3
-
-    def last_logits(self) -> np.ndarray:
-        """A function of every cell held, in both sections: any wrong cell changes them."""
-        if not self.tokens:
-            return np.zeros(self.n_vocab, dtype=np.float32)
-        end = len(self.tokens)
-        digest = hashlib.sha256()
-        for pos in range(end):
-            digest.update(self._full[pos])
-        for pos in sorted(self._swa):
-            digest.update(struct.pack("<i", pos) + self._swa[pos])
-        seed = int.from_bytes(digest.digest()[:8], "little")
-        logits = np.random.default_rng(seed).standard_normal(self.n_vocab).astype(np.float32)
-        logits[:32] = -30.0  # control bytes: never
-        logits[127:BYTES] = -30.0  # non-ASCII bytes: never (readable noise)
-        for special in self.specials:
-            logits[self.ids[special]] = -30.0
-        if end % 23 == 0:  # end the turn now and then
-            logits[self.turns.model_close[0]] = 50.0
-        return logits
-
-    def score(self, tokens: Sequence[int], job: Job = NO_JOB) -> tuple[np.ndarray, float]:
-        """A copy model stands in for the language model: a token continuing three tokens
-        seen together anywhere earlier in the context is likely (log p = -1), any other is
-        not (-5), so what a part holds makes a question more likely, as with a real model."""
-        if not self.tokens:
-            raise ModelError("Nothing to score against: the context is empty.")
-        seen = {tuple(self.tokens[i : i + 3]) for i in range(len(self.tokens) - 2)}
-        out = np.zeros(len(tokens), dtype=np.float64)
-        start = time.perf_counter()
-        for i, token in enumerate(tokens):
-            job.check()
-            gram = (*self.tokens[-2:], int(token))
-            out[i] = -1.0 if gram in seen else -5.0
-            self._append(int(token))
-            seen.add(tuple(self.tokens[-3:]))
-        return out, (time.perf_counter() - start) * 1e3
-
-    def snapshot(self) -> Snapshot:
-        state, size, _ms = self.capture()
-        return Snapshot(state, size, list(self.tokens), self.last_logits())
-
-    def resume(self, snapshot: Snapshot) -> float:
-        return self.restore(snapshot.state, snapshot.tokens, snapshot.size)
-
-    def generate(
-        self,
-        params: SamplingParams,
-        job: Job = NO_JOB,
-    ) -> Generation:
-        """The real reply loop (decoding.decode_reply) over the fake's model calls; the
-        `script` tokens come first."""
-        return decode_reply(self, self.stop_rules, params, job, iter(list(self.script)))
-
-    def accept(self, token: int) -> None:
-        self._append(token)
-
-    def token_bytes(self, token: int) -> bytes:
-        return bytes([token]) if token < BYTES else b""
-
-    # -- holding -------------------------------------------------------------------------
-    def hold(self) -> None:
-        self._held = (list(self.tokens), dict(self._full), dict(self._swa))
-
-    def return_to_hold(self) -> int:
-        if self._held is None:
-            raise ModelError("No held state to return to.")
-        tokens, cells, window = self._held
-        dropped = len(self.tokens) - len(tokens)
-        self.tokens, self._full, self._swa, self._held = tokens, cells, window, None
-        return dropped
-
-    def release_hold(self) -> None:
-        self._held = None
-
-    # -- states in llama.cpp's per-sequence layout ----------------------------------------
-    def _section(self, positions: list[int], rows: dict[int, bytes]) -> bytes:
-        out = bytearray(struct.pack("<II", 1, len(positions)))
-        if not positions:
-            return bytes(out)
-        for pos in positions:
-            out += struct.pack("<iIi", pos, 1, 0)
-        out += struct.pack("<II", 0, 1)  # row-major V, one layer
-        out += struct.pack("<iQ", 1, ROW) + b"".join(rows[p] for p in positions)
-        out += struct.pack("<iQ", 1, ROW) + b"".join(rows[p][::-1] for p in positions)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        """As llama.cpp's pieces: control tokens are empty unless `special`."""
+        out = bytearray()
+        for token in tokens:
+            if token < BYTES:
+                out.append(token)
+            elif special or self.specials[token - BYTES] in self.user_defined:
+                out.extend(self.specials[token - BYTES].encode())
         return bytes(out)
 
-    def _state(self, seq: int, full: list[int], window: list[int] | None) -> bytes:
-        body = struct.pack("<Ii", kvstate.STATE_MAGIC, seq) + self._section(full, self._full)
-        if window is not None:
-            body += self._section(window, self._swa)
-        return body
+    def token_attr(self, token: int) -> int:
+        if token < BYTES:
+            return TOKEN_ATTR_NORMAL
+        if self.specials[token - BYTES] in self.user_defined:
+            return TOKEN_ATTR_USER_DEFINED
+        return TOKEN_ATTR_CONTROL
 
-    def _window(self, start: int = 0) -> list[int]:
-        return [p for p in sorted(self._swa) if p >= start]
-
-    @staticmethod
-    def _buffer(data: bytes) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return buf, len(data), 0.1
-
-    def capture(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
-        return self._buffer(self._state(0, list(range(len(self.tokens))), self._window()))
-
-    def capture_from(self, start: int) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
-        self.release_hold()
-        return self._buffer(
-            self._state(0, list(range(start, len(self.tokens))), self._window(start))
-        )
-
-    def regraft_window(self) -> tuple[ctypes.Array[ctypes.c_uint8], int, float]:
-        data = struct.pack("<Ii", kvstate.STATE_MAGIC, 0) + self._section(self._window(), self._swa)
-        return self._buffer(data)
-
-    def restore(
-        self, payload: ctypes.Array[ctypes.c_uint8], tokens: list[int], size: int | None = None
-    ) -> float:
-        check_state_fits(len(tokens), self.n_ctx)
-        size = ctypes.sizeof(payload) if size is None else size
-        try:
-            state = kvstate.parse(payload, size)
-        except kvstate.KVLayoutError:
-            self.reset()
-            raise ModelError(
-                "llama.cpp refused the stored state (layout does not match)."
-            ) from None
-        full = state.sections[0]
-        if list(full.pos) != list(range(len(tokens))):
-            self.reset()
-            raise ModelError("llama.cpp refused the stored state (layout does not match).")
-        self.reset()
-        self._full = {int(p): bytes(full.layers[0].k[i]) for i, p in enumerate(full.pos)}
-        if len(state.sections) > 1 and state.sections[1].n_cells:
-            window = state.sections[1]
-            self._swa = {int(p): bytes(window.layers[0].k[i]) for i, p in enumerate(window.pos)}
-        self.tokens = list(tokens)
-        return 0.1
+    def is_end_of_generation(self, token: int) -> bool:
+        return token in {self.ids[t] for t in END_OF_GENERATION if t in self.ids}
 
     def close(self) -> None:
-        self.closed = True
+        pass  # nothing native to free
+
+
+@dataclass
+class _Cell:
+    k: bytes  # the K row; V is (token, the K row's tail reversed), so a state carries it
+    token: int
+    seqs: set[int] = field(default_factory=lambda: {0})
+
+    def v(self) -> bytes:
+        return struct.pack("<i", self.token) + self.k[:3:-1]
+
+
+def _row(previous: bytes, token: int, pos: int) -> bytes:
+    """A cell depends on the previous cell (which stands for everything before it)."""
+    return hashlib.blake2b(previous + struct.pack("<ii", token, pos), digest_size=ROW).digest()
+
+
+def _range(start: int, end: int) -> range:
+    return range(max(start, 0), end if end >= 0 else 1 << 31)
+
+
+class FakeContext:
+    """Two sections of cells, each keyed by position (the fake keeps one cell per position),
+    each cell in a set of sequences; logits computed at each decode, as llama.cpp's are."""
+
+    def __init__(self, model: FakeModel, n_ctx: int, on_decode: Callable[[int], None]) -> None:
+        self.model = model
+        self._n_ctx = n_ctx
+        self._on_decode = on_decode
+        self.sections: tuple[dict[int, _Cell], dict[int, _Cell]] = ({}, {})
+        self._rows = np.zeros((1, model.facts.n_vocab), dtype=np.float32)
+
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    def _of(self, seq: int, section: int) -> list[tuple[int, _Cell]]:
+        return sorted((p, c) for p, c in self.sections[section].items() if seq in c.seqs)
+
+    def decode(self, tokens: Sequence[int], n_past: int, logits_all: bool = False) -> None:
+        self.seq_remove(-1, n_past, -1)
+        full, window = self.sections
+        for i, token in enumerate(tokens):
+            pos = n_past + i
+            previous = full.get(pos - 1)
+            k = _row(previous.k if previous and 0 in previous.seqs else b"\0" * ROW, token, pos)
+            full[pos] = _Cell(k, int(token))
+            window[pos] = _Cell(k, int(token))
+            gone = window.get(pos - WINDOW)
+            if gone is not None:  # out of the window for sequence 0
+                gone.seqs.discard(0)
+                if not gone.seqs:
+                    del window[pos - WINDOW]
+        self._rows = self._copy_rows(len(tokens)) if logits_all else self._noise_row()
+        self._on_decode(len(tokens))
+
+    def _noise_row(self) -> np.ndarray:
+        """A function of every cell sequence 0 holds, in both sections: any wrong cell
+        changes it. Readable byte noise, and the end of the turn now and then."""
+        full = self._of(0, 0)
+        digest = hashlib.sha256()
+        for _pos, cell in full:
+            digest.update(cell.k)
+        for pos, cell in self._of(0, 1):
+            digest.update(struct.pack("<i", pos) + cell.k)
+        seed = int.from_bytes(digest.digest()[:8], "little")
+        logits = np.random.default_rng(seed).standard_normal(self.model.facts.n_vocab)
+        logits = logits.astype(np.float32)
+        logits[:32] = -30.0  # control bytes: never
+        logits[127:] = -30.0  # non-ASCII bytes and markup: never
+        if len(full) % 23 == 0:
+            logits[self.model.end_of_turn] = 50.0
+        return logits[None, :]
+
+    def _copy_rows(self, n: int) -> np.ndarray:
+        """For the last n positions: a token continuing three tokens seen together earlier
+        in sequence 0 is likely, any other is not (a copy model: what a part holds makes a
+        question more likely, as with a real model)."""
+        tokens = [cell.token for _pos, cell in self._of(0, 0)]
+        follows: dict[tuple[int, int], set[int]] = {}
+        first = len(tokens) - n
+        for i in range(max(first - 2, 0)):  # the grams ending before the first new token
+            follows.setdefault((tokens[i], tokens[i + 1]), set()).add(tokens[i + 2])
+        rows = np.zeros((n, self.model.facts.n_vocab), dtype=np.float32)
+        for row, at in enumerate(range(first, len(tokens))):
+            if at >= 2:  # the gram ending here is now seen
+                follows.setdefault((tokens[at - 2], tokens[at - 1]), set()).add(tokens[at])
+            if at >= 1:
+                for token in follows.get((tokens[at - 1], tokens[at]), ()):
+                    rows[row, token] = COPY_BOOST
+        return rows
+
+    def logits(self, rows: int, n_vocab: int) -> np.ndarray:
+        return self._rows[-1].copy() if rows == 1 else self._rows[:rows].copy()
+
+    def clear(self, wipe: bool) -> None:
+        self.sections = ({}, {})
+
+    def seq_remove(self, seq: int, start: int = -1, end: int = -1) -> None:
+        span = _range(start, end)
+        for section in self.sections:
+            for pos in [p for p in section if p in span]:
+                cell = section[pos]
+                cell.seqs = set() if seq < 0 else cell.seqs - {seq}
+                if not cell.seqs:
+                    del section[pos]
+
+    def seq_copy(self, source: int, target: int, start: int = -1, end: int = -1) -> None:
+        span = _range(start, end)
+        for section in self.sections:
+            for pos, cell in section.items():
+                if pos in span and source in cell.seqs:
+                    cell.seqs.add(target)
+
+    def seq_state(self, seq: int, flags: int = 0) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        """llama.cpp's layout: the full section then the window (only the window with
+        SEQ_PARTIAL_ONLY), one layer, row-major V."""
+        data = bytearray(struct.pack("<Ii", kvstate.STATE_MAGIC, seq))
+        for index in (1,) if flags & SEQ_PARTIAL_ONLY else (0, 1):
+            cells = self._of(seq, index)
+            data += struct.pack("<II", 1, len(cells))
+            if not cells:
+                continue
+            for pos, _cell in cells:
+                data += struct.pack("<iIi", pos, 1, seq)
+            data += struct.pack("<II", 0, 1)
+            data += struct.pack("<iQ", F16, ROW) + b"".join(c.k for _p, c in cells)
+            data += struct.pack("<iQ", F16, ROW) + b"".join(c.v() for _p, c in cells)
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(bytes(data))
+        return buffer, len(data)
+
+    def set_seq_state(
+        self, state: ctypes.Array[ctypes.c_uint8], size: int, seq: int = 0, flags: int = 0
+    ) -> bool:
+        """Graft a state into sequence `seq`, replacing what it held there; False (and
+        nothing changed) for a state in another layout, as llama.cpp refuses one."""
+        try:
+            header = struct.unpack_from("<Ii", bytes(state[:8]))
+            parsed = kvstate.parse(state, size, seq=header[1])
+        except (kvstate.KVLayoutError, struct.error):
+            return False
+        targets = (1,) if flags & SEQ_PARTIAL_ONLY else (0, 1)
+        if len(parsed.sections) != len(targets):
+            return False
+        for section in parsed.sections:
+            if section.n_cells and (
+                len(section.layers) != 1 or section.layers[0].k_row != ROW or section.v_trans
+            ):
+                return False
+        for index, section in zip(targets, parsed.sections, strict=True):
+            self._drop(seq, index)
+            cells = self.sections[index]
+            if section.n_cells == 0:
+                continue
+            layer = section.layers[0]
+            for i, pos in enumerate(section.pos):
+                token = struct.unpack("<i", bytes(layer.v[i][:4]))[0]
+                cells[int(pos)] = _Cell(bytes(layer.k[i]), token, {seq})
+        return True
+
+    def _drop(self, seq: int, index: int) -> None:
+        section = self.sections[index]
+        for pos in list(section):
+            section[pos].seqs.discard(seq)
+            if not section[pos].seqs:
+                del section[pos]
+
+    def close(self) -> None:
+        pass  # nothing native to free
+
+
+class FakeEngine(ContextEngine):
+    """The engine's logic on the fake model and context. `script`: tokens generate()
+    emits before sampling (tests)."""
+
+    model: FakeModel
+    context: FakeContext
+
+    def __init__(
+        self, config: EngineConfig, hash_cache: Path | None = None, flavour: str = "gemma3"
+    ) -> None:
+        self.flavour = flavour
+        super().__init__(config, hash_cache)
+        self.ids = self.model.ids
+        self.specials = self.model.specials
+        self.script: list[int] = []
+
+    def _open(self, config: EngineConfig) -> Opened:
+        model = FakeModel(self.flavour)
+        context = FakeContext(model, config.n_ctx, self._counted)
+        placement = Placement("CPU", "CPU", 0, 1, {}, {}, "fake", {}, "a fake engine")
+        return Opened(model, context, placement)
+
+    def _runtime(self) -> tuple[str, str]:
+        return "fake", "fake"
+
+    def _model_sha256(self, hash_cache: Path | None) -> str:
+        return hashlib.sha256(f"fake-{self.flavour}".encode()).hexdigest()
+
+    def _turn_format(self) -> TurnFormat:
+        # What the flavour's template derives (tests/test_gemma4.py checks GEMMA4_TURNS
+        # against the real Gemma 4 template); the fake has no template to derive it from.
+        return FLAVOURS[self.flavour][0]
+
+    def model_info(self) -> ModelInfo:
+        # The fake has no model file to describe.
+        return ModelInfo(
+            str(self.config.model_path),
+            f"Fake {self.flavour}",
+            self.flavour,
+            "fake",
+            1,
+            1,
+            self.n_ctx,
+            2,
+            self.flavour == "gemma4",
+            "F32",
+            "chat" if self.flavour == "gemma4" else "demo",
+            "fake model for tests",
+        )
+
+    def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
+        """The real reply loop; the `script` tokens come first."""
+        return decode_reply(self, self.stop_rules, params, job, iter(list(self.script)))
 
 
 def fake_factory(flavour: str = "gemma3") -> Callable[[EngineConfig, Path | None], ChatEngine]:
@@ -349,8 +354,4 @@ def fake_factory(flavour: str = "gemma3") -> Callable[[EngineConfig, Path | None
     return factory
 
 
-def _the_fake_conforms(engine: FakeEngine) -> ChatEngine:
-    return engine  # mypy checks the structural match with what the core needs of an engine
-
-
-__all__ = ["FakeEngine", "fake_factory"]
+__all__ = ["SCRATCH_SEQ", "FakeContext", "FakeEngine", "FakeModel", "fake_factory"]

@@ -39,7 +39,7 @@ _Call = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
 
 class NativeThread:
     """The one thread that makes a device-backed model's llama.cpp calls (a
-    native.NativeCalls)."""
+    llama_api.NativeCalls)."""
 
     def __init__(self, servers: tuple[str, ...]) -> None:
         self.servers = servers

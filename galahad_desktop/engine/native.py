@@ -5,7 +5,8 @@ llama-cpp-python's `Llama` does (the same defaults, the same decode call), but o
 itself, so the engine never reaches into `Llama`'s private attributes and needs no
 process-wide patch for what `Llama` has no parameter for (the devices a model loads onto,
 a second sequence, a unified cache). Every handle is freed by `close()`; one thread owns
-each object (llama.cpp contexts are not thread-safe).
+each object (llama.cpp contexts are not thread-safe). What the engine needs of them is
+written in llama_api.py, which imports no llama.cpp.
 """
 
 from __future__ import annotations
@@ -15,35 +16,14 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
 
 import llama_cpp
 import numpy as np
 
+from galahad_desktop.engine.llama_api import DIRECT, ModelFacts, NativeCalls
 from galahad_desktop.errors import ModelError
 
 ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
-T = TypeVar("T")
-
-
-class NativeCalls(Protocol):
-    """How a model's llama.cpp calls are made: here and now, or on the model's own thread."""
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T: ...
-    def release(self, fn: Callable[..., Any], *args: Any) -> None: ...
-
-
-class DirectCalls:
-    """A model on this computer's own devices: its calls run on the caller's thread."""
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return fn(*args)
-
-    def release(self, fn: Callable[..., Any], *args: Any) -> None:
-        fn(*args)
-
-
-DIRECT = DirectCalls()
 
 
 _backend_lock = threading.Lock()
@@ -56,19 +36,6 @@ def _init_backend() -> None:
         if not _backend_ready:
             llama_cpp.llama_backend_init()
             _backend_ready = True
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What a loaded model is, read once: it does not change while it is loaded."""
-
-    n_vocab: int
-    bos: int  # the beginning-of-sequence token
-    eos: int
-    n_layer: int
-    n_params: int
-    n_embd: int
-    description: str  # llama.cpp's one line: architecture, size, quantization
 
 
 class NativeModel:

@@ -1,6 +1,7 @@
-"""What the core needs of an engine: the llama.cpp session (engine.py) and the deterministic
-fake the fast tests run on (galahad_dev/fake_engine.py) both satisfy this, checked by mypy
-(engine.py and fake_engine.py each assert the match). Importing it loads no llama.cpp."""
+"""What the core needs of an engine: ContextEngine (context_engine.py), which the llama.cpp
+engine (engine.py) and the fast tier's fake (galahad_dev/fake_engine.py) both subclass,
+satisfies it, checked by mypy (context_engine.py and engine.py assert the match). Importing
+it loads no llama.cpp."""
 
 from __future__ import annotations
 

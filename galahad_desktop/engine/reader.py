@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import llama_cpp
 
-from galahad_desktop.engine.native import DIRECT, NativeCalls
+from galahad_desktop.engine.llama_api import DIRECT, NativeCalls
 from galahad_desktop.errors import ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 
