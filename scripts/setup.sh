@@ -12,6 +12,7 @@ APT_PACKAGES=(
   libegl1 libgl1 libopengl0 libxkbcommon0 libxkbcommon-x11-0 libfontconfig1 libdbus-1-3
   libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-render-util0
   libxcb-image0 libxcb-randr0 libxcb-xinerama0 libxcb-xkb1 xvfb openbox x11-utils
+  espeak-ng  # speaks the test suite's voice memos
 )
 
 missing=()

@@ -21,6 +21,7 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
+from galahad_desktop.memory.documents.audio import cannot_hear, is_audio
 from galahad_desktop.memory.documents.extraction import (
     NoTextLayer,
     extract_text_bounded,
@@ -301,6 +302,8 @@ class Documents(TurnRoom):
         """Read a document once, store its KV block, and return what it cost. A picture,
         or a PDF without a text layer (a scan), is read through the vision projector."""
         path = Path(path)
+        if is_audio(path):
+            raise cannot_hear(path.name)
         if is_picture(path):
             self.live.vision()  # no projector: say so before reading the file
             pictures = read_pictures_bounded(path, "picture", job=job)
@@ -519,6 +522,8 @@ class Documents(TurnRoom):
         """add_to_conversation for a file: its text is extracted in a limited child (a
         picture is read through the projector)."""
         path = Path(path)
+        if is_audio(path):
+            raise cannot_hear(path.name)
         if is_picture(path):
             return self.add_picture_to_conversation(conversation_id, path, job)
         text = extract_text_bounded(path, job=job)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from galahad_desktop.errors import InputError
+from galahad_desktop.memory.documents import audio
 from galahad_desktop.memory.documents.extraction import NoTextLayer, extract_text
 from galahad_desktop.memory.documents.pictures import worker_output
 from galahad_desktop.system.child import apply_own_limits
@@ -22,6 +23,8 @@ def run(path: str, mode: str = "text") -> int:
     try:
         if mode == "text":
             out = {"text": extract_text(Path(path))}
+        elif mode.startswith("audio"):
+            out = audio.worker_output(Path(path), mode)
         else:
             out = worker_output(Path(path), mode)
     except NoTextLayer as exc:

@@ -1,0 +1,217 @@
+"""Voice memos: decoded and resampled in the limited child, bounded before and while decoding.
+
+The decoder is FFmpeg's, through PyAV (its wheels bundle FFmpeg: WAV, MP3, M4A/AAC, OGG/Opus
+and FLAC on every machine, with a resampler, and no system codec to install). llama.cpp's own
+decoder never sees a dropped file. Each suffix names the one demuxer its bytes are read with
+(never a probe), so a file cannot pull in a playlist or another file, and a file that is not
+what its name says is refused. The child returns 16 kHz mono 16-bit PCM, what Gemma 4's
+audio encoder hears; `cut_at_silences` cuts a long recording into parts at its quietest
+moments.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from galahad_desktop.errors import InputError
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.documents.extraction import check_source_file, run_reader
+
+SAMPLE_RATE = 16_000  # Gemma 4's audio encoder reads 16 kHz mono
+MAX_AUDIO_BYTES = 256 * 2**20
+MAX_AUDIO_SECONDS = 2 * 3600
+MAX_PART_SECONDS = 30.0  # the longest clip one part holds
+SILENCE_DBFS = -60.0  # quieter than this throughout: nothing to hear
+
+_PCM = frozenset({"pcm_s16le", "pcm_s24le", "pcm_s32le", "pcm_f32le", "pcm_u8"})
+# suffix -> (FFmpeg demuxer, the codecs accepted in it, the name users know, with its article)
+AUDIO_FORMATS: dict[str, tuple[str, frozenset[str], str]] = {
+    ".wav": ("wav", _PCM, "a WAV"),
+    ".mp3": ("mp3", frozenset({"mp3", "mp3float"}), "an MP3"),
+    ".m4a": ("mov", frozenset({"aac", "alac"}), "an M4A"),
+    ".aac": ("aac", frozenset({"aac"}), "an AAC"),
+    ".ogg": ("ogg", frozenset({"opus", "vorbis", "flac"}), "an OGG"),
+    ".opus": ("ogg", frozenset({"opus"}), "an Opus"),
+    ".flac": ("flac", frozenset({"flac"}), "a FLAC"),
+}
+AUDIO_SUFFIXES = frozenset(AUDIO_FORMATS)
+
+
+def is_audio(path: Path) -> bool:
+    return Path(path).suffix.lower() in AUDIO_SUFFIXES
+
+
+@dataclass(frozen=True)
+class Memo:
+    """A voice memo as the model hears it: 16 kHz mono PCM."""
+
+    pcm: bytes  # 16-bit little-endian samples
+    codec: str  # what the file held, as FFmpeg names it
+
+    @property
+    def samples(self) -> np.ndarray:
+        return np.frombuffer(self.pcm, dtype="<i2")
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / 2 / SAMPLE_RATE
+
+
+def cannot_hear(name: str) -> InputError:
+    """Why a voice memo is not stored: encoding through Gemma 4's audio projector is not
+    built yet (docs/features.md), so no model hears in this version."""
+    return InputError(
+        f"'{name}' is a voice memo, and the model cannot hear in this version of Galahad "
+        "(reading audio through Gemma 4's audio projector is not built yet). Nothing was stored."
+    )
+
+
+def _clock(seconds: float) -> str:
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    if hours:
+        return f"{hours} h {rest // 60:02d} min"
+    return f"{rest // 60} min {rest % 60:02d} s" if rest >= 60 else f"{rest} s"
+
+
+def decode_audio(source: Path | io.BytesIO, name: str) -> Memo:
+    """Decode a memo (in the limited child): the demuxer its suffix names, one audio track
+    in an accepted codec, no longer than MAX_AUDIO_SECONDS (declared or decoded), not all
+    silence. Raises InputError naming the problem."""
+    import av  # only the child decodes
+
+    suffix = Path(name).suffix.lower()
+    if suffix not in AUDIO_FORMATS:
+        kinds = ", ".join(sorted(AUDIO_SUFFIXES))
+        raise InputError(f"'{name}' is not a voice memo Galahad reads ({kinds}).")
+    demuxer, codecs, label = AUDIO_FORMATS[suffix]
+    try:
+        container = av.open(source, format=demuxer, metadata_errors="ignore")
+    except (av.error.FFmpegError, ValueError, OSError):
+        raise InputError(f"'{name}' is not {label} file, or it is damaged.") from None
+    try:
+        return _decode(container, name, codecs, label)
+    except av.error.FFmpegError as exc:
+        raise InputError(f"'{name}' is damaged: decoding stopped ({exc.strerror}).") from None
+    finally:
+        container.close()
+
+
+def _decode(container: object, name: str, codecs: frozenset[str], label: str) -> Memo:
+    import av
+
+    assert isinstance(container, av.container.InputContainer)
+    if not container.streams.audio:
+        raise InputError(f"'{name}' holds no sound track.")
+    stream = container.streams.audio[0]
+    codec = stream.codec_context.name
+    if codec not in codecs:
+        raise InputError(f"'{name}' holds {codec} audio, which {label} memo may not hold.")
+    declared = (container.duration or 0) / 1e6
+    if declared > MAX_AUDIO_SECONDS:
+        raise InputError(
+            f"'{name}' says it lasts {_clock(declared)}; a memo may last at most "
+            f"{_clock(MAX_AUDIO_SECONDS)}."
+        )
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    limit = MAX_AUDIO_SECONDS * SAMPLE_RATE
+    pieces: list[np.ndarray] = []
+    count = frames = 0
+    for frame in container.decode(stream):
+        frames += 1
+        for out in resampler.resample(frame):
+            piece = out.to_ndarray().reshape(-1).astype("<i2")
+            pieces.append(piece)
+            count += len(piece)
+        if count > limit:  # a declared length can lie
+            raise InputError(
+                f"'{name}' lasts longer than {_clock(MAX_AUDIO_SECONDS)}, the most a memo may."
+            )
+    for out in resampler.resample(None):
+        pieces.append(out.to_ndarray().reshape(-1).astype("<i2"))
+    if frames == 0:
+        raise InputError(f"'{name}' is not {label} file (nothing in it decodes as one).")
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype="<i2")
+    if len(samples) < SAMPLE_RATE // 10:
+        raise InputError(f"'{name}' holds no sound (under a tenth of a second).")
+    if declared and len(samples) / SAMPLE_RATE < declared - max(1.0, 0.05 * declared):
+        raise InputError(
+            f"'{name}' is cut short: it says it lasts {_clock(declared)} but holds "
+            f"{_clock(len(samples) / SAMPLE_RATE)}."
+        )
+    if _loudness_dbfs(samples) < SILENCE_DBFS:
+        raise InputError(f"'{name}' holds only silence.")
+    return Memo(samples.tobytes(), codec)
+
+
+def _loudness_dbfs(samples: np.ndarray) -> float:
+    """The loudest 20 ms of the recording, in dB below full scale."""
+    frame = SAMPLE_RATE // 50
+    usable = len(samples) // frame * frame
+    if usable == 0:
+        return -120.0
+    frames = samples[:usable].astype(np.float64).reshape(-1, frame) / 32768.0
+    rms = np.sqrt((frames**2).mean(axis=1)).max()
+    return float(20 * np.log10(max(rms, 1e-6)))
+
+
+def cut_at_silences(
+    samples: np.ndarray, max_seconds: float = MAX_PART_SECONDS, search_seconds: float = 5.0
+) -> list[tuple[int, int]]:
+    """[start, end) sample ranges of at most max_seconds each, every cut at the quietest
+    20 ms in the last search_seconds before the limit (a pause between words, where there
+    is one), so no part ends inside a word where the recording allows it."""
+    frame = SAMPLE_RATE // 50
+    longest = int(max_seconds * SAMPLE_RATE)
+    search = min(int(search_seconds * SAMPLE_RATE), longest // 2)
+    parts: list[tuple[int, int]] = []
+    start = 0
+    while len(samples) - start > longest:
+        window = samples[start + longest - search : start + longest].astype(np.float64)
+        usable = len(window) // frame * frame
+        energy = (window[:usable].reshape(-1, frame) ** 2).mean(axis=1)
+        cut = start + longest - search + _middle_of_quietest(energy) * frame
+        parts.append((start, cut))
+        start = cut
+    parts.append((start, len(samples)))
+    return parts
+
+
+def _middle_of_quietest(energy: np.ndarray) -> int:
+    """The middle frame of the latest run of the quietest frames (a pause's middle)."""
+    quiet = energy <= energy.min() * 1.01 + 1e-9
+    end = len(quiet) - int(np.argmax(quiet[::-1]))  # one past the latest quiet frame
+    begin = end - 1
+    while begin > 0 and quiet[begin - 1]:
+        begin -= 1
+    return (begin + end) // 2
+
+
+def worker_output(path: Path, mode: str) -> dict[str, object]:
+    """What the child prints for a memo: its PCM (base64), length and codec."""
+    if mode == "audio-stdin":
+        import sys
+
+        data = sys.stdin.buffer.read(MAX_AUDIO_BYTES + 1)
+        if len(data) > MAX_AUDIO_BYTES:
+            raise InputError(f"'{path.name}' is over {MAX_AUDIO_BYTES // 2**20} MiB; refused.")
+        memo = decode_audio(io.BytesIO(data), path.name)
+    else:
+        memo = decode_audio(path, path.name)
+    return {"audio": base64.b64encode(memo.pcm).decode("ascii"), "codec": memo.codec}
+
+
+def read_audio_bounded(
+    path: Path, timeout_s: float = 300.0, memory_mb: int = 2048, job: Job = NO_JOB
+) -> Memo:
+    """A voice memo decoded in a limited child process (refused with a message where it is
+    not one, too big, too long, damaged or silent)."""
+    path = Path(path)
+    check_source_file(path, MAX_AUDIO_BYTES, "voice memos")
+    result = run_reader(path, "audio", timeout_s, memory_mb, job)
+    return Memo(base64.b64decode(str(result["audio"])), str(result["codec"]))
