@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import dataclasses
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ class Opened:
     placement: Placement
 
 
-class ContextEngine:
+class ContextEngine(ABC):
     """The engine's logic. A subclass opens the model and context (`_open`) and says which
     runtime it is (`_runtime`); everything else is here, for the real engine and the fake."""
 
@@ -103,18 +104,20 @@ class ContextEngine:
         self.reads_in_f16 = False  # an engine with an f16 reader sets it (engine.py)
 
     # -- what a subclass provides
+    @abstractmethod
     def _open(self, config: EngineConfig) -> Opened:
-        raise NotImplementedError
+        """The model and context this engine runs on."""
 
+    @abstractmethod
     def _runtime(self) -> tuple[str, str]:
         """(library version, what it was built for): part of the runtime fingerprint."""
-        raise NotImplementedError
 
     def _model_sha256(self, hash_cache: Path | None) -> str:
         return fp.model_sha256(self.config.model_path, hash_cache)
 
+    @abstractmethod
     def model_info(self) -> ModelInfo:
-        raise NotImplementedError
+        """What the model file is."""
 
     def _read_in_f16(self, tokens: Sequence[int], job: Job) -> float:
         raise ModelError("This engine has no f16 reader.")
