@@ -11,6 +11,7 @@ from typing import Literal
 FlashAttn = Literal["auto", "on", "off"]
 KvTypeName = Literal["f16", "f32", "q8_0"]
 Preset = Literal["none", "concise", "coder", "tutor", "translator"]
+ImageBudget = Literal[70, 140, 280, 560, 1120]  # Gemma 4's soft-token budgets for a picture
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,8 @@ class SettingValues:
     route_min_margin: float
     embedding_model: str
     projector: str
-    image_min_tokens: int
-    image_max_tokens: int
+    image_min_tokens: ImageBudget
+    image_max_tokens: ImageBudget
     route_min_similarity: float
     route_min_coverage: float
     route_hybrid_margin: float

@@ -46,6 +46,7 @@ class Setting:
 
 
 # The Settings dialog's sections, in order.
+IMAGE_BUDGETS = (70, 140, 280, 560, 1120)  # Gemma 4's soft-token budgets for a picture
 GROUPS = ("Model", "Performance", "Memory and documents", "Answers", "Privacy")
 
 
@@ -297,8 +298,8 @@ SETTINGS: tuple[Setting, ...] = (
         "projector",
         str,
         "",
-        "The model's vision projector (mmproj GGUF) that lets it read pictures and scans; "
-        "empty: an mmproj file next to the model, if there is one.",
+        "The model's projector (mmproj GGUF): it reads pictures and scans, and hears voice "
+        "memos on Gemma 4 E2B/E4B; empty: an mmproj file next to the model, if any.",
         runtime=False,  # it changes only blocks holding pictures (their own fingerprint)
         group="Model",
         label="Vision projector",
@@ -308,10 +309,10 @@ SETTINGS: tuple[Setting, ...] = (
         "image_min_tokens",
         int,
         70,
-        "The fewest tokens a picture is read as (Gemma 4: 70 to 1,120).",
+        "The fewest tokens a picture is read as: one of Gemma 4's five budgets (70, 140, 280, "
+        "560 or 1,120).",
         runtime=False,
-        minimum=1,
-        maximum=4096,
+        choices=IMAGE_BUDGETS,
         group="Memory and documents",
         label="Least tokens per picture",
         unit="tokens",
@@ -322,10 +323,9 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         280,
         "The most tokens a picture is read as: more sees finer detail, costs more to read "
-        "and store (Gemma 4's default budget is 280).",
+        "and store (one of Gemma 4's five budgets; 280 by default).",
         runtime=False,
-        minimum=1,
-        maximum=4096,
+        choices=IMAGE_BUDGETS,
         group="Memory and documents",
         label="Most tokens per picture",
         unit="tokens",

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume: one picture (default: a generated photo) restored from its block against "
         "the vision encoder and prefill again (needs a model with a vision projector)",
     )
+    bench.add_argument(
+        "--audio",
+        nargs="?",
+        const=GENERATED,
+        metavar="MEMO",
+        help="resume: one voice memo (default: 60 s spoken by espeak-ng) restored from its "
+        "blocks against the audio encoder and prefill again (needs a projector that hears)",
+    )
     bench.add_argument("--turns", type=int, default=3)
     bench.add_argument(
         "--from",
@@ -133,8 +141,12 @@ def measure(
     kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
     if any(k not in ("f16", "q8_0") for k in kv_types) or not kv_types:
         raise InputError("--kv-types takes f16, q8_0 or both (comma-separated).")
-    if args.image is not None and args.kind != "resume":
-        raise InputError("--image goes with `bench resume`.")
+    if (args.image is not None or args.audio is not None) and args.kind != "resume":
+        raise InputError("--image and --audio go with `bench resume`.")
+    if args.audio is not None:
+        memo = None if args.audio == GENERATED else Path(args.audio)
+        result = bench.bench_audio(args.reps, Run(args.model, overrides, log), memo)
+        return "bench-resume-audio", result, bench.audio_table(result)
     if args.image is not None:
         picture = None if args.image == GENERATED else Path(args.image)
         result = bench.bench_picture(args.reps, Run(args.model, overrides, log), picture)

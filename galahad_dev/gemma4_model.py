@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 TEMPLATE_MEMBER = "vendor/llama.cpp/models/templates/google-gemma-4-31B-it.jinja"
 TEMPLATE_SHA256 = "85a08664d16d8f3be4416c92427b3ac10df1024ac566cc0b4bc3bab409393f98"
 LLAMA_CPP_PYTHON = "0.3.36"
-BUILDER_VERSION = 2  # 2: the picture markers <|image> and <image|>
+# 2: the picture markers <|image> and <image|>; 3: every media marker at Gemma 4's real id
+BUILDER_VERSION = 3
 
 # Gemma 4's markup tokens at their real ids. Control tokens are never matched in raw text;
 # the converter stores the seven channel/tool markers as user-defined, which llama.cpp
@@ -56,10 +57,17 @@ MARKUP: dict[int, tuple[str, int]] = {
     101: ("<channel|>", USER_DEFINED),
     105: ("<|turn>", CONTROL),
     106: ("<turn|>", CONTROL),
-    # Around a picture's embeddings (llama.cpp's mtmd writes them as text and parses them as
-    # tokens); at the ids where Gemma 3 keeps its own image markers.
+    # Around a picture's or a sound's embeddings (llama.cpp's mtmd writes them as text and
+    # parses them as tokens), and the placeholders Gemma 4's processor uses, at the ids its
+    # config names (boi 255999, boa 256000, image 258880, audio 258881, eoi 258882, eoa
+    # 258883; video 258884).
     255999: ("<|image>", CONTROL),
-    256000: ("<image|>", CONTROL),
+    256000: ("<|audio>", CONTROL),
+    258880: ("<|image|>", CONTROL),
+    258881: ("<|audio|>", CONTROL),
+    258882: ("<image|>", CONTROL),
+    258883: ("<audio|>", CONTROL),
+    258884: ("<|video|>", CONTROL),
 }
 
 

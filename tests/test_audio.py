@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from galahad_desktop.engine.picture import cut_at_silences
 from galahad_desktop.errors import InputError
 from galahad_desktop.memory.documents import audio
 from galahad_desktop.memory.documents.audio import (
     SAMPLE_RATE,
-    cut_at_silences,
     decode_audio,
     read_audio_bounded,
 )

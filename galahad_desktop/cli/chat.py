@@ -206,6 +206,7 @@ def cmd_list(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         f"{d.id}  {d.n_tokens:>7,} tok  {d.name}"
         + (f"  ({d.n_parts} {'pages' if d.kind == 'scan' else 'parts'})" if d.n_parts > 1 else "")
         + ("  (picture)" if d.kind == "picture" else "")
+        + ("  (voice memo)" if d.kind == "memo" else "")
         for d in documents
     ]
     out.result(

@@ -33,6 +33,13 @@ def cmd_deposit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
             f"{result.image_tokens:,} image tokens, encoded in {result.encode_ms / 1e3:.2f} s)"
             if result.pictures
             else ""
+        )
+        + (
+            f" (a {result.audio_seconds:.0f}-second voice memo heard in {result.sounds} "
+            f"part{'s' if result.sounds > 1 else ''}: {result.audio_tokens:,} audio tokens, "
+            f"encoded in {result.encode_ms / 1e3:.2f} s)"
+            if result.sounds
+            else ""
         ),
     )
     return 0

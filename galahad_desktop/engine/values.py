@@ -122,16 +122,18 @@ class RuntimeDetails:
 
 @dataclass(frozen=True)
 class VisionStatus:
-    """Whether the model reads pictures, with which projector, and how."""
+    """Whether the model reads pictures and hears voice memos, with which projector, and how."""
 
     pictures: bool = False
-    audio: bool = False  # voice memos: not built (docs/features.md)
+    audio: bool = False  # its projector has an audio encoder (Gemma 4 E2B, E4B)
     projector: str | None = None
     problem: str = ""  # why a projector that is set up does not load
     projector_sha256: str = ""
     image_min_tokens: int = 0
     image_max_tokens: int = 0
     attention_within_image: str = ""  # "both ways" or "causal"
+    audio_sample_rate: int = 0  # what the audio encoder hears (16 kHz on Gemma 4)
+    audio_part_seconds: int = 0  # the longest part of a memo read at once
 
 
 @dataclass(frozen=True)

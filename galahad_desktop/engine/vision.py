@@ -1,19 +1,23 @@
-"""Pictures read into the context through the model's vision projector (llama.cpp's mtmd).
+"""Pictures and sounds read into the context through the model's projector (llama.cpp's mtmd).
 
 A picture becomes the model's own markers around a run of image embeddings (Gemma 4:
-`<|image>` … `<image|>`), evaluated at the context's next positions like any tokens. The
-markers are tokens in the ledger; the embedding positions have no token ids, so the ledger
-holds a placeholder there: `-(1 + j)` for the ledger's j-th picture (negative ids are never
-tokens). Everything that re-reads a ledger therefore needs the pictures themselves, in
-ledger order (the vault keeps each one encrypted next to what holds it).
+`<|image>` … `<image|>`), a voice memo the same around a run of audio embeddings (`<|audio>`
+… `<audio|>`, on the sizes that hear: E2B, E4B), evaluated at the context's next positions
+like any tokens. The markers are tokens in the ledger; the embedding positions have no token
+ids, so the ledger holds a placeholder there: `-(1 + j)` for the ledger's j-th picture or
+sound (negative ids are never tokens). Everything that re-reads a ledger therefore needs the
+pictures and sounds themselves, in ledger order (the vault keeps each one encrypted next to
+what holds it).
 
-The projector, its file's hash and the image-token budget change the bits an image leaves in
-the cache: a block holding picture positions is stored under `Vision.fingerprint` (the
-engine's fingerprint extended by those), every other block under the engine's own.
+The projector, its file's hash, the image-token budget and (where it hears) the audio
+settings change the bits a picture or sound leaves in the cache: a block holding such
+positions is stored under `Vision.fingerprint` (the engine's fingerprint extended by those),
+every other block under the engine's own.
 
 Where llama.cpp lets a picture's tokens attend to each other both ways (every Gemma 4 size
 but E2B/E4B), the whole picture must be evaluated in one micro-batch: a picture with more
-tokens than n_ubatch is refused, never split (a split would be computed differently).
+tokens than n_ubatch is refused, never split (a split would be computed differently). Sound
+is read causally, in batches like text.
 """
 
 from __future__ import annotations
@@ -31,15 +35,24 @@ import llama_cpp.mtmd_cpp as mtmd
 from galahad_desktop.engine import devices
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine.engine import Engine
-from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.picture import Media, Sound
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 
 CHUNK_TEXT = 0
 
 
+AUDIO_PART_SECONDS = 30  # llama.cpp's Gemma 4 audio encoder reads at most 30 s at once
+CANNOT_HEAR = (
+    "This model cannot hear voice memos: it has no projector with an audio encoder (Gemma 4 "
+    "E2B and E4B hear, with their projector: galahad models get e4b --vision). Nothing was "
+    "stored."
+)
+SEES_NOTHING = "This projector reads no pictures (it has no vision encoder)."
+
+
 def placeholder(index: int) -> int:
-    """The ledger's token at every embedding position of its `index`-th picture."""
+    """The ledger's token at every embedding position of its `index`-th picture or sound."""
     return -1 - index
 
 
@@ -64,8 +77,10 @@ def pictures_in(tokens: Sequence[int]) -> list[int]:
 class LedgerRead:
     elapsed_ms: float = 0.0
     pictures: int = 0
-    image_tokens: int = 0  # embedding positions evaluated
-    encode_ms: float = 0.0  # in the vision encoder
+    image_tokens: int = 0  # a picture's embedding positions evaluated
+    encode_ms: float = 0.0  # in the projector's encoders
+    sounds: int = 0  # voice memo parts
+    audio_tokens: int = 0  # a sound's embedding positions evaluated
 
 
 @mtmd.mtmd_helper_post_decode_callback  # type: ignore[untyped-decorator]
@@ -113,25 +128,32 @@ class Vision:
                 + (f": {reason}" if reason else "")
                 + " (is it the projector made for this model?)"
             )
-        if not mtmd.mtmd_support_vision(self._ctx):
+        self.sees = bool(mtmd.mtmd_support_vision(self._ctx))
+        self.hears = bool(mtmd.mtmd_support_audio(self._ctx))
+        if not self.sees and not self.hears:
             self.close()
-            raise ModelError(f"{projector.name} reads no pictures (no vision encoder).")
-        self.both_ways = bool(mtmd.mtmd_decode_use_non_causal(self._ctx, None))
+            raise ModelError(f"{projector.name} reads neither pictures nor sound.")
+        self.both_ways = self.sees and bool(mtmd.mtmd_decode_use_non_causal(self._ctx, None))
         self.details: dict[str, Any] = {
             "projector_sha256": fp.model_sha256(projector, hash_cache),
             "image_min_tokens": min_tokens,
             "image_max_tokens": max_tokens,
             "attention_within_image": "both ways" if self.both_ways else "causal",
         }
+        if not self.sees:
+            self.details["pictures"] = False
+        if self.hears:  # only then: a projector that cannot hear keeps its fingerprint
+            self.details["audio_sample_rate"] = int(mtmd.mtmd_get_audio_sample_rate(self._ctx))
+            self.details["audio_part_seconds"] = AUDIO_PART_SECONDS
         self.fingerprint = fp.runtime_fingerprint(
             {**engine.fingerprint_details.as_dict(), "vision": self.details}
         )
 
     # -- reading -------------------------------------------------------------------------
-    def ledger(self, picture: Picture, index: int) -> list[int]:
-        """The picture as a ledger holds it: the model's markers as tokens and
+    def ledger(self, item: Media, index: int) -> list[int]:
+        """The picture or sound as a ledger holds it: the model's markers as tokens and
         `placeholder(index)` at each embedding position (nothing is evaluated)."""
-        chunks = self._tokenize(picture)
+        chunks = self._tokenize(item)
         out: list[int] = []
         try:
             for i in range(mtmd.mtmd_input_chunks_size(chunks)):
@@ -144,11 +166,31 @@ class Vision:
             mtmd.mtmd_input_chunks_free(chunks)
         return out
 
-    def _tokenize(self, picture: Picture) -> Any:
-        pixels = (ctypes.c_ubyte * len(picture.rgb)).from_buffer_copy(picture.rgb)
-        bitmap = mtmd.mtmd_bitmap_init(picture.width, picture.height, pixels)
+    def _bitmap(self, item: Media) -> Any:
+        if isinstance(item, Sound):
+            if not self.hears:
+                raise InputError(CANNOT_HEAR)
+            samples = item.samples
+            if len(samples) > AUDIO_PART_SECONDS * int(self.details["audio_sample_rate"]):
+                raise InputError(
+                    f"A part of a voice memo lasts {item.seconds:.0f} s; parts are cut at "
+                    f"{AUDIO_PART_SECONDS} s at most."
+                )
+            data = samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            bitmap = mtmd.mtmd_bitmap_init_from_audio(len(samples), data)
+            if not bitmap:
+                raise InputError("llama.cpp could not take the memo's sound.")
+            return bitmap
+        if not self.sees:
+            raise InputError(SEES_NOTHING)
+        pixels = (ctypes.c_ubyte * len(item.rgb)).from_buffer_copy(item.rgb)
+        bitmap = mtmd.mtmd_bitmap_init(item.width, item.height, pixels)
         if not bitmap:
             raise InputError("llama.cpp could not take the picture's pixels.")
+        return bitmap
+
+    def _tokenize(self, item: Media) -> Any:
+        bitmap = self._bitmap(item)
         chunks = mtmd.mtmd_input_chunks_init()
         marker = mtmd.mtmd_default_marker()
         text = mtmd.mtmd_input_text()
@@ -163,7 +205,8 @@ class Vision:
             mtmd.mtmd_bitmap_free(bitmap)
         if status != 0:
             mtmd.mtmd_input_chunks_free(chunks)
-            raise InputError(f"llama.cpp could not prepare the picture (code {status}).")
+            what = "memo" if isinstance(item, Sound) else "picture"
+            raise InputError(f"llama.cpp could not prepare the {what} (code {status}).")
         return chunks
 
     def _embed(self, chunk: Any, index: int) -> tuple[int, float, float]:
@@ -173,7 +216,8 @@ class Vision:
         if n_pos != n:
             raise ModelError("This projector places pictures in 2-D positions; not supported.")
         one_batch = min(engine.config.n_batch, engine.config.n_ubatch)
-        if self.both_ways and n > one_batch:
+        both_ways = bool(mtmd.mtmd_decode_use_non_causal(self._ctx, chunk))
+        if both_ways and n > one_batch:
             raise InputError(
                 f"The picture takes {n} tokens, more than one {one_batch}-token batch; its "
                 "tokens attend to each other both ways, so it must be read in one. Raise "
@@ -181,7 +225,7 @@ class Vision:
             )
         start = time.perf_counter()
         if mtmd.mtmd_encode_chunk(self._ctx, chunk) != 0:
-            raise ModelError("The vision encoder failed on this picture.")
+            raise ModelError("The projector's encoder failed on this picture or memo.")
         embeddings = mtmd.mtmd_get_output_embd(self._ctx)
         encoded = time.perf_counter()
         n_past = len(engine.tokens)
@@ -194,14 +238,14 @@ class Vision:
             embeddings,
             n_past,
             0,
-            n if self.both_ways else engine.config.n_batch,
+            n if both_ways else engine.config.n_batch,
             ctypes.byref(new_n_past),
             _no_callback,
             None,
         )
         if status != 0 or new_n_past.value != n_past + n:
             engine.reset()
-            raise ModelError(f"llama.cpp could not evaluate the picture (code {status}).")
+            raise ModelError(f"llama.cpp could not evaluate the embeddings (code {status}).")
         engine.tokens.extend([placeholder(index)] * n)
         engine.decoded_tokens += n
         done = time.perf_counter()
@@ -210,12 +254,12 @@ class Vision:
     def evaluate(
         self,
         tokens: Sequence[int],
-        pictures: Mapping[int, Picture],
+        pictures: Mapping[int, Media],
         job: Job = NO_JOB,
     ) -> LedgerRead:
-        """Evaluate a ledger that holds pictures after what the context holds: its tokens as
-        tokens, each picture's run of placeholders from the picture itself (which must take as
-        many positions as the ledger gives it: a changed budget makes another ledger)."""
+        """Evaluate a ledger that holds pictures or sounds after what the context holds: its
+        tokens as tokens, each run of placeholders from its picture or sound (which must take
+        as many positions as the ledger gives it: a changed budget makes another ledger)."""
         start = time.perf_counter()
         out = LedgerRead()
         offset = 0
@@ -231,8 +275,11 @@ class Vision:
             while end < len(tokens) and tokens[end] == tokens[offset]:
                 end += 1
             if index not in pictures:
-                raise ModelError("A stored picture is missing; its memory cannot be read again.")
-            chunks = self._tokenize(pictures[index])
+                raise ModelError(
+                    "A stored picture or memo is missing; its memory cannot be read again."
+                )
+            item = pictures[index]
+            chunks = self._tokenize(item)
             try:
                 for i in range(mtmd.mtmd_input_chunks_size(chunks)):
                     job.check()
@@ -245,11 +292,17 @@ class Vision:
                             "budget changed); it is read again as a new memory instead."
                         )
                     n, encode_ms, _decode_ms = self._embed(chunk, index)
-                    out.image_tokens += n
+                    if isinstance(item, Sound):
+                        out.audio_tokens += n
+                    else:
+                        out.image_tokens += n
                     out.encode_ms += encode_ms
             finally:
                 mtmd.mtmd_input_chunks_free(chunks)
-            out.pictures += 1
+            if isinstance(item, Sound):
+                out.sounds += 1
+            else:
+                out.pictures += 1
             offset = end
         out.elapsed_ms = (time.perf_counter() - start) * 1e3
         return out

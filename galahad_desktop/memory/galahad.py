@@ -19,7 +19,7 @@ from galahad_desktop.engine.devices import probe_rpc_server
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.gguf import inspect_gguf
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
-from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.picture import Media
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import EngineConfig, VisionStatus
@@ -94,7 +94,7 @@ class RoomSources:
     def ledger_for_model(self, row: BlockRow) -> Rendered | None:
         return self.core.maintenance.ledger_for_model(row)
 
-    def pictures_for(self, row: BlockRow) -> list[Picture]:
+    def pictures_for(self, row: BlockRow) -> list[Media]:
         return self.core.maintenance.pictures_for(row)
 
 
@@ -587,7 +587,10 @@ class Galahad(StoreFacade):
             vision = self.live.vision()
         except (InputError, ModelError) as exc:
             return VisionStatus(projector=str(path), problem=str(exc))
-        return VisionStatus(pictures=True, projector=str(path), **vision.details)
+        details = {k: v for k, v in vision.details.items() if k != "pictures"}
+        return VisionStatus(
+            pictures=vision.sees, audio=vision.hears, projector=str(path), **details
+        )
 
     def document_parts_count(self, document_id: str) -> int:
         """How many parts a stored document has."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.picture import Media, Picture, Sound
 from galahad_desktop.engine.vision import holds_pictures
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.memory.chat.conversations import Conversations
@@ -65,14 +65,14 @@ class Maintenance:
             return self.library.rendered(row)
         return None
 
-    def pictures_for(self, row: BlockRow) -> list[Picture]:
+    def pictures_for(self, row: BlockRow) -> list[Media]:
         """The pictures a block's ledger holds, in ledger order (to read it again)."""
         if row["kind"] == "document":
             return self.documents.part_pictures(row["id"])
         if row["kind"] != "conversation":
             return []
         conv = self.conversations.row(row["owner_id"])
-        pictures: list[Picture] = []
+        pictures: list[Media] = []
         if conv["document_id"]:
             pictures += self.documents.part_pictures(
                 self.documents.row(conv["document_id"])["block_id"]
@@ -88,7 +88,7 @@ class Maintenance:
                 "re-read once under this one, then go back to an earlier turn."
             )
         document_tokens = None
-        pictures: list[Picture] = []
+        pictures: list[Media] = []
         if conv["document_id"]:
             doc = self.documents.row(conv["document_id"])
             rendered = self.documents.rendered_part(doc["block_id"])
@@ -131,8 +131,8 @@ class Maintenance:
         self,
         conv: ConversationRow,
         document_tokens: list[int] | None,
-        pictures: list[Picture] | None = None,
-    ) -> tuple[list[int], list[tuple[int, int]], list[Picture]]:
+        pictures: list[Media] | None = None,
+    ) -> tuple[list[int], list[tuple[int, int]], list[Media]]:
         """The conversation's ledger rebuilt from its messages for the current model (its
         tokenizer and turn format), and each message's token range: what a conversation
         made under another model is re-read as. `document_tokens`: the document turn a
@@ -151,6 +151,13 @@ class Maintenance:
         for index in range(0, len(messages) - 1, 2):
             user, reply = messages[index], messages[index + 1]
             user_start = len(tokens) - len(turns.probe)
+            if user.role == "document" and user.sound is not None:
+                parts = Sound.from_wav(user.sound).parts()
+                tokens += self.documents.memo_ledger(user.text, parts, len(pictures), opening=False)
+                pictures += parts
+                ranges += [(user_start, len(tokens)), (len(tokens), len(tokens))]
+                tokens += turns.probe
+                continue
             if user.role == "document" and user.picture is not None:
                 picture = Picture.from_png(user.picture)
                 tokens += self.documents.picture_ledger(

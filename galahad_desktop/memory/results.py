@@ -107,6 +107,7 @@ class TurnResult:
     reread_tokens: int = 0  # answer tokens re-read so the history holds no thoughts
     compaction: CompactResult | None = None
     image_tokens: int = 0  # a picture read into the conversation: its image positions
+    audio_tokens: int = 0  # a voice memo heard into the conversation: its audio positions
     seed: int | None = None  # the sampler's seed (with it, the reply can be reproduced)
     versions: int = 1  # the reply's versions, this one included (Regenerate keeps them)
     notice: str = ""  # what went wrong on the way, said to the user (a device server lost)
@@ -169,7 +170,10 @@ class DepositResult:
     n_parts: int = 1
     pictures: int = 0  # pictures (or scanned pages) read through the vision projector
     image_tokens: int = 0  # their embedding positions
-    encode_ms: float = 0.0  # in the vision encoder
+    encode_ms: float = 0.0  # in the projector's encoders
+    sounds: int = 0  # a voice memo's parts, heard through the audio encoder
+    audio_tokens: int = 0  # their embedding positions
+    audio_seconds: float = 0.0  # how long the memo lasts
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -189,6 +193,7 @@ class Message:
     block_id: str | None
     thoughts: str = ""
     picture: bytes | None = None  # a picture put into the conversation: its PNG
+    sound: bytes | None = None  # a voice memo put into the conversation: its WAV
     seed: int | None = None  # a model reply's sampler seed (None: not recorded)
     version: int = 1  # which of the reply's versions this is (Regenerate keeps them)
     versions: int = 1
@@ -236,7 +241,7 @@ class DocumentSummary:
     created_at: float
     status: str
     n_parts: int = 1
-    kind: str = "text"  # text | picture | scan
+    kind: str = "text"  # text | picture | scan | memo
 
 
 @dataclass(frozen=True)
@@ -425,13 +430,16 @@ class EngineInfo:
 
     def vision_note(self) -> str:
         v = self.vision
+        hears = "voice memos: yes" if v.audio else "voice memos: no (its projector cannot hear)"
         if not v.pictures:
-            why = v.problem or "no vision projector for this model"
-            return f"pictures: not available ({why}) · voice memos: not built"
+            if v.audio:
+                return f"pictures: no ({Path(str(v.projector)).name} has no vision) · {hears}"
+            why = v.problem or "no projector for this model"
+            return f"pictures: not available ({why}) · voice memos: not available"
         return (
             f"pictures: yes ({Path(str(v.projector)).name}, "
             f"{v.image_min_tokens}-{v.image_max_tokens} tokens each, "
-            f"attention within a picture {v.attention_within_image}) · voice memos: not built"
+            f"attention within a picture {v.attention_within_image}) · {hears}"
         )
 
     def device_note(self) -> str:

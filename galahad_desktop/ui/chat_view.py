@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 )
 
 from galahad_desktop.ui import theme
+from galahad_desktop.ui.memo_player import MemoPlayer, wav_seconds
 from galahad_desktop.ui.render import code_blocks, message_html
 from galahad_desktop.ui.thumbnails import Thumbnails
 
@@ -49,6 +50,7 @@ class ShownMessage:
     expanded: bool = False
     created_at: float = 0.0
     picture: bytes | None = None  # a picture put into the conversation (its PNG)
+    sound: bytes | None = None  # a voice memo put into the conversation (its WAV)
     version: int = 1  # a reply's version (Regenerate keeps the earlier ones)
     versions: int = 1
     note: str = ""  # how a reply ended, when not at its end ("stopped", "length limit")
@@ -112,6 +114,7 @@ class ChatView(QWidget):
     edit_requested = Signal(int)  # the index of a user message: edit it into a new branch
     branch_requested = Signal(int)  # the index of a reply: ask its question again, branched
     version_requested = Signal(int, int)  # a reply's index and the version to show
+    play_failed = Signal(str)  # why a memo's sound cannot be played (for the status line)
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,6 +126,8 @@ class ChatView(QWidget):
         self._html: dict[int, tuple[tuple[object, ...], str]] = {}  # index -> (key, html)
         self._shown: list[str] = []  # each turn's HTML as the document holds it
         self.thumbnails = Thumbnails()
+        self.player = MemoPlayer()
+        self.player.finished.connect(self._played)
         self.transcript = Transcript(self.thumbnails)
         self.transcript.setAccessibleName("Conversation")
         self.transcript.setToolTip(
@@ -296,6 +301,9 @@ class ChatView(QWidget):
         if m.picture:
             image = self.thumbnails.image(m.picture)
             picture = (self.thumbnails.key(m.picture), image.width(), image.height())
+        memo = None
+        if m.sound:
+            memo = (wav_seconds(m.sound), self.player.playing == index)
         key = (
             m.role,
             m.text,
@@ -306,6 +314,7 @@ class ChatView(QWidget):
             when,
             self.model_name,
             picture,
+            memo,
             m.version,
             m.versions,
             m.note,
@@ -326,6 +335,7 @@ class ChatView(QWidget):
             picture,
             (m.version, m.versions),
             m.note,
+            memo,
         )
         self._html[index] = (key, html)
         return html
@@ -399,11 +409,24 @@ class ChatView(QWidget):
             step = -1 if action == "version-previous" else 1
             wanted = (message.version - 1 + step) % message.versions + 1
             self.version_requested.emit(numbers[0], wanted)
+        elif action in ("play", "stop") and message.sound:
+            self._play(numbers[0], message.sound if action == "play" else None)
         elif action == "toggle-thoughts":
             message.expanded = not message.expanded
             position = self.transcript.verticalScrollBar().value()
             self.redraw()
             self.transcript.verticalScrollBar().setValue(position)
+
+    def _play(self, index: int, wav: bytes | None) -> None:
+        """Play a memo card's sound from memory (never a file), or stop it."""
+        problem = self.player.play(index, wav) if wav is not None else self.player.stop()
+        if problem:
+            self.play_failed.emit(problem)
+        self.redraw()  # the card's key holds whether it plays: only it is drawn again
+
+    def _played(self) -> None:
+        self._html.clear()  # the card that played shows Play again
+        self.redraw()
 
     def copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)

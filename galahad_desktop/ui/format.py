@@ -171,9 +171,25 @@ def memory_summary(stats: MemoryStats) -> str:
     )
 
 
+def clock(seconds: float) -> str:
+    """A memo's length as people say it: 0:42, 12:05, 1:02:10."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    if hours:
+        return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+    return f"{rest // 60}:{rest % 60:02d}"
+
+
 def deposit_note(result: DepositResult) -> str:
     """The status line after a document (or a picture, or a scan) was stored."""
     seconds = result.prefill_ms / 1e3
+    if result.sounds:
+        parts = f" in {result.sounds} parts" if result.sounds > 1 else ""
+        return (
+            f"Heard voice memo '{result.name}' ({clock(result.audio_seconds)}{parts}, "
+            f"{result.audio_tokens:,} audio tokens) in {seconds:.1f} s · stored · "
+            f"{human_bytes(result.block_bytes)}"
+        )
     if result.pictures == 1 and result.n_parts == 1:
         return (
             f"Read picture '{result.name}' ({result.image_tokens:,} tokens) in {seconds:.1f} s "

@@ -160,6 +160,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.edit_button.clicked.connect(self.edit_message)
         self.chat.verify_button.clicked.connect(self.mark_verified)
         self.chat.copied.connect(lambda text: self.set_status(f"Copied {len(text):,} characters"))
+        self.chat.play_failed.connect(self.set_status)
         self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.edit_requested.connect(self.edit_message_at)
         self.chat.branch_requested.connect(self.branch_reply)
@@ -481,6 +482,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
                     m.thoughts,
                     created_at=m.created_at,
                     picture=m.picture,
+                    sound=m.sound,
                     version=m.version,
                     versions=m.versions,
                 )

@@ -156,14 +156,29 @@ def message_html(
     picture: tuple[str, int, int] | None = None,
     version: tuple[int, int] = (1, 1),
     note: str = "",
+    memo: tuple[float, bool] | None = None,
 ) -> str:
     """One turn as a card; `actions` name the links shown in its header; `when` (a Unix
     time, 0 for none) adds the time it was written; `picture` (a resource key, width,
     height) shows a picture put into the conversation; `version` (which, of how many) pages
     a regenerated reply's versions ("‹ 2/3 ›"); `note` says how a reply ended, when that
-    is not simply its end ("stopped", "the length limit")."""
+    is not simply its end ("stopped", "the length limit"); `memo` (its seconds, whether it
+    plays now) shows a voice memo put into the conversation, with Play or Stop."""
     p = palette or theme.current()
     anchor = f'<a name="m{index}"></a>'
+    if role == "document" and memo is not None:
+        seconds, playing = memo
+        whole = round(seconds)
+        action, label = ("stop", "■ Stop") if playing else ("play", "▶ Play")
+        return (
+            f'<table cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '
+            f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>{anchor}'
+            f'<span style="color:{p.muted};font-size:small">Voice memo added</span><br>'
+            f"🎙 <b>{html.escape(text)}</b>&nbsp;&nbsp;"
+            f'<span style="color:{p.muted}">{whole // 60}:{whole % 60:02d}</span>&nbsp;&nbsp;'
+            f'<a href="galahad:{action}/{index}" style="color:{p.accent};text-decoration:none" '
+            f'title="{label[2:]} the memo (from memory)">{label}</a></td></tr></table>'
+        )
     if role == "document" and picture is not None:
         key, width, height = picture
         return (

@@ -369,6 +369,7 @@ class Sidebar(QWidget):
             unit = "pages" if doc.kind == "scan" else "parts"
             parts = f" · {doc.n_parts} {unit}" if doc.n_parts > 1 else ""
             parts += " · picture" if doc.kind == "picture" else ""
+            parts += " · voice memo" if doc.kind == "memo" else ""
             item = QListWidgetItem(
                 f"{doc.name}\n{doc.n_tokens:,} tokens{parts} · "
                 f"{human_bytes(doc.block_bytes)} · {doc.status}"

@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     from galahad_desktop.ui.worker import CoreBridge, Request
 
 DOCUMENT_FILTER = (
-    "Documents and pictures (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp *.rs *.go "
-    "*.java *.json *.yaml *.toml *.html *.csv *.png *.jpg *.jpeg *.webp *.gif);;"
-    "Pictures (*.png *.jpg *.jpeg *.webp *.gif);;All files (*)"
+    "Documents, pictures and voice memos (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp "
+    "*.rs *.go *.java *.json *.yaml *.toml *.html *.csv *.png *.jpg *.jpeg *.webp *.gif *.wav "
+    "*.mp3 *.m4a *.aac *.ogg *.opus *.flac);;"
+    "Pictures (*.png *.jpg *.jpeg *.webp *.gif);;"
+    "Voice memos (*.wav *.mp3 *.m4a *.aac *.ogg *.opus *.flac);;All files (*)"
 )
 
 
@@ -293,7 +295,14 @@ class DocumentActions:
         self.chat.add_document(path.name)
         self.set_context(result.context_tokens, result.n_ctx)
         c = result.counters
-        if result.image_tokens:
+        if result.audio_tokens:
+            self.set_status(
+                f"Heard voice memo '{path.name}' ({result.audio_tokens:,} audio tokens) in "
+                f"{c.prefill_ms / 1e3:.1f} s · stored · restored {c.restored_tokens:,}, "
+                f"re-read {c.recomputed_tokens:,}"
+            )
+            self._show_pictures(result.conversation_id)
+        elif result.image_tokens:
             self.set_status(
                 f"Read picture '{path.name}' ({result.image_tokens:,} tokens) in "
                 f"{c.prefill_ms / 1e3:.1f} s · stored · restored {c.restored_tokens:,}, "
@@ -309,13 +318,15 @@ class DocumentActions:
         self.turn_finished.emit(result)
 
     def _show_pictures(self, conversation_id: str) -> None:
-        """Give the transcript's picture cards their pictures (decrypted by the core)."""
+        """Give the transcript's picture and memo cards their pictures and sounds (decrypted
+        by the core, kept in memory only)."""
 
         def shown(messages: list[Message]) -> None:
             if conversation_id != self.conversation_id or len(messages) != len(self.chat.messages):
                 return
             for shown_message, message in zip(self.chat.messages, messages, strict=True):
                 shown_message.picture = message.picture
+                shown_message.sound = message.sound
             self.chat.redraw()
 
         self.bridge.run(

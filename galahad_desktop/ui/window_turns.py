@@ -209,7 +209,7 @@ class TurnActions:
 
         def shown(messages: list[Any]) -> None:
             self.chat.set_messages(
-                [ShownMessage(m.role, m.text, picture=m.picture) for m in messages]
+                [ShownMessage(m.role, m.text, picture=m.picture, sound=m.sound) for m in messages]
             )
             self._send_to(continued.conversation_id, text)
 

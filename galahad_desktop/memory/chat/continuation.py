@@ -157,7 +157,7 @@ class Continuation(TurnRoom):
         pairs = []
         for index in range(0, len(messages) - 1, 2):
             user, reply = messages[index], messages[index + 1]
-            if user.picture is not None:  # its size as stored: marked, refused if kept
+            if user.picture is not None or user.sound is not None:  # marked, refused if kept
                 size = user.tok_end - user.tok_start
                 pairs.append((PICTURE + user.text, reply.text, size + len(turns.probe)))
                 continue

@@ -14,7 +14,7 @@ import base64
 import time
 from typing import Any
 
-from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.picture import WAV_MAGIC, Media, Sound, media_from_kept
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.errors import (
     MAX_TITLE_CHARS,
@@ -146,32 +146,42 @@ class Conversations:
         records = self.records
         rows = self.message_rows(conversation_id)
         places = self.versions.places(conversation_id, rows)
-        return [
-            Message(
-                r["id"],
-                r["role"],
-                records.decrypt("messages", "text_enc", r),
-                r["created_at"],
-                r["tok_start"],
-                r["tok_end"],
-                r["block_id"],
-                records.decrypt("messages", "thought_enc", r) if r.get("thought_enc") else "",
+        out = []
+        for r in rows:
+            kept = (
                 base64.b64decode(records.decrypt("messages", "image_enc", r))
                 if r.get("image_enc")
-                else None,
-                r.get("seed"),
-                *places.get(r["seq"], (1, 1)),
+                else None
             )
-            for r in rows
-        ]
+            sound = kept is not None and kept.startswith(WAV_MAGIC)
+            out.append(
+                Message(
+                    r["id"],
+                    r["role"],
+                    records.decrypt("messages", "text_enc", r),
+                    r["created_at"],
+                    r["tok_start"],
+                    r["tok_end"],
+                    r["block_id"],
+                    records.decrypt("messages", "thought_enc", r) if r.get("thought_enc") else "",
+                    None if sound else kept,
+                    kept if sound else None,
+                    r.get("seed"),
+                    *places.get(r["seq"], (1, 1)),
+                )
+            )
+        return out
 
-    def message_pictures(self, conversation_id: str, end: int | None = None) -> list[Picture]:
-        """The pictures put into a conversation before ledger position `end`, in order."""
-        return [
-            Picture.from_png(base64.b64decode(self.records.decrypt("messages", "image_enc", r)))
-            for r in self.message_rows(conversation_id)
-            if r.get("image_enc") and (end is None or r["tok_start"] < end)
-        ]
+    def message_pictures(self, conversation_id: str, end: int | None = None) -> list[Media]:
+        """The pictures and sounds put into a conversation before ledger position `end`, in
+        ledger order (a memo as the parts it was heard in)."""
+        out: list[Media] = []
+        for r in self.message_rows(conversation_id):
+            if r.get("image_enc") and (end is None or r["tok_start"] < end):
+                kept = base64.b64decode(self.records.decrypt("messages", "image_enc", r))
+                item = media_from_kept(kept)
+                out += item.parts() if isinstance(item, Sound) else [item]
+        return out
 
     def document_content(self, row: MessageRow) -> str:
         """The text of a document put into the conversation (kept, encrypted, so the turn

@@ -25,10 +25,10 @@ from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.device_guard import lost_servers
 from galahad_desktop.engine.engine import Engine
-from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.picture import Media
 from galahad_desktop.engine.protocol import ChatEngine, StateBuffer
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.engine.vision import LedgerRead, Vision, holds_pictures
+from galahad_desktop.engine.vision import CANNOT_HEAR, LedgerRead, Vision, holds_pictures
 from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
@@ -51,7 +51,7 @@ class Rendered:
 
     tokens: list[int]
     apply: Callable[[BlockRow], list[str]] | None = None
-    pictures: list[Picture] = field(default_factory=list)  # the ledger's, in order
+    pictures: list[Media] = field(default_factory=list)  # the ledger's, in order
 
 
 class LiveSources(Protocol):
@@ -64,8 +64,8 @@ class LiveSources(Protocol):
     def ledger_for_model(self, row: BlockRow) -> Rendered | None:
         """A block's ledger rebuilt for the current model (None: its own still serves)."""
 
-    def pictures_for(self, row: BlockRow) -> list[Picture]:
-        """The pictures a block's ledger holds, in ledger order (to re-read it)."""
+    def pictures_for(self, row: BlockRow) -> list[Media]:
+        """The pictures and sounds a block's ledger holds, in ledger order (to re-read it)."""
 
 
 NO_PROJECTOR = (
@@ -178,6 +178,16 @@ class LiveContext:
             self._vision_key = key
         return self._vision
 
+    def hearing(self) -> Vision:
+        """The projector loaded for this engine, if it hears (InputError when it cannot)."""
+        try:
+            vision = self.vision()
+        except InputError:
+            raise InputError(CANNOT_HEAR) from None
+        if not vision.hears:
+            raise InputError(CANNOT_HEAR)
+        return vision
+
     def vision_fingerprint(self) -> str | None:
         """The fingerprint blocks holding pictures are stored under now (None: no projector
         can be loaded, so such a block cannot be used as it is)."""
@@ -202,7 +212,7 @@ class LiveContext:
     def evaluate_ledger(
         self,
         tokens: list[int],
-        pictures: list[Picture] | dict[int, Picture],
+        pictures: list[Media] | dict[int, Media],
         job: Job = NO_JOB,
     ) -> LedgerRead:
         """Evaluate a ledger after what the context holds; its pictures read from

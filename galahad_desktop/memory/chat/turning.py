@@ -21,7 +21,7 @@ from typing import Any, Concatenate, ParamSpec
 
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.decoding import Generation
-from galahad_desktop.engine.picture import Picture
+from galahad_desktop.engine.picture import Media
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
@@ -471,7 +471,7 @@ class ConversationTurns:
         roles: tuple[str, str] = ("user", "model"),
         thoughts: str = "",
         content: str = "",
-        picture: Picture | None = None,
+        picture: Media | None = None,
         seed: int | None = None,
         keep_version: MessageRow | None = None,
     ) -> None:
@@ -493,7 +493,7 @@ class ConversationTurns:
                 records.reseal("reply_versions", v["id"])
             records.delete_in("messages", "id", replaced_messages)
             picture_text = (
-                base64.b64encode(picture.png).decode("ascii") if picture is not None else ""
+                base64.b64encode(picture.kept).decode("ascii") if picture is not None else ""
             )
             for offset, (role, message, tok_start, tok_end, block_id, thought) in enumerate(
                 (
@@ -585,6 +585,7 @@ class TurnRoom:
         counters: Counters,
         graft: GraftReport | None,
         image_tokens: int = 0,
+        audio_tokens: int = 0,
     ) -> TurnResult:
         """What a turn stored without sampling a reply says (a document read into the
         conversation, an answer from the verified library)."""
@@ -601,4 +602,5 @@ class TurnRoom:
             engine.n_ctx,
             0.0,
             image_tokens=image_tokens,
+            audio_tokens=audio_tokens,
         )

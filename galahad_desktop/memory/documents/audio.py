@@ -5,7 +5,7 @@ and FLAC on every machine, with a resampler, and no system codec to install). ll
 decoder never sees a dropped file. Each suffix names the one demuxer its bytes are read with
 (never a probe), so a file cannot pull in a playlist or another file, and a file that is not
 what its name says is refused. The child returns 16 kHz mono 16-bit PCM, what Gemma 4's
-audio encoder hears; `cut_at_silences` cuts a long recording into parts at its quietest
+audio encoder hears; `memo_parts` cuts a long recording into parts at its quietest
 moments.
 """
 
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from galahad_desktop.engine.picture import SOUND_RATE, Sound
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.documents.extraction import check_source_file, run_reader
 
-SAMPLE_RATE = 16_000  # Gemma 4's audio encoder reads 16 kHz mono
+SAMPLE_RATE = SOUND_RATE  # Gemma 4's audio encoder reads 16 kHz mono
 MAX_AUDIO_BYTES = 256 * 2**20
 MAX_AUDIO_SECONDS = 2 * 3600
-MAX_PART_SECONDS = 30.0  # the longest clip one part holds
 SILENCE_DBFS = -60.0  # quieter than this throughout: nothing to hear
 
 _PCM = frozenset({"pcm_s16le", "pcm_s24le", "pcm_s32le", "pcm_f32le", "pcm_u8"})
@@ -62,13 +62,9 @@ class Memo:
         return len(self.pcm) / 2 / SAMPLE_RATE
 
 
-def cannot_hear(name: str) -> InputError:
-    """Why a voice memo is not stored: encoding through Gemma 4's audio projector is not
-    built yet (docs/features.md), so no model hears in this version."""
-    return InputError(
-        f"'{name}' is a voice memo, and the model cannot hear in this version of Galahad "
-        "(reading audio through Gemma 4's audio projector is not built yet). Nothing was stored."
-    )
+def memo_parts(memo: Memo) -> list[Sound]:
+    """A memo as the parts it is stored in: at most 30 s each, cut in pauses."""
+    return Sound.from_pcm(memo.pcm).parts()
 
 
 def _clock(seconds: float) -> str:
@@ -158,38 +154,6 @@ def _loudness_dbfs(samples: np.ndarray) -> float:
     frames = samples[:usable].astype(np.float64).reshape(-1, frame) / 32768.0
     rms = np.sqrt((frames**2).mean(axis=1)).max()
     return float(20 * np.log10(max(rms, 1e-6)))
-
-
-def cut_at_silences(
-    samples: np.ndarray, max_seconds: float = MAX_PART_SECONDS, search_seconds: float = 5.0
-) -> list[tuple[int, int]]:
-    """[start, end) sample ranges of at most max_seconds each, every cut at the quietest
-    20 ms in the last search_seconds before the limit (a pause between words, where there
-    is one), so no part ends inside a word where the recording allows it."""
-    frame = SAMPLE_RATE // 50
-    longest = int(max_seconds * SAMPLE_RATE)
-    search = min(int(search_seconds * SAMPLE_RATE), longest // 2)
-    parts: list[tuple[int, int]] = []
-    start = 0
-    while len(samples) - start > longest:
-        window = samples[start + longest - search : start + longest].astype(np.float64)
-        usable = len(window) // frame * frame
-        energy = (window[:usable].reshape(-1, frame) ** 2).mean(axis=1)
-        cut = start + longest - search + _middle_of_quietest(energy) * frame
-        parts.append((start, cut))
-        start = cut
-    parts.append((start, len(samples)))
-    return parts
-
-
-def _middle_of_quietest(energy: np.ndarray) -> int:
-    """The middle frame of the latest run of the quietest frames (a pause's middle)."""
-    quiet = energy <= energy.min() * 1.01 + 1e-9
-    end = len(quiet) - int(np.argmax(quiet[::-1]))  # one past the latest quiet frame
-    begin = end - 1
-    while begin > 0 and quiet[begin - 1]:
-        begin -= 1
-    return (begin + end) // 2
 
 
 def worker_output(path: Path, mode: str) -> dict[str, object]:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import base64
 import logging
-import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from galahad_desktop.engine.picture import Picture
-from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.picture import Media, Picture, Sound, media_from_kept
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError, NotFoundError, check_text
@@ -21,12 +19,18 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
-from galahad_desktop.memory.documents.audio import cannot_hear, is_audio
+from galahad_desktop.memory.documents.audio import is_audio, memo_parts, read_audio_bounded
 from galahad_desktop.memory.documents.extraction import (
     NoTextLayer,
     extract_text_bounded,
     overlap_tail,
     split_for_parts,
+)
+from galahad_desktop.memory.documents.media import (
+    MEMO_ACK,
+    MEMO_CAPTION,
+    PICTURE_ACK,
+    MediaTurns,
 )
 from galahad_desktop.memory.documents.pictures import (
     is_picture,
@@ -42,7 +46,6 @@ log = logging.getLogger(__name__)
 ANSWER_RESERVE = 512  # room kept free after a document for a question and its answer
 MAX_DOCUMENT_CHARS = 40_000_000
 DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
-PICTURE_ACK = 'I have looked at "{name}". Ask me about it.'
 AddedPart = tuple[str, str, int, int, str]  # part id, document id, number, of, its text
 
 
@@ -53,7 +56,7 @@ class PlannedPart:
     tokens: int  # its document turn's length
 
 
-class Documents(TurnRoom):
+class Documents(MediaTurns, TurnRoom):
     """Documents: deposited, read once into blocks, asked, added to conversations."""
 
     def __init__(
@@ -65,10 +68,6 @@ class Documents(TurnRoom):
     ) -> None:
         super().__init__(live, conversations, turns)
         self.on_parts_added = on_parts_added  # the router's index follows deposits
-
-    @property
-    def engine(self) -> ChatEngine:
-        return self.live.engine
 
     # -- records -------------------------------------------------------------------------
     def row(self, document_id: str) -> DocumentRow:
@@ -122,27 +121,30 @@ class Documents(TurnRoom):
         return out
 
     def kind(self, document_id: str) -> str:
-        """text, picture (one picture) or scan (pages read as pictures)."""
+        """text, picture (one picture), scan (pages read as pictures) or memo (sound)."""
         parts = self.records.parts("part_no", document_id=document_id)
         if not parts or not parts[0].get("image_enc"):
             return "text"
+        if self.part_text(parts[0]).startswith(MEMO_CAPTION):
+            return "memo"
         return "picture" if len(parts) == 1 else "scan"
 
-    def part_picture(self, part: PartRow) -> Picture | None:
-        """A picture part's picture (decrypted and decoded in memory), else None. The part's
-        seal covers its picture: one taken out of the catalog is noticed here."""
+    def part_picture(self, part: PartRow) -> Media | None:
+        """A picture (or sound) part's picture or sound (decrypted and decoded in memory),
+        else None. The part's seal covers it: one taken out of the catalog is noticed here."""
         self.live.records.check("parts", part)
         if not part.get("image_enc"):
             return None
         encoded = self.live.records.decrypt("parts", "image_enc", part)
-        return Picture.from_png(base64.b64decode(encoded))
+        return media_from_kept(base64.b64decode(encoded))
 
     def picture(self, document_id: str, part_no: int = 1) -> bytes | None:
-        """A picture document's (or scanned page's) PNG, for a thumbnail."""
+        """A picture document's (or scanned page's) PNG, for a thumbnail; a memo's part's
+        WAV, to play it."""
         self.row(document_id)
         parts = self.records.parts(document_id=document_id, part_no=part_no)
         found = self.part_picture(parts[0]) if parts else None
-        return found.png if found is not None else None
+        return found.kept if found is not None else None
 
     # -- tokens --------------------------------------------------------------------------
     def limit(self) -> int:
@@ -207,58 +209,19 @@ class Documents(TurnRoom):
             log.info("document parts ran over the budget; retrying (attempt %d)", attempt + 1)
         raise InputError(f"'{name}' could not be cut into parts of {budget:,} tokens.")
 
-    def picture_ledger(
-        self,
-        name: str,
-        part_no: int,
-        n_parts: int,
-        picture: Picture,
-        index: int = 0,
-        opening: bool = True,
-    ) -> list[int]:
-        """A picture (or one scanned page) as its own document turn: the model's markers
-        around its image positions (the ledger's `index`-th picture), under a short header,
-        acknowledged. Without `opening` the turn continues a context that already holds
-        the user turn's opening (a picture put into a conversation)."""
-        engine = self.engine
-        turns = engine.turns
-        if n_parts == 1:
-            header, ack = f'Picture "{name}":\n', PICTURE_ACK.format(name=name)
-        else:
-            header = f'Scanned document "{name}", page {part_no} of {n_parts}:\n'
-            ack = f'I have looked at page {part_no} of {n_parts} of "{name}".'
-        start = engine.bos() + turns.user_open if opening else []
-        return (
-            start
-            + engine.encode_text(header)
-            + self.live.vision().ledger(picture, index)
-            + turns.user_close
-            + turns.generation_prompt
-            + engine.encode_text(ack)
-            + turns.model_close
-        )
-
     def recount_part(self, block_id: str, n_tokens: int) -> None:
         """A re-read part now takes `n_tokens` (inside the caller's transaction, which
         reseals the part and its document)."""
         for part in self.records.parts(block_id=block_id):
             self.records.update("parts", part["id"], {"n_tokens": n_tokens})
 
-    def picture_caption(self, name: str, part_no: int, n_parts: int) -> str:
-        """What the router's words see of a picture part (its pixels hold no words): the
-        file's name, also split into words (invoice-2026.pdf: invoice 2026), and the page."""
-        words = " ".join(re.split(r"[\W_]+", Path(name).stem)).strip()
-        if n_parts == 1:
-            return f"Picture {name}: {words}"
-        return f"Scanned document {name}: {words}, page {part_no}"
-
-    def part_pictures(self, block_id: str) -> list[Picture]:
+    def part_pictures(self, block_id: str) -> list[Media]:
         """The pictures a part's ledger holds (one for a picture part, none for text)."""
         parts = self.records.parts(block_id=block_id)
         found = self.part_picture(parts[0]) if parts else None
         return [found] if found is not None else []
 
-    def rendered_part(self, block_id: str) -> tuple[list[int], list[Picture]] | None:
+    def rendered_part(self, block_id: str) -> tuple[list[int], list[Media]] | None:
         """A stored part's tokens (and pictures) rebuilt for the current model (None: not a
         part)."""
         parts = self.records.parts(block_id=block_id)
@@ -303,7 +266,9 @@ class Documents(TurnRoom):
         or a PDF without a text layer (a scan), is read through the vision projector."""
         path = Path(path)
         if is_audio(path):
-            raise cannot_hear(path.name)
+            self.live.hearing()  # a model that cannot hear: say so before reading the file
+            parts = memo_parts(read_audio_bounded(path, job=job))
+            return self.deposit_pictures(name or path.name, parts, path.stat().st_size, job)
         if is_picture(path):
             self.live.vision()  # no projector: say so before reading the file
             pictures = read_pictures_bounded(path, "picture", job=job)
@@ -319,16 +284,18 @@ class Documents(TurnRoom):
     def deposit_pictures(
         self,
         name: str,
-        pictures: list[Picture],
+        pictures: Sequence[Media],
         source_bytes: int,
         job: Job = NO_JOB,
     ) -> DepositResult:
-        """Store pictures (one, or a scan's pages) as a document: each read once through
-        the vision projector at its own positions and stored as its own block; the PNG is
-        kept encrypted with its part (to read it again under another projector)."""
+        """Store pictures (one, or a scan's pages) or a voice memo's parts as a document:
+        each read once through the projector at its own positions and stored as its own
+        block; the PNG (or WAV) is kept encrypted with its part (to read it again under
+        another projector, or to play a memo)."""
         check_text(name, "The document's name")
         if not pictures:
             raise InputError(f"'{name}' holds no pictures.")
+        sound = isinstance(pictures[0], Sound)
         n = len(pictures)
         ledgers = [self.picture_ledger(name, i + 1, n, p) for i, p in enumerate(pictures)]
         for number, ledger in enumerate(ledgers, start=1):
@@ -346,7 +313,7 @@ class Documents(TurnRoom):
             for index, (row, ledger, picture) in enumerate(
                 zip(rows, ledgers, pictures, strict=True)
             ):
-                caption = self.picture_caption(name, index + 1, n)
+                caption = self.picture_caption(name, index + 1, n, sound)
                 part_row: PartRow = {
                     "id": new_id("p"),
                     "document_id": document_id,
@@ -357,11 +324,11 @@ class Documents(TurnRoom):
                     "created_at": now,
                 }
                 part_row["text_enc"] = records.encrypt("parts", "text_enc", part_row, caption)
-                png = base64.b64encode(picture.png).decode("ascii")
-                part_row["image_enc"] = records.encrypt("parts", "image_enc", part_row, png)
+                kept = base64.b64encode(picture.kept).decode("ascii")
+                part_row["image_enc"] = records.encrypt("parts", "image_enc", part_row, kept)
                 self.records.insert("parts", part_row)
                 added.append((part_row["id"], document_id, index + 1, n, caption))
-            caption = self.picture_caption(name, 1, 1)
+            caption = self.picture_caption(name, 1, 1, sound)
             self._insert_document(document_id, name, caption, rows, total, source_bytes)
             return added
 
@@ -399,7 +366,7 @@ class Documents(TurnRoom):
             )
         plan = self.plan_parts(name, text)
 
-        def ledger(number: int) -> tuple[list[int], list[Picture]]:
+        def ledger(number: int) -> tuple[list[int], list[Media]]:
             part = plan[number - 1]
             return self.part_tokens(name, number, len(plan), part.overlap, part.text), []
 
@@ -432,7 +399,7 @@ class Documents(TurnRoom):
         name: str,
         n_parts: int,
         total: int,
-        ledger: Callable[[int], tuple[list[int], list[Picture]]],
+        ledger: Callable[[int], tuple[list[int], list[Media]]],
         commit: Callable[[str, list[BlockRow]], list[AddedPart]],
         job: Job,
     ) -> DepositResult:
@@ -443,7 +410,8 @@ class Documents(TurnRoom):
         document_id = new_id("d")
         self.live.drop()
         prefill_ms = capture_ms = persist_ms = encode_ms = 0.0
-        pictures = image_tokens = 0
+        pictures = image_tokens = sounds = audio_tokens = 0
+        seconds = 0.0
         start = time.perf_counter()
         rows: list[BlockRow] = []
         done = 0
@@ -458,6 +426,9 @@ class Documents(TurnRoom):
                 encode_ms += read.encode_ms
                 image_tokens += read.image_tokens
                 pictures += read.pictures
+                sounds += read.sounds
+                audio_tokens += read.audio_tokens
+                seconds += sum(p.seconds for p in part_pictures if isinstance(p, Sound))
                 step = time.perf_counter()
                 row, _record = self.live.persist("document", document_id, None, 1)
                 persist_ms += (time.perf_counter() - step) * 1e3
@@ -488,6 +459,9 @@ class Documents(TurnRoom):
             pictures,
             image_tokens,
             encode_ms,
+            sounds,
+            audio_tokens,
+            round(seconds, 3),
         )
 
     def _insert_document(
@@ -523,7 +497,9 @@ class Documents(TurnRoom):
         picture is read through the projector)."""
         path = Path(path)
         if is_audio(path):
-            raise cannot_hear(path.name)
+            self.live.hearing()
+            memo = read_audio_bounded(path, job=job)
+            return self.add_memo(conversation_id, path.name, Sound.from_pcm(memo.pcm), job)
         if is_picture(path):
             return self.add_picture_to_conversation(conversation_id, path, job)
         text = extract_text_bounded(path, job=job)
@@ -563,13 +539,31 @@ class Documents(TurnRoom):
     ) -> TurnResult:
         check_text(name, "The picture's name")
 
-        def ledger() -> tuple[list[int], dict[int, Picture]]:
+        def ledger() -> tuple[list[int], dict[int, Media]]:
             index = len(pictures_in(self.engine.tokens))  # the ledger's pictures before it
             tokens = self.picture_ledger(name, 1, 1, picture, index, opening=False)
             return tokens, {index: picture}
 
         return self._stack(
             conversation_id, name, PICTURE_ACK.format(name=name), ledger, job, picture=picture
+        )
+
+    def add_memo(
+        self, conversation_id: str, name: str, sound: Sound, job: Job = NO_JOB
+    ) -> TurnResult:
+        """Put a voice memo into an ongoing conversation: heard once through the projector
+        (in its parts) on top of what the conversation holds, stored as the chain's next
+        link with the memo kept encrypted on its message."""
+        check_text(name, "The memo's name")
+        parts = sound.parts()
+
+        def ledger() -> tuple[list[int], dict[int, Media]]:
+            index = len(pictures_in(self.engine.tokens))  # the ledger's pictures before it
+            tokens = self.memo_ledger(name, parts, index, opening=False)
+            return tokens, {index + i: part for i, part in enumerate(parts)}
+
+        return self._stack(
+            conversation_id, name, MEMO_ACK.format(name=name), ledger, job, picture=sound
         )
 
     def add_to_conversation(
@@ -586,7 +580,7 @@ class Documents(TurnRoom):
             raise InputError(f"'{name}' contains no text.")
         ack = DOCUMENT_ACK.format(name=name)
 
-        def ledger() -> tuple[list[int], dict[int, Picture]]:
+        def ledger() -> tuple[list[int], dict[int, Media]]:
             content = f'Document "{name}":\n\n{text}'
             return self.engine.turns.document_turn(content, ack, opening=False), {}
 
@@ -597,10 +591,10 @@ class Documents(TurnRoom):
         conversation_id: str,
         name: str,
         ack: str,
-        ledger: Callable[[], tuple[list[int], dict[int, Picture]]],
+        ledger: Callable[[], tuple[list[int], dict[int, Media]]],
         job: Job,
         content: str = "",
-        picture: Picture | None = None,
+        picture: Media | None = None,
     ) -> TurnResult:
         """Graft what the conversation holds, evaluate only the new document (or picture)
         turn `ledger` makes on top, and store that as the chain's next link (earlier
@@ -644,5 +638,11 @@ class Documents(TurnRoom):
         )
         counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
         return self.stored_turn(
-            conv["id"], ack, "document", counters, graft, image_tokens=read.image_tokens
+            conv["id"],
+            ack,
+            "document",
+            counters,
+            graft,
+            image_tokens=read.image_tokens,
+            audio_tokens=read.audio_tokens,
         )
