@@ -55,6 +55,19 @@ def vision_model(gemma4_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def hearing_model(gemma4_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Gemma 4 test model in a folder of its own, beside a test projector that sees and
+    hears (where Galahad finds a projector on its own)."""
+    from galahad_dev.gemma4_projector import AudioShape, build
+
+    folder = tmp_path_factory.mktemp("hearing")
+    model = folder / gemma4_path.name
+    os.symlink(gemma4_path, model)
+    build(out_dir=folder, audio=AudioShape())
+    return model
+
+
+@pytest.fixture(scope="session")
 def model_path(gemma3_path: Path) -> Path:
     return gemma3_path
 

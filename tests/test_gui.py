@@ -282,6 +282,40 @@ def test_a_picture_through_the_window(  # type: ignore[no-untyped-def]
     )
 
 
+def test_a_voice_memo_through_the_window(  # type: ignore[no-untyped-def]
+    qtbot, open_window, hearing_model: Path, tmp_path: Path
+) -> None:
+    from tests.test_memos import long_memo, spoken
+
+    window = open_window(hearing_model)
+    with qtbot.waitSignal(window.deposit_finished, timeout=WAIT_MS) as blocker:
+        _drop(window, spoken(tmp_path, "Water the pear trees on Friday.", "orchard.wav"))
+    deposited = blocker.args[0]
+    assert deposited.sounds == 1 and deposited.audio_tokens >= 25
+    status = window.graft_label.text()
+    assert "Heard voice memo 'orchard.wav'" in status and "stored" in status
+    qtbot.waitUntil(lambda: window.sidebar.document_list.count() == 1, timeout=WAIT_MS)
+    assert "voice memo" in window.sidebar.document_list.item(0).text()
+    window.sidebar.document_list.item(0).setSelected(True)
+    with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS):
+        window.chat_with_document()
+    opened = window.last_graft  # the memo's block, grafted when the chat opened
+    assert opened is not None and opened.proof.verdict == "exact"
+    assert opened.recomputed_tokens == 0 and opened.restored_tokens == deposited.tokens
+    # A longer memo dropped on the open conversation: one turn, heard in its two parts.
+    window.prompts.drop = "Add to this conversation"
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as added:
+        _drop(window, long_memo(tmp_path, 40))
+    assert added.args[0].audio_tokens >= 30 * 25 and added.args[0].counters.recomputed_tokens == 0
+    assert "Heard voice memo 'long-40.wav'" in window.graft_label.text()
+    qtbot.waitUntil(lambda: any(m.sound for m in window.chat.messages), timeout=WAIT_MS)
+    index = next(i for i, m in enumerate(window.chat.messages) if m.sound)
+    html = window.chat.transcript.toHtml()
+    assert f"galahad:play/{index}" in html and "long-40.wav" in html
+    answer = _send(qtbot, window, "What did I record?")
+    assert answer.counters.recomputed_tokens == 0
+
+
 def test_stop_regenerate_and_forget(qtbot, open_window, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
     Settings(data_dir).update({"max_tokens": 200})
     window = open_window()

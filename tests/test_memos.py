@@ -92,19 +92,6 @@ def test_a_long_sound_is_cut_in_the_same_pauses_every_time() -> None:
 
 
 # -- model tier: the Gemma 4 test model with a projector that hears ------------------------
-@pytest.fixture(scope="session")
-def hearing_model(gemma4_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Gemma 4 test model in a folder of its own, beside a test projector that sees and
-    hears (where Galahad finds a projector on its own)."""
-    from galahad_dev.gemma4_projector import AudioShape, build
-
-    folder = tmp_path_factory.mktemp("hearing")
-    model = folder / gemma4_path.name
-    os.symlink(gemma4_path, model)
-    build(out_dir=folder, audio=AudioShape())
-    return model
-
-
 @pytest.fixture()
 def open_core(tmp_path: Path, hearing_model: Path) -> Iterator[Callable[..., Galahad]]:
     keystore = MemoryKeyStore()

@@ -409,3 +409,47 @@ def test_pasting_text_and_a_picture_into_the_message_box(qtbot, window: MainWind
     assert "reads no pictures" in refused.args[0]  # the fake engine has no projector
     assert window.chat.input.toPlainText() == "kept"  # a picture never becomes text
     assert [m.role for m in window.chat.messages] == ["user", "model"]  # no card left behind
+
+
+def test_a_memo_card_plays_its_sound_from_memory_and_stops(  # type: ignore[no-untyped-def]
+    qtbot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A voice memo's card shows its length and Play; Play pipes the memo's samples into the
+    desktop's sound player (here a stand-in `paplay` that keeps what it is given: only the
+    spawned process is replaced), never a file of ours; the card shows Stop while it plays
+    and Play once it ended; a missing player is said on the status line."""
+    import io
+    import wave
+
+    from galahad_desktop.engine.picture import Sound
+    from galahad_desktop.ui.chat_view import ShownMessage
+
+    pcm = bytes(range(256)) * 250  # 64,000 bytes: 2 s of 16 kHz 16-bit samples
+    wav = Sound.from_pcm(pcm).wav
+    heard, said = tmp_path / "heard.raw", tmp_path / "args.txt"
+    player = tmp_path / "bin" / "paplay"
+    player.parent.mkdir()
+    player.write_text(f'#!/bin/sh\necho "$@" > {said}\nsleep 0.3\ncat > {heard}\n')
+    player.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{player.parent}:{os.environ['PATH']}")
+    chat = window.chat
+    chat.set_messages([ShownMessage("document", "orchard.m4a", sound=wav)])
+    html = chat.transcript.toHtml()
+    assert "orchard.m4a" in html and "0:02" in html and "galahad:play/0" in html
+    chat._anchor(QUrl("galahad:play/0"))
+    assert chat.player.playing == 0 and "galahad:stop/0" in chat.transcript.toHtml()
+    qtbot.waitUntil(lambda: chat.player.playing is None, timeout=WAIT_MS)
+    assert heard.read_bytes() == pcm  # every sample, through the pipe
+    assert "--raw" in said.read_text() and "--rate=16000" in said.read_text()
+    assert "galahad:play/0" in chat.transcript.toHtml()
+    # Stop while it plays: the player goes, the card says Play again.
+    chat._anchor(QUrl("galahad:play/0"))
+    chat._anchor(QUrl("galahad:stop/0"))
+    assert chat.player.playing is None and "galahad:play/0" in chat.transcript.toHtml()
+    # No player on this computer: said plainly, nothing plays.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with qtbot.waitSignal(chat.play_failed, timeout=WAIT_MS) as failed:
+        chat._anchor(QUrl("galahad:play/0"))
+    assert "no sound player" in failed.args[0] and chat.player.playing is None
+    with wave.open(io.BytesIO(wav)) as reader:
+        assert reader.getframerate() == 16_000

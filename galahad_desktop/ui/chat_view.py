@@ -128,6 +128,7 @@ class ChatView(QWidget):
         self.thumbnails = Thumbnails()
         self.player = MemoPlayer()
         self.player.finished.connect(self._played)
+        self.player.failed.connect(self.play_failed)
         self.transcript = Transcript(self.thumbnails)
         self.transcript.setAccessibleName("Conversation")
         self.transcript.setToolTip(
@@ -425,8 +426,7 @@ class ChatView(QWidget):
         self.redraw()  # the card's key holds whether it plays: only it is drawn again
 
     def _played(self) -> None:
-        self._html.clear()  # the card that played shows Play again
-        self.redraw()
+        self.redraw()  # the card that played shows Play again
 
     def copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)

@@ -174,7 +174,7 @@ def message_html(
             f'<table cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '
             f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>{anchor}'
             f'<span style="color:{p.muted};font-size:small">Voice memo added</span><br>'
-            f"🎙 <b>{html.escape(text)}</b>&nbsp;&nbsp;"
+            f"<b>{html.escape(text)}</b>&nbsp;&nbsp;"
             f'<span style="color:{p.muted}">{whole // 60}:{whole % 60:02d}</span>&nbsp;&nbsp;'
             f'<a href="galahad:{action}/{index}" style="color:{p.accent};text-decoration:none" '
             f'title="{label[2:]} the memo (from memory)">{label}</a></td></tr></table>'

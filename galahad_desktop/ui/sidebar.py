@@ -380,7 +380,7 @@ class Sidebar(QWidget):
                 if thumbnail is not None
                 else theme.type_badge(PurePath(doc.name).suffix.lstrip(".") or "txt")
             )
-            if doc.kind != "text" and thumbnail is None:
+            if doc.kind in ("picture", "scan") and thumbnail is None:
                 self.picture_wanted.emit(doc.id)
             item.setToolTip(
                 f"{doc.name}: read once, {doc.n_tokens:,} tokens kept in {doc.n_parts} "

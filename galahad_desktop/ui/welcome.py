@@ -103,8 +103,8 @@ class Welcome(QWidget):
         self.offer.setVisible(False)
         self.drop_zone = DropZone(
             "Drop documents here (.txt, .md, .pdf, .docx, source files; pictures and scans "
-            "with a Gemma 4 that has its projector) to read them once and keep them — or click "
-            "to choose."
+            "with a Gemma 4 that has its projector; voice memos with Gemma 4 E2B or E4B) to "
+            "read them once and keep them — or click to choose."
         )
         self.drop_zone.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.drop_zone.setWordWrap(True)
