@@ -10,7 +10,6 @@ way E2B's and E4B's projectors do; the memos are spoken by espeak-ng."""
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import subprocess
 import wave
