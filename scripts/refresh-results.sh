@@ -11,6 +11,7 @@ declare -A commands=(
   [bench-deposit]="python -m galahad_dev bench deposit --sizes 1000,4000,16000 --reps 1"
   [bench-kv-quality]="python -m galahad_dev bench kv-quality --sizes 4000 --window 256 --text benchmarks/routing/documents/gpl-3.txt"
   [bench-resume-image]="python -m galahad_dev --model MODEL --set n_ctx=4096 bench resume --image --reps 5"
+  [bench-resume-audio]="python -m galahad_dev --model MODEL bench resume --audio --reps 5"
   [bench-persist]="python -m galahad_dev bench persist --sizes 1000,4000,16000 --turns 3"
   [eval-import]="python -m galahad_dev eval import --mutations 1000 --seed 0"
   [eval-destinations]="python -m galahad_dev eval destinations"
@@ -39,6 +40,15 @@ for name in "${names[@]}"; do
     model=$(python -c 'from galahad_desktop.paths import default_model_path as d
 from galahad_dev import gemma4_model, gemma4_projector
 m = gemma4_model.build(d()); gemma4_projector.build(out_dir=m.parent); print(m)')
+    ${command/MODEL/$model}
+  elif [[ $name == bench-resume-audio ]]; then
+    # The Gemma 4 test model beside a test projector that also hears (as E2B's and E4B's).
+    model=$(python -c 'import os, tempfile
+from pathlib import Path
+from galahad_desktop.paths import default_model_path as d
+from galahad_dev import gemma4_model, gemma4_projector
+m = gemma4_model.build(d()); folder = Path(tempfile.mkdtemp()); os.symlink(m, folder / m.name)
+gemma4_projector.build(out_dir=folder, audio=gemma4_projector.AudioShape()); print(folder / m.name)')
     ${command/MODEL/$model}
   elif [[ $name == eval-routing-gemma4-test ]]; then
     # The Gemma 4 test model's mechanics: its own file, so eval-routing.json stays.
