@@ -178,3 +178,27 @@ def test_no_connection_to_the_hub_is_said_as_such(
     with pytest.raises(InputError, match="No connection to the model hub"):
         download_gguf("google/x", "x.gguf", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_projector_is_pinned_to_its_repository_listing() -> None:
+    """Each size's projector, by name and size, as its repository lists it. Source for all
+    four: the listings at the revisions a third-party catalog pinned (publisher file sizes
+    and LFS SHA-256 checked on 2026-10-07): ggml-org/gemma-4-E2B-it-GGUF@b4243c15,
+    ggml-org/gemma-4-E4B-it-GGUF@b8093469 (also shared/GEMMA4-NOTES.md: 559,874,816 B),
+    ggml-org/gemma-4-26B-A4B-it-GGUF@bb4531cd (a public recipe also gives 806 MB for its
+    Q8_0 mmproj) and ggml-org/gemma-4-31B-it-GGUF@4fa4fdf3."""
+    pinned = {
+        "E2B": ("ggml-org/gemma-4-E2B-it-GGUF", "mmproj-gemma-4-E2B-it-Q8_0.gguf", 557_368_064),
+        "E4B": ("ggml-org/gemma-4-E4B-it-GGUF", "mmproj-gemma-4-E4B-it-Q8_0.gguf", 559_874_816),
+        "26B-A4B": (
+            "ggml-org/gemma-4-26B-A4B-it-GGUF",
+            "mmproj-gemma-4-26B-A4B-it-Q8_0.gguf",
+            806_408_320,
+        ),
+        "31B": ("ggml-org/gemma-4-31B-it-GGUF", "mmproj-gemma-4-31B-it-Q8_0.gguf", 809_541_728),
+    }
+    listed = {m.size: (m.repo, m.projector, m.projector_bytes) for m in catalog.GEMMA4}
+    assert listed == pinned
+    for model in catalog.GEMMA4:  # each projector is its model's, from the same repository
+        assert model.size in model.projector and model.file.startswith("gemma-4-" + model.size)
+    assert [m.size for m in catalog.GEMMA4 if m.hears] == ["E2B", "E4B"]

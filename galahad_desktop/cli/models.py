@@ -263,7 +263,8 @@ def register(add: Any) -> None:
     q.add_argument(
         "--vision",
         action="store_true",
-        help="also download its vision projector (mmproj), to read pictures and scans",
+        help="also download its projector (mmproj), to read pictures and scans (and, on E2B "
+        "and E4B, hear voice memos)",
     )
     action("list", "the Gemma 4 catalog")
     q = action("download", "download any GGUF from the Hugging Face Hub")

@@ -49,8 +49,15 @@ class Gemma4Model:
     active_params: str
     active_billions: float  # parameters computed per token (what speed depends on)
     # The vision (and, on E2B/E4B, audio) projector from the same repository: what lets
-    # the model read pictures. Downloaded with the model when asked for (--vision).
+    # the model read pictures (and hear voice memos). Downloaded with the model when asked
+    # for (--vision); its size as the repository lists it (the download checks the Hub's).
     projector: str = ""
+    projector_bytes: int = 0
+
+    @property
+    def hears(self) -> bool:
+        """Whether its projector has an audio encoder (Gemma 4's small sizes)."""
+        return self.size in ("E2B", "E4B")
 
     def _owning(self) -> tuple[int, int]:
         """(sliding, global) layers that own KV."""
@@ -99,33 +106,38 @@ class Gemma4Model:
         )
 
 
+# One publisher for every size: ggml-org, the llama.cpp team's own quantizations. Projector
+# names and sizes are the repositories' listings at the revisions a third-party catalog
+# pinned on 2026-10-07 (E2B b4243c15, E4B b8093469, 26B-A4B bb4531cd, 31B 4fa4fdf3);
+# tests/test_models.py pins them. Model sizes are estimates (the download takes the Hub's).
 GEMMA4: tuple[Gemma4Model, ...] = (
     Gemma4Model(
-        size="E2B", repo="unsloth/gemma-4-E2B-it-GGUF", file="gemma-4-E2B-it-Q4_K_M.gguf",
+        size="E2B", repo="ggml-org/gemma-4-E2B-it-GGUF", file="gemma-4-E2B-it-Q4_K_M.gguf",
         bytes=3_400_000_000, layers=35, global_every=5, window=512, kv_heads_sliding=1,
         kv_heads_global=1, shared_kv_layers=20, context=131_072,
-        active_params="2.3B effective", active_billions=2.3, projector="mmproj-F16.gguf",
+        active_params="2.3B effective", active_billions=2.3,
+        projector="mmproj-gemma-4-E2B-it-Q8_0.gguf", projector_bytes=557_368_064,
     ),
     Gemma4Model(
         size="E4B", repo="ggml-org/gemma-4-E4B-it-GGUF", file="gemma-4-E4B-it-Q4_K_M.gguf",
         bytes=5_335_289_824, layers=42, global_every=6, window=512, kv_heads_sliding=2,
         kv_heads_global=2, shared_kv_layers=18, context=131_072,
         active_params="4.5B effective", active_billions=4.5,
-        projector="mmproj-gemma-4-E4B-it-Q8_0.gguf",  # 559,874,528 bytes
+        projector="mmproj-gemma-4-E4B-it-Q8_0.gguf", projector_bytes=559_874_816,
     ),
     Gemma4Model(
-        size="26B-A4B", repo="lmstudio-community/gemma-4-26B-A4B-it-GGUF",
+        size="26B-A4B", repo="ggml-org/gemma-4-26B-A4B-it-GGUF",
         file="gemma-4-26B-A4B-it-Q4_K_M.gguf", bytes=16_800_000_000, layers=30, global_every=6,
         window=1024, kv_heads_sliding=8, kv_heads_global=2, shared_kv_layers=0, context=262_144,
         active_params="3.8B active of 25B (MoE)", active_billions=3.8,
-        projector="mmproj-gemma-4-26B-A4B-it-F16.gguf",
+        projector="mmproj-gemma-4-26B-A4B-it-Q8_0.gguf", projector_bytes=806_408_320,
     ),
     Gemma4Model(
         size="31B", repo="ggml-org/gemma-4-31B-it-GGUF", file="gemma-4-31B-it-Q4_K_M.gguf",
         bytes=18_700_000_000, layers=60, global_every=6, window=1024, kv_heads_sliding=16,
         kv_heads_global=4, shared_kv_layers=0, context=262_144,
         active_params="30.7B dense", active_billions=30.7,
-        projector="mmproj-gemma-4-31B-it-Q8_0.gguf",
+        projector="mmproj-gemma-4-31B-it-Q8_0.gguf", projector_bytes=809_541_728,
     ),
 )  # fmt: skip
 BY_SIZE = {m.size.lower(): m for m in GEMMA4}
