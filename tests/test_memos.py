@@ -198,6 +198,33 @@ def test_a_memo_in_a_chained_conversation_resumes_exactly(
 
 
 @pytest.mark.model
+def test_a_conversation_holding_a_memo_is_heard_again_once_under_a_changed_runtime(
+    tmp_path: Path, open_core: Callable[..., Galahad]
+) -> None:
+    """A changed runtime (here the batch size) changes every block's fingerprint: the
+    conversation is read again once, its memo heard again from the kept WAV (in the same
+    parts, at the same positions), the reason said; the next resume is exact again."""
+    core = open_core()
+    conversation = core.new_conversation()
+    core.send(conversation, "Listen to this.", params=Params)
+    added = core.add_document_file(conversation, long_memo(tmp_path, 35))
+    core.send(conversation, "Noted?", params=Params)
+    core.close()
+
+    core = open_core(n_batch=256)
+    reread = core.send(conversation, "What was in it?", params=Params)
+    assert reread.graft is not None and reread.graft.fallback_reason  # said why
+    assert reread.counters.recomputed_tokens > added.audio_tokens  # heard again, once
+    assert pictures_in(core.engine.tokens) == [0, 1]
+    core.close()
+
+    core = open_core(n_batch=256)
+    resumed = core.send(conversation, "And again?", params=Params)
+    assert resumed.graft is not None and resumed.graft.proof.verdict == "exact"
+    assert resumed.counters.recomputed_tokens == 0
+
+
+@pytest.mark.model
 def test_a_model_whose_projector_cannot_hear_refuses_a_memo(
     tmp_path: Path, vision_model: Path, open_core: Callable[..., Galahad]
 ) -> None:

@@ -35,18 +35,17 @@ import llama_cpp.mtmd_cpp as mtmd
 from galahad_desktop.engine import devices
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine.engine import Engine
-from galahad_desktop.engine.picture import Media, Sound
+from galahad_desktop.engine.picture import MAX_PART_SECONDS, SOUND_RATE, Media, Sound
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 
 CHUNK_TEXT = 0
 
 
-AUDIO_PART_SECONDS = 30  # llama.cpp's Gemma 4 audio encoder reads at most 30 s at once
 CANNOT_HEAR = (
     "This model cannot hear voice memos: it has no projector with an audio encoder (Gemma 4 "
-    "E2B and E4B hear, with their projector: galahad models get e4b --vision). Nothing was "
-    "stored."
+    "E2B and E4B hear, with their projector: galahad models get --size E4B --vision). "
+    "Nothing was stored."
 )
 SEES_NOTHING = "This projector reads no pictures (it has no vision encoder)."
 
@@ -129,7 +128,10 @@ class Vision:
                 + " (is it the projector made for this model?)"
             )
         self.sees = bool(mtmd.mtmd_support_vision(self._ctx))
-        self.hears = bool(mtmd.mtmd_support_audio(self._ctx))
+        # Memos are decoded to 16 kHz: an encoder that hears at another rate is not used.
+        self.hears = bool(mtmd.mtmd_support_audio(self._ctx)) and (
+            int(mtmd.mtmd_get_audio_sample_rate(self._ctx)) == SOUND_RATE
+        )
         if not self.sees and not self.hears:
             self.close()
             raise ModelError(f"{projector.name} reads neither pictures nor sound.")
@@ -143,8 +145,8 @@ class Vision:
         if not self.sees:
             self.details["pictures"] = False
         if self.hears:  # only then: a projector that cannot hear keeps its fingerprint
-            self.details["audio_sample_rate"] = int(mtmd.mtmd_get_audio_sample_rate(self._ctx))
-            self.details["audio_part_seconds"] = AUDIO_PART_SECONDS
+            self.details["audio_sample_rate"] = SOUND_RATE
+            self.details["audio_part_seconds"] = int(MAX_PART_SECONDS)
         self.fingerprint = fp.runtime_fingerprint(
             {**engine.fingerprint_details.as_dict(), "vision": self.details}
         )
@@ -171,10 +173,10 @@ class Vision:
             if not self.hears:
                 raise InputError(CANNOT_HEAR)
             samples = item.samples
-            if len(samples) > AUDIO_PART_SECONDS * int(self.details["audio_sample_rate"]):
+            if len(samples) > MAX_PART_SECONDS * SOUND_RATE:  # one read of the encoder
                 raise InputError(
                     f"A part of a voice memo lasts {item.seconds:.0f} s; parts are cut at "
-                    f"{AUDIO_PART_SECONDS} s at most."
+                    f"{MAX_PART_SECONDS:.0f} s at most."
                 )
             data = samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             bitmap = mtmd.mtmd_bitmap_init_from_audio(len(samples), data)
