@@ -277,3 +277,21 @@ def test_write_is_the_inverse_of_parse() -> None:
         data = state(list(range(10)), [8, 9, 6, 7], v_trans)
         buffer, size = kvstate.write(kvstate.parse(data))
         assert bytes(buffer)[:size] == data
+
+
+@pytest.mark.parametrize("v_trans", [0, 1])
+def test_a_wrapped_window_is_put_in_position_order_cell_for_cell(v_trans: int) -> None:
+    """A sliding window's ring that wrapped (positions 8, 9, then 6, 7) cannot be cut; in
+    position order it is exactly the state a ring that never wrapped would have saved, and
+    a section already in order is left as it is (no copy)."""
+    wrapped = kvstate.parse(state(list(range(10)), [8, 9, 6, 7], v_trans))
+    with pytest.raises(KVLayoutError, match="position order"):
+        wrapped.layout()
+    ordered = kvstate.in_position_order(wrapped)
+    assert ordered.layout() == [[(0, 10)], [(6, 10)]]
+    assert ordered.sections[0] is wrapped.sections[0]
+    buffer, size = kvstate.write(ordered)
+    assert bytes(buffer)[:size] == state(list(range(10)), [6, 7, 8, 9], v_trans)
+    twice = kvstate.parse(state(list(range(10)), [6, 7, 7, 9], v_trans))
+    with pytest.raises(KVLayoutError, match="twice"):
+        kvstate.in_position_order(twice)

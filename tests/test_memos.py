@@ -159,6 +159,11 @@ def test_a_long_memo_is_stored_in_parts_each_grafted_exactly(
     )
     [summary] = core.list_documents()
     assert summary.kind == "memo" and summary.n_parts == 3
+    # A part of over 768 positions wraps the test model's sliding-window ring; its state is
+    # stored in position order all the same, so it can be cut and spliced (a layout).
+    owners = {deposited.document_id}
+    assert max(p.n_tokens for p in parts) > 768
+    assert all(core.live.read_state(p.block_id, owners).meta["layout"] for p in parts)
     core.close()
 
     core = open_core()  # a new engine: each part comes back from its block

@@ -80,6 +80,35 @@ class SeqState:
         return [to_ranges(section.pos) for section in self.sections]
 
 
+def in_position_order(state: SeqState) -> SeqState:
+    """The same cells with each section's in position order. A sliding-window cache is a
+    ring: once a long read wraps it, its cells are saved in ring order, which the splicer
+    cannot cut. Reordered, the state restores to the same positions and contents (a context
+    restored from it is proved against itself, never against the ring it came from)."""
+    sections: list[Section] = []
+    for section in state.sections:
+        if section.n_cells == 0 or bool(np.all(np.diff(section.pos) > 0)):
+            sections.append(section)
+            continue
+        order = np.argsort(section.pos, kind="stable")
+        if np.any(np.diff(section.pos[order]) <= 0):
+            raise KVLayoutError("a cache section holds one position twice")
+        layers = [
+            Layer(
+                layer.k_type,
+                layer.k_row,
+                layer.k[order],
+                layer.v_type,
+                layer.v_elem,
+                layer.v_embd,
+                layer.v[:, order] if section.v_trans else layer.v[order],
+            )
+            for layer in section.layers
+        ]
+        sections.append(Section(section.pos[order], section.meta[order], section.v_trans, layers))
+    return SeqState(sections)
+
+
 def to_ranges(positions: np.ndarray) -> Ranges:
     """Compress a strictly increasing position list into [start, end) ranges."""
     if len(positions) == 0:

@@ -419,13 +419,19 @@ class LiveContext:
         state is grafted back in place and every future resume computes from the same cells."""
         engine = self.engine
         payload, used, capture_ms = engine.capture()
-        capture_ms += engine.restore(payload, ledger, used)
         layout = None
         if kvstate.chains_supported():
             try:
-                layout = kvstate.parse(payload, used).layout()
+                state = kvstate.parse(payload, used)
+                ordered = kvstate.in_position_order(state)
+                if any(a is not b for a, b in zip(ordered.sections, state.sections, strict=True)):
+                    # a long read wrapped the sliding window's ring: store its cells in order
+                    payload, used = kvstate.write(ordered, self.vault.splice_buffer)
+                layout = ordered.layout()
+                del state, ordered
             except kvstate.KVLayoutError as exc:
                 log.warning("a state this version cannot splice: %s", exc)
+        capture_ms += engine.restore(payload, ledger, used)
         return (payload, used), layout, capture_ms
 
     def persist(
