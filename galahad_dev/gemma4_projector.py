@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,6 +93,19 @@ def build(
     return write_once(target, lambda tmp: _write(tmp, shape, text_embd, audio))
 
 
+def _random_f16(rng: np.random.Generator) -> Callable[..., np.ndarray]:
+    """Random f16 weights of the given dims, drawn from `rng` (scale 0.05 unless told)."""
+
+    def weights(*dims: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(dims, dtype=np.float32) * scale).astype(np.float16)
+
+    return weights
+
+
+def ones(n: int) -> np.ndarray:
+    return np.ones(n, dtype=np.float32)
+
+
 def _write(path: Path, s: ProjectorShape, text_embd: int, audio: AudioShape | None) -> None:
     import gguf
 
@@ -116,12 +130,7 @@ def _write(path: Path, s: ProjectorShape, text_embd: int, audio: AudioShape | No
 
     rng = np.random.default_rng(s.seed)
     d_head = s.n_embd // s.n_head
-
-    def weights(*dims: int, scale: float = 0.05) -> np.ndarray:
-        return (rng.standard_normal(dims, dtype=np.float32) * scale).astype(np.float16)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
+    weights = _random_f16(rng)
 
     conv = rng.standard_normal((s.n_embd, 3, s.patch_size, s.patch_size), dtype=np.float32)
     writer.add_tensor("v.patch_embd.weight", (conv * 0.05).astype(np.float32))
@@ -164,12 +173,7 @@ def _write_audio(writer: gguf.GGUFWriter, a: AudioShape, text_embd: int) -> None
 
     rng = np.random.default_rng(a.seed)
     d_head = a.n_embd // a.n_head
-
-    def weights(*dims: int, scale: float = 0.05) -> np.ndarray:
-        return (rng.standard_normal(dims, dtype=np.float32) * scale).astype(np.float16)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
+    weights = _random_f16(rng)
 
     first, second = a.channels
     conv0 = rng.standard_normal((first, 1, 3, 3), dtype=np.float32) * 0.2

@@ -182,3 +182,18 @@ def window_opener(qtbot: Any, prompts: Any, wait_ms: int) -> Iterator[Callable[[
     finally:
         for bridge in bridges:
             bridge.stop()
+
+
+def convert_audio(source: Path, target: Path, codec: str) -> Path:
+    """A recording converted with PyAV (FFmpeg) into `target`'s container and `codec`."""
+    import av
+
+    with av.open(str(source)) as reader, av.open(str(target), "w") as sink:
+        stream = sink.add_stream(codec, rate=48000 if codec == "libopus" else 22050)
+        for frame in reader.decode(audio=0):
+            frame.pts = None
+            for packet in stream.encode(frame):
+                sink.mux(packet)
+        for packet in stream.encode(None):
+            sink.mux(packet)
+    return target

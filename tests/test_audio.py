@@ -21,7 +21,7 @@ from galahad_desktop.memory.documents.audio import (
     decode_audio,
     read_audio_bounded,
 )
-from tests.helpers import run_cli
+from tests.helpers import convert_audio, run_cli
 
 SPOKEN = "Remind me to water the pear trees in the orchard on Friday, before the frost."
 ENCODERS = {
@@ -36,7 +36,6 @@ ENCODERS = {
 @pytest.fixture(scope="session")
 def memos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The same spoken sentence in every container Galahad reads."""
-    import av
 
     if shutil.which("espeak-ng") is None:
         pytest.fail("espeak-ng is missing: scripts/setup.sh installs it")
@@ -45,16 +44,7 @@ def memos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run(["espeak-ng", "-w", str(wav), SPOKEN], check=True, capture_output=True)
     out = {".wav": wav}
     for suffix, codec in ENCODERS.items():
-        target = folder / f"memo{suffix}"
-        with av.open(str(wav)) as source, av.open(str(target), "w") as sink:
-            stream = sink.add_stream(codec, rate=48000 if codec == "libopus" else 22050)
-            for frame in source.decode(audio=0):
-                frame.pts = None
-                for packet in stream.encode(frame):
-                    sink.mux(packet)
-            for packet in stream.encode(None):
-                sink.mux(packet)
-        out[suffix] = target
+        out[suffix] = convert_audio(wav, folder / f"memo{suffix}", codec)
     return out
 
 

@@ -26,7 +26,7 @@ from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.vault.keys import MemoryKeyStore
-from tests.helpers import TEST_OVERRIDES, cli_json, on_the_real_keyring
+from tests.helpers import TEST_OVERRIDES, cli_json, convert_audio, on_the_real_keyring
 
 Params = SamplingParams(max_tokens=6, temperature=0.0, seed=1)
 TOKENS_PER_SECOND = 25  # Gemma 4's audio encoder: 100 mel frames a second, two stride-2 convs
@@ -118,7 +118,7 @@ def test_a_memo_deposited_and_asked_from_new_processes(tmp_path: Path, hearing_m
     assert info["vision"]["audio"] and info["vision"]["audio_sample_rate"] == SOUND_RATE
     memo = spoken(tmp_path, "Remind me to water the pear trees in the orchard on Friday.")
     m4a = tmp_path / "orchard.m4a"
-    _convert(memo, m4a, "aac")
+    convert_audio(memo, m4a, "aac")
     deposited = cli_json("deposit", str(m4a), data_dir=data, model=hearing_model)
     assert deposited["sounds"] == 1 and deposited["pictures"] == 0
     seconds = deposited["audio_seconds"]
@@ -254,7 +254,7 @@ def test_hostile_memos_store_nothing(tmp_path: Path, open_core: Callable[..., Ga
     core = open_core()
     memo = spoken(tmp_path, "The gate code is four four two one.")
     mp3 = tmp_path / "gate.mp3"
-    _convert(memo, mp3, "libmp3lame")
+    convert_audio(memo, mp3, "libmp3lame")
     cut = tmp_path / "cut.mp3"
     cut.write_bytes(mp3.read_bytes()[: mp3.stat().st_size // 3])
     wrong = tmp_path / "wrong.flac"
@@ -286,16 +286,3 @@ def test_memo_blocks_are_stored_under_the_projector_and_audio_fingerprint(
     vision = core.live.hearing()
     assert block["fingerprint"] == vision.fingerprint != core.engine.fingerprint
     assert vision.details["audio_sample_rate"] == SOUND_RATE
-
-
-def _convert(source: Path, target: Path, codec: str) -> None:
-    import av
-
-    with av.open(str(source)) as reader, av.open(str(target), "w") as sink:
-        stream = sink.add_stream(codec, rate=22050)
-        for frame in reader.decode(audio=0):
-            frame.pts = None
-            for packet in stream.encode(frame):
-                sink.mux(packet)
-        for packet in stream.encode(None):
-            sink.mux(packet)
