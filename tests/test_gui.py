@@ -283,10 +283,16 @@ def test_a_picture_through_the_window(  # type: ignore[no-untyped-def]
 
 
 def test_a_voice_memo_through_the_window(  # type: ignore[no-untyped-def]
-    qtbot, open_window, hearing_model: Path, tmp_path: Path
+    qtbot, open_window, hearing_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.test_memos import long_memo, spoken
 
+    heard = tmp_path / "heard.raw"  # a stand-in sound player keeps what it is given
+    player = tmp_path / "bin" / "paplay"
+    player.parent.mkdir()
+    player.write_text(f"#!/bin/sh\nsleep 0.5\ncat > {heard}\n")
+    player.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{player.parent}:{os.environ['PATH']}")
     window = open_window(hearing_model)
     with qtbot.waitSignal(window.deposit_finished, timeout=WAIT_MS) as blocker:
         _drop(window, spoken(tmp_path, "Water the pear trees on Friday.", "orchard.wav"))
@@ -296,7 +302,15 @@ def test_a_voice_memo_through_the_window(  # type: ignore[no-untyped-def]
     assert "Heard voice memo 'orchard.wav'" in status and "stored" in status
     qtbot.waitUntil(lambda: window.sidebar.document_list.count() == 1, timeout=WAIT_MS)
     assert "voice memo" in window.sidebar.document_list.item(0).text()
+    play = window.sidebar.play_document_button
+    assert not play.isVisibleTo(window)
     window.sidebar.document_list.item(0).setSelected(True)
+    assert play.isVisibleTo(window)  # a memo is selected: it can be played
+    play.click()
+    qtbot.waitUntil(lambda: "Stop" in play.text(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: "Play" in play.text(), timeout=WAIT_MS)
+    # Every sample of the memo (its length is reported to the millisecond: 16 samples).
+    assert abs(len(heard.read_bytes()) / 2 - deposited.audio_seconds * 16_000) <= 16
     with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS):
         window.chat_with_document()
     opened = window.last_graft  # the memo's block, grafted when the chat opened

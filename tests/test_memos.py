@@ -159,6 +159,8 @@ def test_a_long_memo_is_stored_in_parts_each_grafted_exactly(
     )
     [summary] = core.list_documents()
     assert summary.kind == "memo" and summary.n_parts == 3
+    whole = core.document_memo(deposited.document_id)  # the memo to play: its parts joined
+    assert whole is not None and Sound.from_wav(whole).pcm == Sound.from_wav(path.read_bytes()).pcm
     # A part of over 768 positions wraps the test model's sliding-window ring; its state is
     # stored in position order all the same, so it can be cut and spliced (a layout).
     owners = {deposited.document_id}

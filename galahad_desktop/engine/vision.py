@@ -142,8 +142,6 @@ class Vision:
             "image_max_tokens": max_tokens,
             "attention_within_image": "both ways" if self.both_ways else "causal",
         }
-        if not self.sees:
-            self.details["pictures"] = False
         if self.hears:  # only then: a projector that cannot hear keeps its fingerprint
             self.details["audio_sample_rate"] = SOUND_RATE
             self.details["audio_part_seconds"] = int(MAX_PART_SECONDS)

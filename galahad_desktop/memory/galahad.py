@@ -577,6 +577,10 @@ class Galahad(StoreFacade):
         """A picture document's PNG (or a scanned page's), decrypted in memory."""
         return self.documents.picture(document_id, part_no)
 
+    def document_memo(self, document_id: str) -> bytes | None:
+        """A voice memo's whole sound as a WAV, decrypted in memory (None: not a memo)."""
+        return self.documents.memo(document_id)
+
     def vision_status(self) -> VisionStatus:
         """Whether this model reads pictures, and with which projector (a projector that
         does not load is reported, not raised)."""
@@ -587,10 +591,8 @@ class Galahad(StoreFacade):
             vision = self.live.vision()
         except (InputError, ModelError) as exc:
             return VisionStatus(projector=str(path), problem=str(exc))
-        details = {k: v for k, v in vision.details.items() if k != "pictures"}
-        return VisionStatus(
-            pictures=vision.sees, audio=vision.hears, projector=str(path), **details
-        )
+        v = vision
+        return VisionStatus(pictures=v.sees, audio=v.hears, projector=str(path), **v.details)
 
     def document_parts_count(self, document_id: str) -> int:
         """How many parts a stored document has."""

@@ -236,7 +236,7 @@ class DocumentSummary:
     id: str
     name: str
     n_tokens: int
-    block_bytes: int
+    block_bytes: int  # every part's block together
     source_bytes: int
     created_at: float
     status: str

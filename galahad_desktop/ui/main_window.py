@@ -143,6 +143,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.sidebar.picture_wanted.connect(self.load_picture_icon)
         self.sidebar.add_document_button.clicked.connect(self.choose_document)
         self.sidebar.chat_document_button.clicked.connect(self.chat_with_document)
+        self.sidebar.play_document_button.clicked.connect(self.play_memo)
         self.sidebar.deposit_cancel.clicked.connect(self.cancel_work)
 
     def _build_chat(self) -> None:
@@ -161,6 +162,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.verify_button.clicked.connect(self.mark_verified)
         self.chat.copied.connect(lambda text: self.set_status(f"Copied {len(text):,} characters"))
         self.chat.play_failed.connect(self.set_status)
+        self.chat.player.finished.connect(self._memo_played)
         self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.edit_requested.connect(self.edit_message_at)
         self.chat.branch_requested.connect(self.branch_reply)

@@ -90,4 +90,5 @@ class MemoPlayer(QObject):
         if process is not None:
             process.kill()
             process.waitForFinished(1000)
+            self.finished.emit()  # whatever showed it playing shows Play again
         return ""

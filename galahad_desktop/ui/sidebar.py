@@ -180,6 +180,7 @@ class Sidebar(QWidget):
             self.document_list,
             self.add_document_button,
             self.chat_document_button,
+            self.play_document_button,
             self.deposit_bar,
             self.deposit_label,
             self.deposit_cancel,
@@ -230,6 +231,13 @@ class Sidebar(QWidget):
         )
         self.chat_document_button = QPushButton(theme.icon("document"), "Chat with this document")
         self.chat_document_button.setToolTip("Start a conversation on the selected document")
+        self.play_document_button = QPushButton("▶ Play memo")
+        self.play_document_button.setToolTip(
+            "Play the selected voice memo (from memory: it is never written out)"
+        )
+        self.play_document_button.setAccessibleName("Play memo")
+        self.play_document_button.setVisible(False)
+        self.document_list.itemSelectionChanged.connect(self._document_selected)
         self.deposit_bar = QProgressBar()
         self.deposit_bar.setAccessibleName("Reading progress")
         self.deposit_label = QLabel()
@@ -395,6 +403,12 @@ class Sidebar(QWidget):
             item = self.document_list.item(row)
             if item.data(ID_ROLE) == document_id:
                 item.setIcon(icon)
+
+    def _document_selected(self) -> None:
+        """Play shows for a selected voice memo only."""
+        chosen = self.selected_document()
+        doc = next((d for d in self.documents if d.id == chosen), None)
+        self.play_document_button.setVisible(doc is not None and doc.kind == "memo")
 
     def selected_document(self) -> str | None:
         items = self.document_list.selectedItems()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from galahad_desktop.ui.sidebar import Sidebar
     from galahad_desktop.ui.worker import CoreBridge, Request
 
+MEMO_DOCUMENT = -1  # what the player plays when it plays a memo document, not a card
 DOCUMENT_FILTER = (
     "Documents, pictures and voice memos (*.txt *.md *.pdf *.docx *.py *.js *.ts *.c *.h *.cpp "
     "*.rs *.go *.java *.json *.yaml *.toml *.html *.csv *.png *.jpg *.jpeg *.webp *.gif *.wav "
@@ -192,6 +193,42 @@ class DocumentActions:
             on_done=self.open_conversation,
             on_error=self.show_error,
         )
+
+    def play_memo(self) -> None:
+        """Play (or stop) the selected voice memo: its sound decrypted by the core, played
+        from memory by the transcript's one player."""
+        button = self.sidebar.play_document_button
+        if self.chat.player.playing == MEMO_DOCUMENT:
+            self.chat.player.stop()
+            self._memo_played()
+            return
+        document_id = self.sidebar.selected_document()
+        if document_id is None:
+            return
+
+        def loaded(wav: bytes | None) -> None:
+            if wav is None:
+                self.show_error("That document is not a voice memo.")
+                return
+            problem = self.chat.player.play(MEMO_DOCUMENT, wav)
+            if problem:
+                self.set_status(problem)
+                return
+            button.setText("■ Stop memo")
+            button.setAccessibleName("Stop memo")
+            self.chat.redraw()  # a memo card that was playing shows Play again
+
+        self.bridge.run(
+            lambda core, _job: core.document_memo(document_id),
+            on_done=loaded,
+            on_error=self.show_error,
+        )
+
+    def _memo_played(self) -> None:
+        button = self.sidebar.play_document_button
+        if self.chat.player.playing != MEMO_DOCUMENT:
+            button.setText("▶ Play memo")
+            button.setAccessibleName("Play memo")
 
     def chat_with_document(self) -> None:
         document_id = self.sidebar.selected_document()

@@ -105,12 +105,16 @@ class Documents(MediaTurns, TurnRoom):
         out = []
         for r in self.records.documents("created_at desc"):
             block = self.records.block(r["block_id"])
+            stored = 0  # every part's block: what the document takes on disk
+            for part in self.records.parts(document_id=r["id"]):
+                part_block = self.records.block(part["block_id"])
+                stored += part_block["file_bytes"] if part_block else 0
             out.append(
                 DocumentSummary(
                     r["id"],
                     self.name(r),
                     r["n_tokens"],
-                    block["file_bytes"] if block else 0,
+                    stored or (block["file_bytes"] if block else 0),
                     r["source_bytes"],
                     r["created_at"],
                     "stored" if block else "missing block",
@@ -145,6 +149,17 @@ class Documents(MediaTurns, TurnRoom):
         parts = self.records.parts(document_id=document_id, part_no=part_no)
         found = self.part_picture(parts[0]) if parts else None
         return found.kept if found is not None else None
+
+    def memo(self, document_id: str) -> bytes | None:
+        """A voice memo document's whole sound (its parts joined, in order) as a WAV, to
+        play it; None for any other document."""
+        if self.kind(document_id) != "memo":
+            return None
+        parts = [
+            self.part_picture(p) for p in self.records.parts("part_no", document_id=document_id)
+        ]
+        pcm = b"".join(p.pcm for p in parts if isinstance(p, Sound))
+        return Sound.from_pcm(pcm).wav
 
     # -- tokens --------------------------------------------------------------------------
     def limit(self) -> int:
