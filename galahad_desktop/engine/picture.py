@@ -20,7 +20,6 @@ from galahad_desktop.errors import IntegrityError
 
 SOUND_RATE = 16_000  # what Gemma 4's audio encoder hears: 16 kHz mono
 MAX_PART_SECONDS = 30.0  # the most llama.cpp's Gemma 4 audio encoder reads at once
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WAV_MAGIC = b"RIFF"
 
 
