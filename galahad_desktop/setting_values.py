@@ -6,7 +6,7 @@ its typed view, and a test keeps the two the same field for field and type for t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 FlashAttn = Literal["auto", "on", "off"]
 KvTypeName = Literal["f16", "f32", "q8_0"]
@@ -30,6 +30,7 @@ class SettingValues:
     chain_blocks: bool
     compact_after: int
     checkpoints: int
+    disk_budget: int | None
     part_tokens: int
     part_overlap: int
     route_min_strength: float
@@ -55,3 +56,28 @@ class SettingValues:
     top_k: int | None
     max_tokens: int
     seed: int | None
+
+
+# Built-in presets: product text, not user data, so they may live in plain settings.
+SYSTEM_PROMPTS: dict[str, str] = {
+    "none": "",
+    "concise": "You are a helpful assistant. Answer briefly and precisely.",
+    "coder": "You are an expert programmer. Answer with correct, idiomatic code and short "
+    "explanations; use fenced code blocks.",
+    "tutor": "You are a patient tutor. Explain step by step and check understanding.",
+    "translator": "You translate the user's text faithfully; reply with the translation only.",
+}
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(value)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import InputError
-from galahad_desktop.setting_values import SettingValues
+from galahad_desktop.setting_values import SYSTEM_PROMPTS as SYSTEM_PROMPTS  # its home before
+from galahad_desktop.setting_values import SettingValues, parse_bool
+from galahad_desktop.sizes import parse_size
 from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 log = logging.getLogger(__name__)
@@ -230,6 +232,22 @@ SETTINGS: tuple[Setting, ...] = (
         label="Turns kept apart when merging",
         unit="turns",
         advanced=True,
+    ),
+    Setting(
+        "disk_budget",
+        int,
+        None,
+        "The most disk space kept memory may take (e.g. 20GB); when a save would go past "
+        "it, what was used longest ago gives its memory back and is re-read once when next "
+        "opened (its messages stay). Empty: a quarter of the disk, at most half its free "
+        "space; 0: no limit.",
+        runtime=False,
+        minimum=0,
+        maximum=2**62,
+        optional=True,
+        group="Memory and documents",
+        label="Disk space for memory",
+        unit="bytes",
     ),
     Setting(
         "part_tokens",
@@ -560,30 +578,6 @@ BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 # Renamed settings (old key: new key): a saved old key is taken up, never dropped silently.
 RENAMED: dict[str, str] = {}
 
-# Built-in presets: product text, not user data, so they may live in plain settings.
-SYSTEM_PROMPTS: dict[str, str] = {
-    "none": "",
-    "concise": "You are a helpful assistant. Answer briefly and precisely.",
-    "coder": "You are an expert programmer. Answer with correct, idiomatic code and short "
-    "explanations; use fenced code blocks.",
-    "tutor": "You are a patient tutor. Explain step by step and check understanding.",
-    "translator": "You translate the user's text faithfully; reply with the translation only.",
-}
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-    raise ValueError(value)
-
 
 def coerce(key: str, value: Any) -> Any:
     """Check and convert one value; raise InputError naming the key when it does not fit."""
@@ -597,10 +591,12 @@ def coerce(key: str, value: Any) -> Any:
     try:
         converted: Any
         if setting.type is bool:
-            converted = _bool(value)
+            converted = parse_bool(value)
         elif setting.type is int:
             if isinstance(value, bool):
                 raise ValueError(value)
+            if setting.unit == "bytes" and isinstance(value, str):
+                value = parse_size(value, f"Setting '{key}'")
             number = float(value) if isinstance(value, str) and "." in value else value
             if isinstance(number, float) and not number.is_integer():
                 raise ValueError(value)

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="development benchmarks")
     bench.add_argument(
-        "kind", choices=["resume", "deposit", "kv-quality", "persist", "pickle", "plot"]
+        "kind",
+        choices=["resume", "deposit", "kv-quality", "persist", "pickle", "plot", "storage"],
     )
     bench.add_argument(
         "--sizes",
@@ -61,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume: one voice memo (default: 60 s spoken by espeak-ng) restored from its "
         "blocks against the audio encoder and prefill again (needs a projector that hears)",
     )
-    bench.add_argument("--turns", type=int, default=3)
+    bench.add_argument("--turns", type=int, default=3, help="persist, storage: turns per chat")
+    bench.add_argument(
+        "--shapes",
+        default="E2B,E4B,26B-A4B,31B",
+        help="storage: the Gemma 4 sizes whose attention shapes are measured",
+    )
+    bench.add_argument("--doc", type=int, default=3000, help="storage: a document's tokens")
     bench.add_argument(
         "--from",
         dest="source",
@@ -206,6 +213,15 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             if not peers.plot_resume(result, path):
                 raise SystemExit("No plot: install the 'bench' extra (matplotlib).")
             return "bench-plot", {"plot": str(path)}, f"wrote {path}"
+        if args.kind == "storage":
+            from galahad_desktop.paths import default_model_path
+            from galahad_dev.bench_storage import bench_storage, line
+
+            shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+            result = bench_storage(
+                shapes, args.doc, args.turns, args.reps, default_model_path(), log
+            )
+            return "bench-storage", result, "\n".join(line(r) for r in result["results"])
         sizes = parse_sizes(args.sizes)
         if args.kind in ("resume", "deposit", "kv-quality"):
             return measure(args, sizes, overrides)

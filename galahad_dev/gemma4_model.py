@@ -17,6 +17,7 @@ hash of everything that goes into them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -241,11 +242,18 @@ def build(gemma3_path: Path, out_dir: Path | None = None, shape: Gemma4Shape | N
     if target.exists():
         return target
     template = chat_template(cache)
+    vocab, merges = _gemma4_vocabulary(gemma3_path)
+    return write_once(target, lambda tmp: _write(tmp, shape, vocab, merges, template))
+
+
+@functools.lru_cache(maxsize=1)
+def _gemma4_vocabulary(gemma3_path: Path) -> tuple[Vocabulary, list[str]]:
+    """The vocabulary with Gemma 4's markup and its merges, once per process (several
+    shapes are built from one)."""
     vocab = gemma3_vocabulary(gemma3_path)
     for token_id, (text, kind) in MARKUP.items():
         vocab.tokens[token_id], vocab.types[token_id], vocab.scores[token_id] = text, kind, 0.0
-    merges = derive_merges(vocab)
-    return write_once(target, lambda tmp: _write(tmp, shape, vocab, merges, template))
+    return vocab, derive_merges(vocab)
 
 
 def write_once(target: Path, write: Callable[[Path], None]) -> Path:
@@ -325,13 +333,14 @@ def _write(
     embd = q8(weights(n_vocab, s.n_embd, scale=0.5))
     writer.add_tensor("token_embd.weight", embd, raw_dtype=Q8)
     per_layer = s.per_layer_embd * s.n_layer
-    writer.add_tensor(
-        "per_layer_token_embd.weight",
-        q8(weights(n_vocab, per_layer, scale=0.5)),
-        raw_dtype=Q8,
-    )
-    writer.add_tensor("per_layer_model_proj.weight", weights(per_layer, s.n_embd))
-    writer.add_tensor("per_layer_proj_norm.weight", ones(s.per_layer_embd))
+    if per_layer:  # 0: no per-layer embeddings (26B-A4B, 31B)
+        writer.add_tensor(
+            "per_layer_token_embd.weight",
+            q8(weights(n_vocab, per_layer, scale=0.5)),
+            raw_dtype=Q8,
+        )
+        writer.add_tensor("per_layer_model_proj.weight", weights(per_layer, s.n_embd))
+        writer.add_tensor("per_layer_proj_norm.weight", ones(s.per_layer_embd))
     writer.add_tensor("output_norm.weight", ones(s.n_embd))
     writer.add_tensor("rope_freqs.weight", ones(s.head_global // 2))
     owners = s.n_layer - s.shared_kv_layers
@@ -352,9 +361,10 @@ def _write(
         writer.add_tensor(p + "ffn_up.weight", weights(s.n_ff, s.n_embd))
         writer.add_tensor(p + "ffn_down.weight", weights(s.n_embd, s.n_ff))
         writer.add_tensor(p + "post_ffw_norm.weight", ones(s.n_embd))
-        writer.add_tensor(p + "inp_gate.weight", weights(s.per_layer_embd, s.n_embd))
-        writer.add_tensor(p + "proj.weight", weights(s.n_embd, s.per_layer_embd))
-        writer.add_tensor(p + "post_norm.weight", ones(s.n_embd))
+        if per_layer:
+            writer.add_tensor(p + "inp_gate.weight", weights(s.per_layer_embd, s.n_embd))
+            writer.add_tensor(p + "proj.weight", weights(s.n_embd, s.per_layer_embd))
+            writer.add_tensor(p + "post_norm.weight", ones(s.n_embd))
     write_out(writer)
 
 

@@ -254,7 +254,50 @@ def test_killed_during_deposit_stores_nothing(tmp_path: Path, data_dir: Path) ->
     assert cli_json("audit", data_dir=data_dir) == {
         "blocks": 1,
         "ok": 1,
+        "given_back": 0,
         "problems": [],
         "repaired": [],
     }
     assert os.listdir(data_dir / "blocks") and len(os.listdir(data_dir / "blocks")) == 1
+
+
+def test_the_disk_budget_through_the_command(tmp_path: Path, data_dir: Path) -> None:
+    """`galahad storage` against the bytes on disk, a give-back killed half way, a document
+    given back and read again, and the budget choosing what was used longest ago."""
+    first = _deposit(tmp_path, data_dir, n=10)["document_id"]
+    doc = tmp_path / "second.txt"
+    doc.write_text(story(12))
+    second = cli_json("deposit", str(doc), data_dir=data_dir)["document_id"]
+    report = cli_json("storage", data_dir=data_dir)
+    on_disk = sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file())
+    assert abs(report["total_bytes"] - on_disk) <= 0.05 * on_disk
+    proc = run_cli(
+        "storage",
+        "--give-back",
+        first,
+        data_dir=data_dir,
+        check=False,
+        env={"GALAHAD_CRASHPOINT": "give-back-before-unlink"},
+    )
+    assert proc.returncode == -signal.SIGKILL
+    assert cli_json("audit", data_dir=data_dir)["problems"] == []
+    states = {i["id"]: i["state"] for i in cli_json("storage", data_dir=data_dir)["items"]}
+    assert states == {first: "needs re-reading", second: "stored"}
+    asked = cli_json("ask", first, "What is Arthur's access code?", "--max-tokens", "4",
+                     data_dir=data_dir)  # fmt: skip
+    assert asked["recomputed_tokens"] > 0
+    report = cli_json("storage", data_dir=data_dir)
+    assert {i["id"]: i["state"] for i in report["items"]}[first] == "stored"
+    run_cli("settings", f"disk_budget={report['total_bytes'] + 1000}", data_dir=data_dir)
+    doc.write_text(story(14))
+    cli_json("deposit", str(doc), data_dir=data_dir)
+    report = cli_json("storage", data_dir=data_dir)
+    states = {i["id"]: i["state"] for i in report["items"]}
+    assert states[second] == "needs re-reading" and states[first] == "stored"
+    assert report["total_bytes"] <= report["budget_bytes"] + max(
+        i["bytes"] for i in report["items"]
+    )
+    assert cli_json("audit", data_dir=data_dir)["problems"] == []
+    bad = run_cli("storage", "--give-back", "c-0000000000000000", data_dir=data_dir, check=False)
+    assert bad.returncode not in (0, 70) and "Traceback" not in bad.stderr
+    assert "No conversation or document" in bad.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ def cmd_audit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     report = core.audit(repair=args.repair)
     text = (
         f"{report.ok}/{report.blocks} blocks ok"
+        + (f" ({report.given_back} given back to the disk budget)" if report.given_back else "")
         + "".join(f"\nproblem: {p}" for p in report.problems)
         + "".join(f"\nrepaired: {r}" for r in report.repaired)
     )
@@ -44,6 +46,40 @@ def cmd_audit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
 def cmd_forget(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     result = core.forget(args.id)
     out.result(result, f"Forgot {result.kind} {args.id} ({result.blocks} blocks deleted).")
+    return 0
+
+
+def cmd_storage(core: Galahad, out: Output, args: argparse.Namespace) -> int:
+    from galahad_desktop.sizes import human_size
+
+    notes: list[str] = []
+    for item_id in args.keep or []:
+        notes.append(f"Kept {core.keep(item_id, True).title!r}: never given back.")
+    for item_id in args.unkeep or []:
+        notes.append(f"{core.keep(item_id, False).title!r} may be given back again.")
+    for item_id in args.give_back or []:
+        done = core.give_back(item_id)
+        notes.append(
+            f"Gave back {human_size(done.bytes_freed)} of {done.kind} {done.title!r} "
+            f"({done.blocks} blocks); its messages stay, and it is re-read when next opened."
+        )
+    report = core.storage()
+    limit = human_size(report.budget_bytes) if report.budget_bytes else "no limit"
+    lines = [
+        *notes,
+        f"{human_size(report.total_bytes)} on disk in {report.data_dir} (blocks "
+        f"{human_size(report.blocks_bytes)}); budget {limit}: {report.budget_rule}.",
+        f"The disk: {human_size(report.disk_bytes)}, {human_size(report.disk_free_bytes)} free.",
+    ]
+    if report.over_budget:
+        lines.append("Over the budget: what must stay stored (open or kept) is larger than it.")
+    for item in report.items:
+        flags = "".join(f" · {f}" for f, on in (("kept", item.kept), ("open", item.open)) if on)
+        lines.append(
+            f"{item.id}  {item.kind:<12} {human_size(item.bytes):>9}  {item.state}{flags}  "
+            f"{item.title}"
+        )
+    out.result({**asdict(report), "over_budget": report.over_budget}, "\n".join(lines))
     return 0
 
 
@@ -167,6 +203,16 @@ def register(add: Any) -> None:
     p.add_argument("--all", action="store_true")
     p = add("audit", "check every block file and catalog record", cmd_audit)
     p.add_argument("--repair", action="store_true", help="remove orphan and unfinished files")
+    p = add(
+        "storage",
+        "what kept memory takes on disk against the disk budget; keep or give back an item",
+        cmd_storage,
+    )
+    p.add_argument("--keep", action="append", metavar="ID", help="never give back its blocks")
+    p.add_argument("--unkeep", action="append", metavar="ID", help="undo --keep")
+    p.add_argument(
+        "--give-back", action="append", metavar="ID", help="delete its blocks now (re-read later)"
+    )
     p = add("forget", "delete a conversation or document with its blocks and keys", cmd_forget)
     p.add_argument("id")
     p = add(

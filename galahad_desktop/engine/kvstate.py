@@ -70,6 +70,14 @@ class Section:
     def n_cells(self) -> int:
         return len(self.pos)
 
+    @property
+    def cell_bytes(self) -> int:
+        """The K and V bytes one cell (one position) holds across the section's layers."""
+        return sum(
+            layer.k_row + (layer.v_elem * layer.v_embd if self.v_trans else layer.v_elem)
+            for layer in self.layers
+        )
+
 
 @dataclass
 class SeqState:

@@ -4,21 +4,26 @@ no state of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from galahad_desktop.memory.maintenance import Maintenance
 from galahad_desktop.memory.results import (
     ForgetResult,
+    GiveBackResult,
     KeyStatus,
     MemoryStats,
     RotateResult,
+    StorageReport,
+    StoredItem,
     VerifyResult,
 )
+from galahad_desktop.memory.storage import Storage, budget_for
 from galahad_desktop.memory.usage import Usage
 from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
 from galahad_desktop.memory.verified.verifiers import Verdict
-from galahad_desktop.vault import custody, restoring
+from galahad_desktop.vault import custody, giveback, restoring
 from galahad_desktop.vault.keys import open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
@@ -28,6 +33,7 @@ class StoreFacade:
     maintenance: Maintenance
     library: VerifiedLibrary
     usage: Usage
+    storage_room: Storage
 
     # -- the verified library ------------------------------------------------------------
     def verified_check(self, question: str, answer: str) -> Verdict | None:
@@ -128,4 +134,31 @@ class StoreFacade:
 
     def memory_stats(self) -> MemoryStats:
         """Restored against recomputed tokens over recent requests (the Memory view)."""
-        return self.usage.stats()
+        budget, _rule = self.storage_room.budget()
+        on_disk = giveback.bytes_on_disk(self.vault.data_dir)
+        return dataclasses.replace(self.usage.stats(), on_disk_bytes=on_disk, budget_bytes=budget)
+
+    # -- the disk budget ----------------------------------------------------------------
+    def storage(self) -> StorageReport:
+        """What kept memory takes on disk, item by item, against the disk budget."""
+        return self.storage_room.report()
+
+    @staticmethod
+    def disk_use(data_dir: Path, chosen: int | None) -> tuple[int, int, str]:
+        """(bytes the data directory holds, the disk budget, where it comes from) for the
+        setting's value `chosen`, without opening anything (the Settings dialog)."""
+        return budget_for(Path(data_dir), chosen)
+
+    def give_back(self, item_id: str) -> GiveBackResult:
+        """Delete a conversation's or document's blocks now to free disk space; its
+        messages, title and text stay, and the next open re-reads it once."""
+        return self.storage_room.give_back(item_id)
+
+    def keep(self, item_id: str, kept: bool = True) -> StoredItem:
+        """Pin a conversation or document (its blocks are never given back), or unpin it."""
+        return self.storage_room.keep(item_id, kept)
+
+    def given_back_since(self) -> list[GiveBackResult]:
+        """What the disk budget gave back since the last call (for a front end to say)."""
+        done, self.storage_room.given_back = self.storage_room.given_back, []
+        return done

@@ -36,12 +36,7 @@ from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.facade_store import StoreFacade
 from galahad_desktop.memory.maintenance import Maintenance
-from galahad_desktop.memory.model_files import (
-    ModelDownloads,
-    ModelShelf,
-    engine_config,
-    same_file,
-)
+from galahad_desktop.memory.model_files import ModelDownloads, ModelShelf, engine_config, same_file
 from galahad_desktop.memory.results import (
     AskResult,
     ChatCompletion,
@@ -66,6 +61,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.memory.retrieval.router import RouteDecision
 from galahad_desktop.memory.retrieval.routing import Routing, RoutingLogEntry
+from galahad_desktop.memory.storage import Storage
 from galahad_desktop.memory.transfer.transfer import Transfer
 from galahad_desktop.memory.usage import Usage
 from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
@@ -166,6 +162,8 @@ class Galahad(StoreFacade):
             self.documents.add_sent_picture,
         )
         self.finder = Search(self.conversations)
+        self.storage_room = Storage(self.live, self.conversations, self.documents)
+        self.live.room_for = self.storage_room.make_room
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
 
     # -- lifecycle -----------------------------------------------------------------------

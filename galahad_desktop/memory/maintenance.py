@@ -8,13 +8,13 @@ from galahad_desktop.engine.picture import Media, Picture, Sound
 from galahad_desktop.engine.vision import holds_pictures
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.memory.chat.conversations import Conversations
-from galahad_desktop.memory.chat.live import LiveContext, Rendered, engine_answer
+from galahad_desktop.memory.chat.live import GIVEN_BACK, LiveContext, Rendered, engine_answer
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult, VerifyResult
 from galahad_desktop.memory.retrieval.routing import Routing
 from galahad_desktop.memory.verified.library import VerifiedLibrary
 from galahad_desktop.vault import custody
-from galahad_desktop.vault.names import BlockRow, ConversationRow, Table
+from galahad_desktop.vault.names import BlockRow, ConversationRow, Table, given_back
 from galahad_desktop.vault.vault import AuditReport
 
 
@@ -201,15 +201,18 @@ class Maintenance:
         # A block holding pictures is stored under its projector's fingerprint: checked
         # against that, not the engine's alone.
         matches = self.live.current(row)
+        chain = self.vault.chain_rows(block_id)
         base: dict[str, Any] = {
             "block_id": block_id,
             "owner_id": row["owner_id"],
             "kind": row["kind"],
             "tokens": row["pos_end"],
-            "links": len(self.vault.chain_rows(block_id)),
+            "links": len(chain),
             "fingerprint": row["fingerprint"],
             "fingerprint_matches": matches,
         }
+        if any(given_back(link) for link in chain):
+            return VerifyResult(**base, proof="skipped", reason=GIVEN_BACK)
         if not matches:
             return VerifyResult(
                 **base, proof="skipped", reason="captured under another model or runtime"
@@ -230,8 +233,10 @@ class Maintenance:
         )
 
     def verify(self, item_id: str | None = None) -> list[VerifyResult]:
-        if item_id is None:
-            block_ids = [r["id"] for r in self.vault.records.blocks("created_at")]
+        if item_id is None:  # every block that has a file (a given-back one has none)
+            block_ids = [
+                r["id"] for r in self.vault.records.blocks("created_at") if not given_back(r)
+            ]
         else:
             kind = self.kind_of(item_id)
             if kind == "conversation":

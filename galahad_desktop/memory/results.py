@@ -229,6 +229,8 @@ class ConversationSummary:
     memory: str = ""  # stored | needs re-reading | not stored | damaged
     block_bytes: int = 0  # its stored blocks' bytes on disk
     origin: str = ""  # "api": made through the local API server ("": in the app)
+    given_back: bool = False  # its memory was given back to the disk budget (re-read once)
+    kept: bool = False  # pinned: never given back to the disk budget
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,7 @@ class UsageEntry:
 
 @dataclass(frozen=True)
 class MemoryStats:
-    blocks: int
+    blocks: int  # with a file on disk (not given back)
     bytes: int
     tokens_stored: int
     restored_tokens_session: int
@@ -375,6 +377,57 @@ class MemoryStats:
     restored_tokens_total: int
     recomputed_tokens_total: int
     library_saved_tokens_total: int
+    on_disk_bytes: int = 0  # the whole data directory
+    budget_bytes: int = 0  # the disk budget (0: no limit)
+
+
+StoredKind = Literal["conversation", "document"]
+StoredState = Literal["stored", "needs re-reading", "not stored"]
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """A conversation or a document as the disk budget sees it."""
+
+    id: str
+    kind: StoredKind
+    title: str
+    bytes: int  # its blocks' files on disk
+    blocks: int  # blocks with a file
+    given_back: int  # blocks given back to the disk budget (re-read when next opened)
+    last_used: float
+    state: StoredState
+    kept: bool  # pinned by the person: never given back
+    open: bool  # what the model holds now: never given back
+
+
+@dataclass(frozen=True)
+class StorageReport:
+    """What memory takes on disk against the budget (`galahad storage`, Settings)."""
+
+    data_dir: str
+    total_bytes: int  # every file in the data directory, as the disk counts them
+    blocks_bytes: int  # the block files the catalog lists
+    budget_bytes: int  # 0: no limit
+    budget_rule: str  # where the budget comes from, in words
+    disk_bytes: int  # the size of the disk the data directory is on
+    disk_free_bytes: int
+    items: list[StoredItem]
+
+    @property
+    def over_budget(self) -> bool:
+        return 0 < self.budget_bytes < self.total_bytes
+
+
+@dataclass(frozen=True)
+class GiveBackResult:
+    """An item's blocks given back to the disk budget (its text, title and ledger stay)."""
+
+    item_id: str
+    kind: StoredKind
+    blocks: int
+    bytes_freed: int
+    title: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import GraftReport, MemoryStats, TurnResult, UsageEntry
+from galahad_desktop.vault.names import given_back
 from galahad_desktop.vault.vault import new_id
 
 USAGE_KEEP = 500
@@ -64,7 +65,7 @@ class Usage:
         return out
 
     def stats(self) -> MemoryStats:
-        rows = self.vault.records.blocks()
+        rows = [r for r in self.vault.records.blocks() if not given_back(r)]
         history = self.entries()
         session = self.live.stats
         return MemoryStats(

@@ -107,6 +107,8 @@ def memory_line(conv: ConversationSummary, resumed: str = "") -> tuple[str, str]
         return resumed, "success"
     if conv.memory == "stored":
         return f"Stored · {conv.n_tokens:,} tokens · {human_bytes(conv.block_bytes)}", "success"
+    if conv.memory == "needs re-reading" and conv.given_back:
+        return "Needs re-reading once (its memory was given back to free disk space)", "warning"
     if conv.memory == "needs re-reading":
         return "Needs re-reading once (model or settings changed)", "warning"
     return "Not stored yet", "muted"
@@ -163,8 +165,14 @@ def memory_summary(stats: MemoryStats) -> str:
         if per_token
         else f"restore time {restore_ms / 1e3:.2f} s in total"
     )
+    budget = (
+        f"{human_bytes(stats.on_disk_bytes)} of the {human_bytes(stats.budget_bytes)} disk "
+        "budget in use (Settings ▸ Memory and documents)<br>"
+        if stats.budget_bytes
+        else f"{human_bytes(stats.on_disk_bytes)} in use, no disk budget<br>"
+    )
     return (
-        f"<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
+        f"{budget}<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
         f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
         f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
         f"{stats.library_saved_tokens_total:,} decode tokens saved by verified answers"

@@ -137,6 +137,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.sidebar.export_requested.connect(self.export_conversation)
         self.sidebar.forget_requested.connect(self.forget)
         self.sidebar.pin_toggled.connect(self.toggle_pin)
+        self.sidebar.storage_action.connect(self.storage_action)
         pinned = self.ui_settings.value("pinned", [])
         self.sidebar.pinned = {str(p) for p in (pinned if isinstance(pinned, list) else [pinned])}
         self.sidebar.search_changed.connect(lambda _t: self._search_timer.start())
@@ -402,6 +403,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
                 on_done=self._documents,
                 on_error=self.show_error,
             )
+        if changes & {CONVERSATIONS, DOCUMENTS}:  # what the disk budget gave back, said once
+            self.bridge.run(lambda core, _job: core.given_back_since(), on_done=self.given_back)
 
     def _conversations(self, conversations: list[ConversationSummary]) -> None:
         self.sidebar.current = self.conversation_id

@@ -63,8 +63,12 @@ class MemoryPanel(QWidget):
         else:
             state = {
                 "stored": "Opens by restoring its memory, not by reading it again.",
-                "needs re-reading": "Made under another model or settings: the next open "
-                "reads it again once, then stores it.",
+                "needs re-reading": (
+                    "Its memory was given back to free disk space"
+                    if summary.given_back
+                    else "Made under another model or settings"
+                )
+                + ": the next open reads it again once, then stores it.",
                 "not stored": "Nothing stored yet.",
             }.get(summary.memory, memory_line(summary)[0])
             self.conversation_label.setText(

@@ -33,6 +33,7 @@ from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import ModelInfo
 from galahad_desktop.settings import GROUPS, Setting, coerce
+from galahad_desktop.sizes import human_size
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.host import Host
 
@@ -91,7 +92,7 @@ class Section(QWidget):
         column.setSpacing(theme.SPACE[1])
         row = QHBoxLayout()
         row.addWidget(editor, 1)
-        if spec.unit and not isinstance(editor, QSpinBox | QDoubleSpinBox):
+        if spec.unit and spec.unit != "bytes" and not isinstance(editor, QSpinBox | QDoubleSpinBox):
             unit = QLabel(spec.unit)
             theme.set_role(unit, "muted")
             row.addWidget(unit)
@@ -200,6 +201,27 @@ class SettingsDialog(QDialog):
             stored = {spec.key: spec.default for spec in Galahad.declared_settings()}
         self.declared = Galahad.declared_settings()
         self._loaded(stored)
+        self.disk_use = QLabel()
+        self.disk_use.setWordWrap(True)
+        self.disk_use.setAccessibleName("Disk space memory takes")
+        theme.set_role(self.disk_use, "card")
+        self.sections["Memory and documents"].form.insertRow(0, self.disk_use)
+        self._show_disk_use(stored.get("disk_budget"))
+
+    def _show_disk_use(self, chosen: Any) -> None:
+        """What kept memory takes now against the budget (read from the folder itself:
+        never waits behind the model's work)."""
+        try:
+            used, budget, rule = Galahad.disk_use(self.host.data_dir, chosen)
+        except OSError as exc:
+            self.disk_use.setText(f"The data folder could not be measured ({exc.strerror}).")
+            return
+        limit = f"of a {human_size(budget)} budget" if budget else "with no limit"
+        self.disk_use.setText(
+            f"Kept memory takes <b>{human_size(used)}</b> {limit} ({rule}). When a save would "
+            "go past it, what was used longest ago gives its memory back (its messages stay) "
+            "and is read again once when next opened; kept conversations never do."
+        )
 
     def _privacy(self) -> None:
         section = self.sections["Privacy"]
@@ -229,6 +251,11 @@ class SettingsDialog(QDialog):
             editor.addItems([str(c) for c in spec.choices])
             editor.setCurrentText(str(value))
             editor.currentTextChanged.connect(self._changed)
+        elif spec.unit == "bytes":  # a size: "20 GB", empty for the automatic budget
+            editor = QLineEdit("" if value is None else human_size(value).replace(".0 ", " "))
+            editor.setPlaceholderText("automatic (a quarter of the disk); 0: no limit")
+            self.optional.add(spec.key)
+            editor.textChanged.connect(lambda text, key=spec.key: self._typed(key, text))
         elif spec.optional or spec.type is str:
             editor = QLineEdit("" if value is None else str(value))
             if spec.optional:

@@ -143,6 +143,7 @@ class Sidebar(QWidget):
     export_requested = Signal(str)
     forget_requested = Signal(str)
     pin_toggled = Signal(str)
+    storage_action = Signal(str, str)  # item id, "keep" | "unkeep" | "give back"
     search_changed = Signal(str)
     picture_wanted = Signal(str)  # a picture document without its thumbnail yet
 
@@ -194,6 +195,7 @@ class Sidebar(QWidget):
         self.matches: set[str] | None = None  # conversation ids a search found
         self.current: str | None = None
         self.pinned: set[str] = set()
+        self.kept: set[str] = set()  # conversations whose memory is never given back
         self.restores: dict[str, str] = {}  # conversation id -> how its last resume went
         self._filling = False
 
@@ -252,6 +254,7 @@ class Sidebar(QWidget):
     # -- conversations -------------------------------------------------------------------
     def set_conversations(self, conversations: list[ConversationSummary]) -> None:
         self.conversations = conversations
+        self.kept = {c.id for c in conversations if c.kept}
         self.fill()
 
     def set_matches(self, ids: set[str] | None) -> None:
@@ -280,6 +283,7 @@ class Sidebar(QWidget):
                 item.setToolTip(
                     f"{ago(conv.updated_at)} · {conv.n_tokens:,} tokens · "
                     f"{conv.n_messages} messages · {state[0]} · "
+                    + ("kept on disk · " if conv.kept else "")
                     + ("made through the local API server · " if conv.origin == "api" else "")
                     + "F2 or double-click to rename"
                 )
@@ -358,6 +362,16 @@ class Sidebar(QWidget):
                 lambda: self.pin_toggled.emit(str(value)),
             ),
             ("Rename", lambda: self.begin_rename(str(value))),
+            (
+                "Let its memory be given back" if value in self.kept else "Keep its memory on disk",
+                lambda: self.storage_action.emit(
+                    str(value), "unkeep" if value in self.kept else "keep"
+                ),
+            ),
+            (
+                "Give back its disk space",
+                lambda: self.storage_action.emit(str(value), "give back"),
+            ),
             ("Export…", lambda: self.export_requested.emit(str(value))),
             ("Delete…", lambda: self.forget_requested.emit(str(value))),
         ]

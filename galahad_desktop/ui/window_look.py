@@ -3,15 +3,21 @@ of the last restore in plain words, pinned conversations."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow
 
-from galahad_desktop.memory.results import ConversationSummary, GraftReport, MemoryStats
+from galahad_desktop.memory.results import (
+    ConversationSummary,
+    GiveBackResult,
+    GraftReport,
+    MemoryStats,
+)
 from galahad_desktop.ui import theme
-from galahad_desktop.ui.format import proof_words
+from galahad_desktop.ui.format import human_bytes, proof_words
 from galahad_desktop.ui.memory_panel import MemoryPanel
+from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
 
 if TYPE_CHECKING:
     from PySide6.QtCore import QSettings
@@ -37,6 +43,7 @@ class LookActions:
         memory_action: QAction
 
         def show_error(self, message: str, kind: str = "") -> None: ...
+        def set_status(self, text: str) -> None: ...
         def open_memory(self) -> None: ...
 
     def _build_memory_panel(self) -> None:
@@ -111,6 +118,43 @@ class LookActions:
 
     def show_proof(self) -> None:
         self.prompts.inform("The proof of the last restore", proof_words(self.last_graft))
+
+    def storage_action(self, item_id: str, action: str) -> None:
+        """Keep an item's memory on disk, let it go again, or give its disk space back now
+        (its messages stay; the next open re-reads it once)."""
+        if action == "give back" and self.conversation_id == item_id:
+            self.show_error("This conversation is open; open another one first.")
+            return
+
+        def run(core: Any, _job: Any) -> str:
+            if action == "give back":
+                done = core.give_back(item_id)
+                return (
+                    f"Gave back {human_bytes(done.bytes_freed)} ({done.blocks} blocks); "
+                    "its messages stay and it is read again when next opened"
+                )
+            item = core.keep(item_id, action == "keep")
+            return (
+                f"'{item.title}' keeps its memory on disk"
+                if item.kept
+                else f"'{item.title}' may give its memory back when disk space runs short"
+            )
+
+        self.bridge.run(
+            run,
+            on_done=self.set_status,
+            on_error=self.show_error,
+            changes={CONVERSATIONS, DOCUMENTS},
+        )
+
+    def given_back(self, done: list[GiveBackResult]) -> None:
+        if done:
+            freed = human_bytes(sum(d.bytes_freed for d in done))
+            names = ", ".join(f"'{d.title}'" for d in done[:3]) + (" …" if len(done) > 3 else "")
+            self.set_status(
+                f"To stay within the disk budget, {names} gave back {freed}; "
+                "each is read again once when next opened"
+            )
 
     def toggle_pin(self, conversation_id: str) -> None:
         pinned = self.sidebar.pinned

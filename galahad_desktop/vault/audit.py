@@ -13,7 +13,14 @@ from galahad_desktop.system.files import TMP_PREFIX
 from galahad_desktop.vault import blockfile
 from galahad_desktop.vault.blockfile import MAGIC
 from galahad_desktop.vault.held import HeldVault
-from galahad_desktop.vault.names import AuditReport, BlockRow, block_file_of, tokens_digest
+from galahad_desktop.vault.names import (
+    BLOCK_FILE,
+    AuditReport,
+    BlockRow,
+    block_file_of,
+    given_back,
+    tokens_digest,
+)
 
 
 def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
@@ -21,11 +28,17 @@ def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
     rows: dict[str, BlockRow] = {}
     all_rows = vault.records.blocks()
     report.blocks = len(all_rows)
+    returned: set[str] = set()  # blocks given back to the disk budget: no file to check
     for row in all_rows:
+        if given_back(row):
+            returned.add(row["id"])
+            continue
         try:
             rows[block_file_of(row)] = row
         except IntegrityError as exc:
             report.problems.append(str(exc).removesuffix("; refused."))
+    report.given_back = len(returned)
+    report.blocks -= len(returned)
     for file_name, row in rows.items():
         path = vault.blocks_dir / file_name
         try:
@@ -68,6 +81,13 @@ def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
                 f"unexpected {'link' if path.is_symlink() else 'entry'} {path.name} in "
                 "the blocks folder"
             )
+            continue
+        match = BLOCK_FILE.fullmatch(path.name)
+        if match is not None and match.group(1) in returned:
+            # A give-back interrupted before its files went: nothing reads them.
+            if repair:
+                path.unlink()
+                report.repaired.append(f"removed {path.name}, given back to the disk budget")
             continue
         ours = path.name.startswith(TMP_PREFIX) or _is_block_file(path)
         what = "unfinished write" if path.name.startswith(TMP_PREFIX) else "orphan file"

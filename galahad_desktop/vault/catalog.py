@@ -21,10 +21,11 @@ import sqlite_utils
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 6  # 2: messages bound to their place, every record sealed; 3: part vectors;
+SCHEMA_VERSION = 7  # 2: messages bound to their place, every record sealed; 3: part vectors;
 # 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds,
 # a conversation's own system prompt and sampling, shared system prompts; 6: conversations
-# made through the local API server and its prefix index
+# made through the local API server and its prefix index; 7: the disk budget (blocks given
+# back, last use, kept items)
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -48,6 +49,9 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "payload_bytes": int,
             "capture_ms": float,
             "created_at": float,
+            # Given back to stay within the disk budget: the file is gone, the row (its
+            # ledger, its place in a chain) stays, and the next graft re-reads it.
+            "evicted_at": float,
         },
         "id",
     ),
@@ -70,6 +74,8 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "seal": bytes,
             "created_at": float,
             "updated_at": float,
+            "used_at": float,  # last opened or continued (the disk budget gives back the oldest)
+            "kept": int,  # 1: the person pinned it, its blocks are never given back
         },
         "id",
     ),
@@ -151,6 +157,8 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "n_parts": int,
             "source_bytes": int,
             "created_at": float,
+            "used_at": float,  # last read from (the disk budget gives back the oldest)
+            "kept": int,  # 1: the person pinned it, its blocks are never given back
         },
         "id",
     ),

@@ -57,7 +57,7 @@ from galahad_desktop.vault.keys import (
     check_scrypt_params,
     entry_name,
 )
-from galahad_desktop.vault.names import block_file_of, new_id
+from galahad_desktop.vault.names import block_file_of, given_back, new_id
 
 KIT_FORMAT = "galahad-recovery-kit/1"
 KIT_SCRYPT = (2**16, 8, 1)
@@ -225,6 +225,8 @@ def backup(vault: HeldVault, dest: Path) -> BackupResult:
                 size += copy_file(vault.data_dir / name, tmp / name)
                 files += 1
         for block in vault.catalog.select("blocks"):
+            if given_back(block):
+                continue  # its file is gone; its row and ledger are copied with the catalog
             name = block_file_of(block)
             size += copy_file(vault.blocks_dir / name, tmp / "blocks" / name)
             files += 1

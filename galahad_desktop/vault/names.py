@@ -42,14 +42,15 @@ def new_id(prefix: str) -> str:
 
 
 BLOCK_ID = re.compile(r"b-[0-9a-f]{16}")
-_BLOCK_FILE = re.compile(r"(b-[0-9a-f]{16})(-[0-9a-f]{8})?" + re.escape(".gkv"))
+BLOCK_SUFFIX = ".gkv"
+BLOCK_FILE = re.compile(r"(b-[0-9a-f]{16})(-[0-9a-f]{8})?" + re.escape(BLOCK_SUFFIX))
 
 
 def block_file_of(row: Mapping[str, Any]) -> str:
     """A block row's file name, checked: only a name this vault writes for this block (an
     edited catalog must not point a read, or a delete, outside the blocks folder)."""
     name = row.get("file_name")
-    match = _BLOCK_FILE.fullmatch(name) if isinstance(name, str) else None
+    match = BLOCK_FILE.fullmatch(name) if isinstance(name, str) else None
     if match is None or match.group(1) != row.get("id"):
         raise IntegrityError(
             f"The catalog record of block {row.get('id')} names an invalid file; refused."
@@ -63,11 +64,13 @@ class AuditReport:
     ok: int = 0
     problems: list[str] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
+    given_back: int = 0  # blocks whose files were given back to the disk budget (no file)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "blocks": self.blocks,
             "ok": self.ok,
+            "given_back": self.given_back,
             "problems": self.problems,
             "repaired": self.repaired,
         }
@@ -96,6 +99,8 @@ class ConversationRow(TypedDict):
     library: NotRequired[int | None]  # the verified-answer library: on (1), off (0), default
     model_sha256: NotRequired[str | None]  # the model it was last stored under
     origin: NotRequired[str | None]  # "api": made through the local API server (schema 6)
+    used_at: NotRequired[float | None]  # last opened or continued (schema 7)
+    kept: NotRequired[int | None]  # 1: pinned, never given back to the disk budget
     seal: NotRequired[bytes]
 
 
@@ -106,6 +111,8 @@ class DocumentRow(TypedDict):
     n_parts: int
     source_bytes: int
     created_at: float
+    used_at: NotRequired[float | None]  # last read from (schema 7)
+    kept: NotRequired[int | None]  # 1: pinned, never given back to the disk budget
     name_enc: NotRequired[bytes]
     text_enc: NotRequired[bytes]
     seal: NotRequired[bytes]
@@ -150,6 +157,12 @@ class BlockRow(TypedDict):
     payload_bytes: int
     capture_ms: float
     created_at: float
+    evicted_at: NotRequired[float | None]  # given back to the disk budget (schema 7)
+
+
+def given_back(row: Mapping[str, Any]) -> bool:
+    """Whether a block's file was given back to the disk budget (its row and ledger stay)."""
+    return row.get("evicted_at") is not None
 
 
 class MessageRow(TypedDict):

@@ -32,16 +32,17 @@ from galahad_desktop.vault.held import HeldVault
 from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, api_key_entry, entry_name
 from galahad_desktop.vault.names import (
     BLOCK_ID,
+    BLOCK_SUFFIX,
     AuditReport,
     BlockKind,
     BlockRow,
     block_file_of,
+    given_back,
     new_id,
     tokens_digest,
 )
 from galahad_desktop.vault.records import Records
 
-BLOCK_SUFFIX = ".gkv"
 MAX_CHAIN = 100_000
 
 
@@ -496,6 +497,10 @@ class Vault:
         if expected_owner is not None and row["owner_id"] != expected_owner:
             raise IntegrityError(
                 f"Block {block_id} belongs to {row['owner_id']}, not {expected_owner}; refused."
+            )
+        if given_back(row):
+            raise NotFoundError(
+                f"Block {block_id} was given back to the disk budget; it is re-read when needed."
             )
         path = self.blocks_dir / block_file_of(row)
         if path.is_symlink():

@@ -11,7 +11,7 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import CompactResult
-from galahad_desktop.vault.names import BlockRow
+from galahad_desktop.vault.names import BlockRow, given_back
 from galahad_desktop.vault.vault import tokens_digest
 
 
@@ -47,6 +47,14 @@ class Chains:
         head = conv["head_block_id"]
         chain = self.vault.chain_rows(head) if head else []
         own = [r for r in chain if r["owner_id"] == conversation_id]
+        if any(given_back(r) for r in chain):
+            return CompactResult(
+                conversation_id,
+                len(own),
+                0,
+                len(own),
+                skipped="its memory was given back to the disk budget (re-read on next open)",
+            )
         if len(own) <= keep + 1:
             return CompactResult(conversation_id, len(own), 0, len(own))
         merge, successor = own[: len(own) - keep], own[len(own) - keep]

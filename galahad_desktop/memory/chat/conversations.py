@@ -35,6 +35,7 @@ from galahad_desktop.vault.names import (
     ConversationRow,
     DocumentRow,
     MessageRow,
+    given_back,
 )
 from galahad_desktop.vault.vault import new_id
 
@@ -81,7 +82,7 @@ class Conversations:
             # One damaged title must not hide every other conversation: listed and marked
             # (opening it is still refused; `galahad audit` names the problem).
             title, damaged = "(damaged record)", "its title failed authentication"
-        memory, block_bytes = self.memory(r)
+        memory, block_bytes, returned = self.memory(r)
         return ConversationSummary(
             r["id"],
             title,
@@ -97,6 +98,8 @@ class Conversations:
             "damaged" if damaged else memory,
             block_bytes,
             r.get("origin") or "",
+            returned,
+            bool(r.get("kept")),
         )
 
     def preview(self, conversation_id: str) -> str:
@@ -110,21 +113,26 @@ class Conversations:
             return ""
         return " ".join(text.split())[:PREVIEW_CHARS]
 
-    def memory(self, row: ConversationRow) -> tuple[str, int]:
+    def memory(self, row: ConversationRow) -> tuple[str, int, bool]:
         """Whether the conversation's KV is kept and usable under this runtime (a graft), or
-        will be re-read once; and its blocks' bytes on disk."""
+        will be re-read once; its blocks' bytes on disk; whether some were given back to
+        the disk budget."""
         head = row["head_block_id"]
         if not head:
-            return "not stored", 0
+            return "not stored", 0, False
         try:
             chain = self.vault.chain_rows(str(head))
         except (IntegrityError, NotFoundError):
-            return "damaged", 0
+            return "damaged", 0, False
         # A size is bookkeeping, not sealed: an edited cell counts as nothing, never a crash.
-        size = sum(b if isinstance(b := link.get("file_bytes"), int) else 0 for link in chain)
+        size = sum(
+            b if isinstance(b := link.get("file_bytes"), int) and not given_back(link) else 0
+            for link in chain
+        )
         fingerprint = self.engine.fingerprint
-        usable = all(link["fingerprint"] == fingerprint for link in chain)
-        return ("stored" if usable else "needs re-reading"), size
+        usable = all(link["fingerprint"] == fingerprint and not given_back(link) for link in chain)
+        returned = any(given_back(link) for link in chain)
+        return ("stored" if usable else "needs re-reading"), size, returned
 
     def summaries(self) -> list[ConversationSummary]:
         return [self.summary(r) for r in self.records.conversations("updated_at desc")]

@@ -33,7 +33,7 @@ from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, 
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
-from galahad_desktop.vault.names import BlockKind, BlockRow, Table
+from galahad_desktop.vault.names import BlockKind, BlockRow, Table, given_back
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 STATE_FORMAT = "llama_state_seq/llama-cpp-python-0.3.36"
 MODEL_CHANGED = "the model or its runtime settings changed"
 OTHER_MODEL = "it was made with another model (re-read once from its text under this one)"
+GIVEN_BACK = (
+    "its memory was given back to stay within the disk budget (re-read once, then stored again)"
+)
 
 
 @dataclass
@@ -114,6 +117,9 @@ class LiveContext:
         self._vision: Vision | None = None
         self._vision_key: tuple[Any, ...] | None = None
         self.vision_hash_cache = vision_hash_cache  # where projector files' hashes are kept
+        # Called before a block of N bytes is written for an owner (the disk budget makes
+        # room: memory/storage.py); set by the façade.
+        self.room_for: Callable[[int, str], object] | None = None
 
     # -- the engine ----------------------------------------------------------------------
     @property
@@ -197,7 +203,10 @@ class LiveContext:
             return None
 
     def current(self, link: BlockRow) -> bool:
-        """Whether a link was captured under this runtime (its pictures' too)."""
+        """Whether a link was captured under this runtime (its pictures' too) and is still
+        on disk (not given back to the disk budget)."""
+        if given_back(link):
+            return False
         fingerprint = link["fingerprint"]
         if fingerprint == self.engine.fingerprint:
             return True
@@ -238,6 +247,10 @@ class LiveContext:
 
     def mark(self, owner_id: str, block_id: str | None) -> None:
         self.holding = Holding(owner_id, block_id)
+        # The disk budget gives back what was used longest ago: this is a use.
+        now = time.time()
+        for table in ("conversations", "documents"):
+            self.vault.catalog.update_where(table, {"used_at": now}, id=owner_id)
 
     def drop(self, owners: set[str] | None = None) -> None:
         """Stop relying on what the context holds (for `owners`, or whatever it is)."""
@@ -326,6 +339,8 @@ class LiveContext:
         if not all(self.current(link) for link in chain):
             other = row.get("model_sha256") and row["model_sha256"] != engine.model_sha256
             reason = OTHER_MODEL if other else MODEL_CHANGED
+            if not other and any(given_back(link) for link in chain):
+                reason = GIVEN_BACK
             return self.reread(row, reason, counters, job, mid_turn)
         restore_ms, n_tokens, result = self.restore_and_prove(
             block_id, self.sources.chain_owners(owner_id)
@@ -483,6 +498,8 @@ class LiveContext:
         if mid_turn:
             engine.return_to_hold()
         own_tokens = ledger[start:]
+        if self.room_for is not None:
+            self.room_for(block[1], owner_id)
         row = self.vault.write_block(
             kind=kind,
             owner_id=owner_id,

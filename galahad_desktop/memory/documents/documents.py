@@ -39,7 +39,7 @@ from galahad_desktop.memory.documents.pictures import (
     read_pictures_bounded,
 )
 from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
-from galahad_desktop.vault.names import BlockRow, DocumentRow, NewPart, PartRow
+from galahad_desktop.vault.names import BlockRow, DocumentRow, NewPart, PartRow, given_back
 from galahad_desktop.vault.vault import new_id
 
 log = logging.getLogger(__name__)
@@ -106,18 +106,22 @@ class Documents(MediaTurns, TurnRoom):
         for r in self.records.documents("created_at desc"):
             block = self.records.block(r["block_id"])
             stored = 0  # every part's block: what the document takes on disk
+            returned = block is not None and given_back(block)
             for part in self.records.parts(document_id=r["id"]):
                 part_block = self.records.block(part["block_id"])
-                stored += part_block["file_bytes"] if part_block else 0
+                if part_block and given_back(part_block):
+                    returned = True
+                elif part_block:
+                    stored += part_block["file_bytes"]
             out.append(
                 DocumentSummary(
                     r["id"],
                     self.name(r),
                     r["n_tokens"],
-                    stored or (block["file_bytes"] if block else 0),
+                    stored or (block["file_bytes"] if block and not returned else 0),
                     r["source_bytes"],
                     r["created_at"],
-                    "stored" if block else "missing block",
+                    "missing block" if not block else "needs re-reading" if returned else "stored",
                     r.get("n_parts") or 1,
                     self.kind(r["id"]),
                 )

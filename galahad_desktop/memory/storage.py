@@ -1,0 +1,240 @@
+"""The disk budget: what kept memory costs on disk, item by item, and what gives its memory
+back when a save would go past the budget.
+
+At real Gemma 4 sizes a short turn writes 15-55 MB and a document a gigabyte, so memory is
+a cache the person bounds (setting `disk_budget`). Before a block is written, the
+conversations and documents used longest ago give their blocks back (vault/giveback.py)
+until the new one fits: their messages, titles, text and token ledgers stay, and the next
+graft re-reads them once and stores them again. Never given back: what the model holds now
+(and the chain it grows from), the item being saved, and what the person kept ("Keep").
+
+One thread owns the core, so nothing reads a block while another is given back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from galahad_desktop.errors import IntegrityError, NotFoundError
+from galahad_desktop.memory.chat.conversations import Conversations
+from galahad_desktop.memory.chat.live import LiveContext
+from galahad_desktop.memory.documents.documents import Documents
+from galahad_desktop.memory.results import (
+    GiveBackResult,
+    StorageReport,
+    StoredItem,
+    StoredKind,
+    StoredState,
+)
+from galahad_desktop.sizes import human_size
+from galahad_desktop.vault import giveback
+from galahad_desktop.vault.names import BlockRow, given_back
+
+log = logging.getLogger(__name__)
+
+# The automatic budget: a cache never takes more than a quarter of the disk, nor more than
+# half of what is free besides itself, so the person's own files never run out because of
+# it; at least 1 GB, enough for a day's chats on the largest Gemma 4.
+AUTO_DISK_SHARE = 0.25
+AUTO_FREE_SHARE = 0.5
+AUTO_MINIMUM = 1_000_000_000
+# What a save adds to the catalog beside its block (rows, seals, the usage log: a few
+# SQLite pages in its write-ahead log), measured at ~25 KB a turn: room is made for it too.
+CATALOG_HEADROOM = 64 * 1024
+
+
+class Storage:
+    def __init__(
+        self,
+        live: LiveContext,
+        conversations: Conversations,
+        documents: Documents,
+    ) -> None:
+        self.live = live
+        self.vault = live.vault
+        self.conversations = conversations
+        self.documents = documents
+        self.given_back: list[GiveBackResult] = []  # since the front end last asked
+        # Who else must keep its blocks while a save runs (the façade's open items).
+        self.protected: Callable[[], set[str]] = set
+
+    # -- the budget ----------------------------------------------------------------------
+    def budget(self) -> tuple[int, str]:
+        """(bytes, where the number comes from); 0 bytes: no limit."""
+        return budget_for(self.vault.data_dir, self.live.settings.values.disk_budget)[1:]
+
+    def make_room(self, incoming: int, owner_id: str) -> list[GiveBackResult]:
+        """Before `owner_id` writes a block of `incoming` bytes: give back the blocks of
+        what was used longest ago until it fits the budget. Inside a catalog transaction
+        nothing is given back (the next save makes room)."""
+        budget, _rule = self.budget()
+        if budget <= 0 or self.vault.catalog.db.conn.in_transaction:
+            return []
+        used = giveback.bytes_on_disk(self.vault.data_dir)
+        incoming += CATALOG_HEADROOM
+        if used + incoming <= budget:
+            return []
+        keep = self._protected(owner_id)
+        done: list[GiveBackResult] = []
+        for item in sorted(self._items(keep), key=lambda i: i.last_used):
+            if used + incoming <= budget:
+                break
+            if item.kept or item.open or item.blocks == 0:
+                continue
+            result = self._give_back(item)
+            used -= result.bytes_freed
+            done.append(result)
+        if used + incoming > budget:
+            log.info("the disk budget is smaller than what must stay stored")
+        self.given_back += done
+        return done
+
+    def _protected(self, owner_id: str | None) -> set[str]:
+        owners = set(self.protected())
+        holding = self.live.holding
+        for owner in ([owner_id] if owner_id else []) + ([holding.owner_id] if holding else []):
+            owners |= self.conversations.chain_owners(owner)
+        return owners
+
+    # -- what is stored ------------------------------------------------------------------
+    def report(self) -> StorageReport:
+        budget, rule = self.budget()
+        items = self._items(self._protected(None))
+        disk = shutil.disk_usage(self.vault.data_dir)
+        on_disk = [r for r in self.vault.records.blocks() if not given_back(r)]
+        return StorageReport(
+            str(self.vault.data_dir),
+            giveback.bytes_on_disk(self.vault.data_dir),
+            sum(_bytes(r) for r in on_disk),
+            budget,
+            rule,
+            disk.total,
+            disk.free,
+            sorted(items, key=lambda i: -i.last_used),
+        )
+
+    def _items(self, protected: set[str]) -> list[StoredItem]:
+        blocks: dict[str, list[BlockRow]] = {}
+        for row in self.vault.records.blocks():
+            blocks.setdefault(row["owner_id"], []).append(row)
+        last_use: dict[str, float] = {}
+        items: list[StoredItem] = []
+        for conv in self.vault.records.conversations():
+            used = _time(conv.get("used_at"), conv.get("updated_at"), conv.get("created_at"))
+            if conv["document_id"]:
+                doc_id = conv["document_id"]
+                last_use[doc_id] = max(last_use.get(doc_id, 0.0), used)
+            title = self._title(self.conversations.title, conv)
+            kept = bool(conv.get("kept"))
+            items.append(
+                self._item(conv["id"], "conversation", title, used, kept, blocks, protected)
+            )
+        for doc in self.vault.records.documents():
+            used = _time(doc.get("used_at"), doc.get("created_at"), last_use.get(doc["id"]))
+            title = self._title(self.documents.name, doc)
+            kept = bool(doc.get("kept"))
+            items.append(self._item(doc["id"], "document", title, used, kept, blocks, protected))
+        return items
+
+    @staticmethod
+    def _title(read: Callable[..., str], row: object) -> str:
+        try:
+            return read(row)
+        except IntegrityError:
+            return "(damaged record)"
+
+    @staticmethod
+    def _item(
+        item_id: str,
+        kind: StoredKind,
+        title: str,
+        used: float,
+        kept: bool,
+        blocks: dict[str, list[BlockRow]],
+        protected: set[str],
+    ) -> StoredItem:
+        own = blocks.get(item_id, [])
+        kept_rows = [r for r in own if not given_back(r)]
+        returned = len(own) - len(kept_rows)
+        state: StoredState = (
+            "not stored" if not own else "needs re-reading" if returned else "stored"
+        )
+        return StoredItem(
+            item_id,
+            kind,
+            title,
+            sum(_bytes(r) for r in kept_rows),
+            len(kept_rows),
+            returned,
+            used,
+            state,
+            kept,
+            item_id in protected,
+        )
+
+    # -- what the person asks ------------------------------------------------------------
+    def give_back(self, item_id: str) -> GiveBackResult:
+        """Give back one conversation's or document's blocks now (its messages stay)."""
+        items = {i.id: i for i in self._items(self._protected(None))}
+        item = items.get(item_id)
+        if item is None:
+            raise NotFoundError(f"No conversation or document has the id '{item_id}'.")
+        if item.open:
+            self.live.drop(self.conversations.chain_owners(item_id))
+        return self._give_back(item)
+
+    def keep(self, item_id: str, kept: bool) -> StoredItem:
+        """Pin an item (its blocks are never given back) or let it go again."""
+        table = "conversations" if self.vault.records.conversation(item_id) else "documents"
+        if table == "documents" and self.vault.records.document(item_id) is None:
+            raise NotFoundError(f"No conversation or document has the id '{item_id}'.")
+        self.vault.catalog.update(table, item_id, {"kept": 1 if kept else 0})
+        return next(i for i in self._items(self._protected(None)) if i.id == item_id)
+
+    def _give_back(self, item: StoredItem) -> GiveBackResult:
+        ids = [r["id"] for r in self.vault.records.blocks(owner_id=item.id) if not given_back(r)]
+        freed = giveback.give_back(self.vault, ids)
+        log.info("gave back %d blocks (%d bytes) of a %s", len(ids), freed, item.kind)
+        return GiveBackResult(item.id, item.kind, len(ids), freed, item.title)
+
+    def finish_interrupted(self) -> int:
+        """Files a give-back that was interrupted left behind, removed (at open)."""
+        if not os.path.isdir(self.vault.blocks_dir):
+            return 0
+        return giveback.finish(self.vault)
+
+
+def budget_for(data_dir: Path, chosen: int | None) -> tuple[int, int, str]:
+    """(bytes the data directory holds, the budget, where it comes from) for the setting's
+    value `chosen` (None: automatic; 0: no limit). Needs no key and no model."""
+    used = giveback.bytes_on_disk(data_dir)
+    if chosen == 0:
+        return used, 0, "no limit (disk_budget = 0)"
+    if chosen is not None:
+        return used, chosen, f"set to {human_size(chosen)}"
+    disk = shutil.disk_usage(data_dir)
+    auto = max(
+        AUTO_MINIMUM,
+        min(int(disk.total * AUTO_DISK_SHARE), int((disk.free + used) * AUTO_FREE_SHARE)),
+    )
+    return (
+        used,
+        auto,
+        (
+            f"automatic: a quarter of the {human_size(disk.total)} disk, at most half of its "
+            f"free space ({human_size(auto)})"
+        ),
+    )
+
+
+def _bytes(row: BlockRow) -> int:
+    size = row.get("file_bytes")
+    return size if isinstance(size, int) else 0  # bookkeeping, not sealed: never a crash
+
+
+def _time(*values: object) -> float:
+    return max([float(v) for v in values if isinstance(v, int | float)] or [0.0])
