@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 FlashAttn = Literal["auto", "on", "off"]
-KvTypeName = Literal["f16", "f32", "q8_0"]
+KvTypeName = Literal["f16", "f32", "q8_0", "q4_0"]
 Preset = Literal["none", "concise", "coder", "tutor", "translator"]
 ImageBudget = Literal[70, 140, 280, 560, 1120]  # Gemma 4's soft-token budgets for a picture
 

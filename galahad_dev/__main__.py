@@ -146,8 +146,8 @@ def measure(
     """bench resume|deposit|kv-quality: the app's restore and reading against plain
     llama.cpp on this machine, in a throwaway data directory."""
     kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
-    if any(k not in ("f16", "q8_0") for k in kv_types) or not kv_types:
-        raise InputError("--kv-types takes f16, q8_0 or both (comma-separated).")
+    if any(k not in ("f16", "q8_0", "q4_0") for k in kv_types) or not kv_types:
+        raise InputError("--kv-types takes f16, q8_0, q4_0 (comma-separated).")
     if (args.image is not None or args.audio is not None) and args.kind != "resume":
         raise InputError("--image and --audio go with `bench resume`.")
     if args.audio is not None:
@@ -215,13 +215,14 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             return "bench-plot", {"plot": str(path)}, f"wrote {path}"
         if args.kind == "storage":
             from galahad_desktop.paths import default_model_path
-            from galahad_dev.bench_storage import bench_storage, line
+            from galahad_dev.bench_storage import bench_storage, table
 
             shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+            kv_types = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
             result = bench_storage(
-                shapes, args.doc, args.turns, args.reps, default_model_path(), log
+                shapes, args.doc, args.turns, args.reps, default_model_path(), log, kv_types
             )
-            return "bench-storage", result, "\n".join(line(r) for r in result["results"])
+            return "bench-storage", result, table(result)
         sizes = parse_sizes(args.sizes)
         if args.kind in ("resume", "deposit", "kv-quality"):
             return measure(args, sizes, overrides)

@@ -33,6 +33,7 @@ from galahad_desktop.engine.llama_api import (
     TOKEN_ATTR_CONTROL,
     TOKEN_ATTR_NORMAL,
     TOKEN_ATTR_USER_DEFINED,
+    BufferFor,
     ModelFacts,
 )
 from galahad_desktop.engine.modelinfo import ModelInfo
@@ -235,7 +236,9 @@ class FakeContext:
                 if pos in span and source in cell.seqs:
                     cell.seqs.add(target)
 
-    def seq_state(self, seq: int, flags: int = 0) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+    def seq_state(
+        self, seq: int, flags: int = 0, into: BufferFor | None = None
+    ) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
         """llama.cpp's layout: the full section then the window (only the window with
         SEQ_PARTIAL_ONLY), one layer, row-major V."""
         data = bytearray(struct.pack("<Ii", kvstate.STATE_MAGIC, seq))
@@ -249,7 +252,10 @@ class FakeContext:
             data += struct.pack("<II", 0, 1)
             data += struct.pack("<iQ", F16, ROW) + b"".join(c.k for _p, c in cells)
             data += struct.pack("<iQ", F16, ROW) + b"".join(c.v() for _p, c in cells)
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(bytes(data))
+        if into is None:
+            return (ctypes.c_uint8 * len(data)).from_buffer_copy(bytes(data)), len(data)
+        buffer = into(len(data))
+        ctypes.memmove(buffer, bytes(data), len(data))
         return buffer, len(data)
 
     def set_seq_state(

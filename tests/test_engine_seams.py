@@ -51,6 +51,7 @@ def test_the_seams_numbers_are_llama_cpps() -> None:
         "f32": llama_cpp.GGML_TYPE_F32,
         "f16": llama_cpp.GGML_TYPE_F16,
         "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+        "q4_0": llama_cpp.GGML_TYPE_Q4_0,
     }
     assert llama_api.TOKEN_ATTR_NORMAL == llama_cpp.LLAMA_TOKEN_ATTR_NORMAL
     assert llama_api.TOKEN_ATTR_CONTROL == llama_cpp.LLAMA_TOKEN_ATTR_CONTROL

@@ -19,11 +19,21 @@ from tests.helpers import TEST_OVERRIDES, story
 pytestmark = pytest.mark.model
 
 
-def _measured(core: Galahad, text: str) -> tuple[int, list[kvstate.Section]]:
+def _measured(core: Galahad, text: str) -> tuple[str, int, list[kvstate.Section]]:
     deposited = core.deposit_text("shape.txt", text)
     stored = core.vault.read_block(deposited.block_id)
     state = kvstate.parse(stored.payload, stored.size)
-    return deposited.tokens, state.sections
+    return deposited.document_id, deposited.tokens, state.sections
+
+
+def _resumes_exact(core: Galahad, document_id: str) -> None:
+    """A conversation on the document, one turn, then resumed in a new engine: grafted
+    (nothing re-read) and proven exact."""
+    conversation = core.new_conversation(document_id=document_id)
+    core.send(conversation, "What does it say?", params=core.sampling(max_tokens=4))
+    core.reload_engine()
+    report = core.resume(conversation)
+    assert report.recomputed_tokens == 0 and report.proof.verdict == "exact", report
 
 
 def test_each_shape_is_the_real_sizes_attention() -> None:
@@ -42,7 +52,7 @@ def test_blocks_keep_the_bytes_per_token_the_catalog_computes(
 ) -> None:
     model: Gemma4Model = BY_SIZE[size.lower()]
     path = real_shape_model(size, gemma3_path)
-    for kv_type, flash in (("f16", "auto"), ("q8_0", "on")):
+    for kv_type, flash in (("f16", "auto"), ("q8_0", "on"), ("q4_0", "on")):
         core = Galahad(
             tmp_path / kv_type,
             model_path=path,
@@ -50,7 +60,9 @@ def test_blocks_keep_the_bytes_per_token_the_catalog_computes(
             overrides={**TEST_OVERRIDES, "n_ctx": 1024, "kv_type": kv_type, "flash_attn": flash},
         )
         try:
-            tokens, sections = _measured(core, story(8))
+            document_id, tokens, sections = _measured(core, story(8))
+            if size in ("26B-A4B", "31B"):
+                _resumes_exact(core, document_id)
         finally:
             core.close()
         assert tokens < model.window  # every cell of both kinds of layer is kept

@@ -111,6 +111,8 @@ def test_a_document_given_back_is_read_again_for_its_questions(
     assert done.blocks >= 1 and done.bytes_freed > 0
     assert core.list_documents()[0].status == "needs re-reading"
     assert core.conversation(conversation).memory == "needs re-reading"  # its root went
+    states = {i.id: i.state for i in core.storage().items}
+    assert states == {doc.document_id: "needs re-reading", conversation: "needs re-reading"}
     core.reload_engine()
     report = core.resume(conversation)
     assert report.recomputed_tokens > 0

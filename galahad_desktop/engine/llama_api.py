@@ -18,7 +18,10 @@ import numpy as np
 T = TypeVar("T")
 
 # ggml's type ids for the KV cache types a user can choose.
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+# Supplies a buffer of at least N bytes for a state (a reused one: a fresh zeroed buffer of
+# hundreds of MB costs more in page faults than llama.cpp's copy into it).
+BufferFor = Callable[[int], "ctypes.Array[ctypes.c_uint8]"]
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2}
 # llama_token_attr bits
 TOKEN_ATTR_NORMAL = 4
 TOKEN_ATTR_CONTROL = 8
@@ -82,7 +85,9 @@ class LoadedContext(Protocol):
     def clear(self, wipe: bool) -> None: ...
     def seq_remove(self, seq: int, start: int = -1, end: int = -1) -> None: ...
     def seq_copy(self, source: int, target: int, start: int = -1, end: int = -1) -> None: ...
-    def seq_state(self, seq: int, flags: int = 0) -> tuple[ctypes.Array[ctypes.c_uint8], int]: ...
+    def seq_state(
+        self, seq: int, flags: int = 0, into: BufferFor | None = None
+    ) -> tuple[ctypes.Array[ctypes.c_uint8], int]: ...
     def set_seq_state(
         self, state: ctypes.Array[ctypes.c_uint8], size: int, seq: int = 0, flags: int = 0
     ) -> bool: ...

@@ -20,7 +20,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from galahad_desktop.engine.llama_api import DIRECT, ModelFacts, NativeCalls
+from galahad_desktop.engine.llama_api import DIRECT, BufferFor, ModelFacts, NativeCalls
 from galahad_desktop.errors import ModelError
 
 ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
@@ -317,14 +317,18 @@ class NativeContext:
         ptr = llama_cpp.llama_get_logits(self.handle)
         return np.ctypeslib.as_array(ptr, shape=(rows, n_vocab)).copy()
 
-    def seq_state(self, seq: int, flags: int = 0) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+    def seq_state(
+        self, seq: int, flags: int = 0, into: BufferFor | None = None
+    ) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
         """One sequence's state (flags: llama.cpp's LLAMA_STATE_SEQ_FLAGS_*): the buffer and
-        the bytes used (0: llama.cpp could not serialize it)."""
-        return self._calls.call(self._seq_state, seq, flags)
+        the bytes used (0: llama.cpp could not serialize it); `into` supplies the buffer."""
+        return self._calls.call(self._seq_state, seq, flags, into)
 
-    def _seq_state(self, seq: int, flags: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+    def _seq_state(
+        self, seq: int, flags: int, into: BufferFor | None
+    ) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
         size = llama_cpp.llama_state_seq_get_size_ext(self.handle, seq, flags)
-        buffer = (ctypes.c_uint8 * size)()
+        buffer = into(size) if into is not None else (ctypes.c_uint8 * size)()
         used = llama_cpp.llama_state_seq_get_data_ext(self.handle, buffer, size, seq, flags)
         return buffer, int(used)
 

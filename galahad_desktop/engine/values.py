@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from galahad_desktop.engine.chat_format import TurnFormat
 
-KvType = Literal["f16", "f32", "q8_0"]
-KV_TYPE_NAMES: tuple[KvType, ...] = ("f16", "f32", "q8_0")
+KvType = Literal["f16", "f32", "q8_0", "q4_0"]
+KV_TYPE_NAMES: tuple[KvType, ...] = ("f16", "f32", "q8_0", "q4_0")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ One thread owns the core, so nothing reads a block while another is given back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -125,14 +126,15 @@ class Storage:
         items: list[StoredItem] = []
         for conv in self.vault.records.conversations():
             used = _time(conv.get("used_at"), conv.get("updated_at"), conv.get("created_at"))
-            if conv["document_id"]:
-                doc_id = conv["document_id"]
-                last_use[doc_id] = max(last_use.get(doc_id, 0.0), used)
             title = self._title(self.conversations.title, conv)
             kept = bool(conv.get("kept"))
-            items.append(
-                self._item(conv["id"], "conversation", title, used, kept, blocks, protected)
-            )
+            item = self._item(conv["id"], "conversation", title, used, kept, blocks, protected)
+            doc_id = conv["document_id"]
+            if doc_id:
+                last_use[doc_id] = max(last_use.get(doc_id, 0.0), used)
+                if item.state == "stored" and any(map(given_back, blocks.get(doc_id, []))):
+                    item = dataclasses.replace(item, state="needs re-reading")  # its root went
+            items.append(item)
         for doc in self.vault.records.documents():
             used = _time(doc.get("used_at"), doc.get("created_at"), last_use.get(doc["id"]))
             title = self._title(self.documents.name, doc)

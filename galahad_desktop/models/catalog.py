@@ -21,8 +21,9 @@ from galahad_desktop.errors import InputError
 SpeedSource = Literal["measured", "cached", "given"]
 
 F16 = 2
-# Bytes per stored K or V value: q8_0 keeps 32 values in 34 bytes (an f16 scale, 32 bytes).
-ELEMENT_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
+# Bytes per stored K or V value: q8_0 keeps 32 values in 34 bytes (an f16 scale, 32 bytes),
+# q4_0 in 18 (an f16 scale, 32 nibbles).
+ELEMENT_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 GIB = 1024**3
 HEAD_SLIDING, HEAD_GLOBAL = 256, 512
 OVERHEAD_BYTES = 768 * 1024**2  # compute buffers, the runtime itself
