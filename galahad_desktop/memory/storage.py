@@ -72,10 +72,12 @@ class Storage:
         """Before `owner_id` writes a block of `incoming` bytes: give back the blocks of
         what was used longest ago until it fits the budget. Inside a catalog transaction
         nothing is given back (the next save makes room)."""
-        budget, _rule = self.budget()
-        if budget <= 0 or self.vault.catalog.db.conn.in_transaction:
+        if self.vault.catalog.db.conn.in_transaction:
             return []
-        used = giveback.bytes_on_disk(self.vault.data_dir)
+        chosen = self.live.settings.values.disk_budget
+        if chosen == 0:
+            return []
+        used, budget, _rule = budget_for(self.vault.data_dir, chosen)
         incoming += CATALOG_HEADROOM
         if used + incoming <= budget:
             return []

@@ -108,7 +108,7 @@ def memory_line(conv: ConversationSummary, resumed: str = "") -> tuple[str, str]
     if conv.memory == "stored":
         return f"Stored · {conv.n_tokens:,} tokens · {human_bytes(conv.block_bytes)}", "success"
     if conv.memory == "needs re-reading" and conv.given_back:
-        return "Needs re-reading once (its memory was given back to free disk space)", "warning"
+        return "Needs re-reading once (memory given back)", "warning"
     if conv.memory == "needs re-reading":
         return "Needs re-reading once (model or settings changed)", "warning"
     return "Not stored yet", "muted"
@@ -171,6 +171,8 @@ def memory_summary(stats: MemoryStats) -> str:
         if stats.budget_bytes
         else f"{human_bytes(stats.on_disk_bytes)} in use, no disk budget<br>"
     )
+    if 0 < stats.budget_bytes < stats.on_disk_bytes:
+        budget += "Over the budget: what is open or kept is larger than it.<br>"
     return (
         f"{budget}<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
         f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "

@@ -130,7 +130,8 @@ class LookActions:
             if action == "give back":
                 done = core.give_back(item_id)
                 return (
-                    f"Gave back {human_bytes(done.bytes_freed)} ({done.blocks} blocks); "
+                    f"Gave back {human_bytes(done.bytes_freed)} "
+                    f"({done.blocks} block{'s' if done.blocks != 1 else ''}); "
                     "its messages stay and it is read again when next opened"
                 )
             item = core.keep(item_id, action == "keep")

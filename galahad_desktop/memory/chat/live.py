@@ -247,10 +247,12 @@ class LiveContext:
 
     def mark(self, owner_id: str, block_id: str | None) -> None:
         self.holding = Holding(owner_id, block_id)
-        # The disk budget gives back what was used longest ago: this is a use.
-        now = time.time()
-        for table in ("conversations", "documents"):
-            self.vault.catalog.update_where(table, {"used_at": now}, id=owner_id)
+        # The disk budget gives back what was used longest ago: this is a use (one write, to
+        # the table the id names: c-… conversations, d-… documents).
+        tables: dict[str, Table] = {"c-": "conversations", "d-": "documents"}
+        table = tables.get(owner_id[:2])
+        if table is not None:
+            self.vault.catalog.update_where(table, {"used_at": time.time()}, id=owner_id)
 
     def drop(self, owners: set[str] | None = None) -> None:
         """Stop relying on what the context holds (for `owners`, or whatever it is)."""
