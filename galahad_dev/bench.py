@@ -460,7 +460,6 @@ QUALITY_RUNS = (
     ("f16", {"kv_type": "f16"}),
     ("q8_0 (llama.cpp reads)", {"kv_type": "q8_0", "read_in_f16": False}),
     ("q8_0 (read in f16, converted)", {"kv_type": "q8_0", "read_in_f16": True}),
-    ("q4_0 (llama.cpp reads)", {"kv_type": "q4_0"}),
 )
 
 

@@ -1,7 +1,8 @@
 """Memory at real Gemma 4 sizes (#46): random-weight models with each size's real attention
 shapes, through the core. Their stored blocks keep the bytes per token, per kind of layer,
 that the catalog (and so the recommender and the disk estimates) computes from the shapes,
-in f16 and in q8_0; and a conversation on the largest shape resumes exact."""
+in f16 and q8_0 (and q4_0 at one shape); and a conversation on the largest shape resumes
+exact."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def test_blocks_keep_the_bytes_per_token_the_catalog_computes(
 ) -> None:
     model: Gemma4Model = BY_SIZE[size.lower()]
     path = real_shape_model(size, gemma3_path)
-    for kv_type, flash in (("f16", "auto"), ("q8_0", "on"), ("q4_0", "on")):
+    # q4_0 at one shape (llama.cpp reads it slowly on a CPU): its bytes follow the same rule.
+    q4 = (("q4_0", "on"),) if size == "26B-A4B" else ()
+    for kv_type, flash in (("f16", "auto"), ("q8_0", "on"), *q4):
         core = Galahad(
             tmp_path / kv_type,
             model_path=path,
@@ -61,7 +64,7 @@ def test_blocks_keep_the_bytes_per_token_the_catalog_computes(
         )
         try:
             document_id, tokens, sections = _measured(core, story(8))
-            if size in ("26B-A4B", "31B"):
+            if size == "31B" and kv_type == "f16":
                 _resumes_exact(core, document_id)
         finally:
             core.close()
