@@ -165,8 +165,8 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "f16",
         "How precisely the model's memory of what it read is kept: q8_0 takes about half "
-        "the disk per word, q4_0 about a quarter (both need flash attention; q4_0 is "
-        "read more slowly and changes answers more); f16 keeps it as the model computed it.",
+        "the disk per word, q4_0 about a quarter (both need flash attention; q4_0 reads "
+        "more slowly and changes answers noticeably); f16 keeps it as the model computed it.",
         runtime=True,
         choices=("f16", "f32", "q8_0", "q4_0"),
         group="Memory and documents",
