@@ -23,7 +23,8 @@ from galahad_desktop.memory.storage import Storage, budget_for
 from galahad_desktop.memory.usage import Usage
 from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
 from galahad_desktop.memory.verified.verifiers import Verdict
-from galahad_desktop.vault import custody, giveback, restoring
+from galahad_desktop.settings import Settings
+from galahad_desktop.vault import custody, restoring
 from galahad_desktop.vault.keys import open_keystore
 from galahad_desktop.vault.vault import AuditReport, Vault
 
@@ -34,6 +35,7 @@ class StoreFacade:
     library: VerifiedLibrary
     usage: Usage
     storage_room: Storage
+    settings: Settings
 
     # -- the verified library ------------------------------------------------------------
     def verified_check(self, question: str, answer: str) -> Verdict | None:
@@ -134,8 +136,7 @@ class StoreFacade:
 
     def memory_stats(self) -> MemoryStats:
         """Restored against recomputed tokens over recent requests (the Memory view)."""
-        budget, _rule = self.storage_room.budget()
-        on_disk = giveback.bytes_on_disk(self.vault.data_dir)
+        on_disk, budget, _rule = budget_for(self.vault.data_dir, self.settings.values.disk_budget)
         return dataclasses.replace(self.usage.stats(), on_disk_bytes=on_disk, budget_bytes=budget)
 
     # -- the disk budget ----------------------------------------------------------------

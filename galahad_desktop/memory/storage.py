@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +59,6 @@ class Storage:
         self.conversations = conversations
         self.documents = documents
         self.given_back: list[GiveBackResult] = []  # since the front end last asked
-        # Who else must keep its blocks while a save runs (the façade's open items).
-        self.protected: Callable[[], set[str]] = set
 
     # -- the budget ----------------------------------------------------------------------
     def budget(self) -> tuple[int, str]:
@@ -97,7 +94,7 @@ class Storage:
         return done
 
     def _protected(self, owner_id: str | None) -> set[str]:
-        owners = set(self.protected())
+        owners: set[str] = set()
         holding = self.live.holding
         for owner in ([owner_id] if owner_id else []) + ([holding.owner_id] if holding else []):
             owners |= self.conversations.chain_owners(owner)
@@ -204,12 +201,6 @@ class Storage:
         freed = giveback.give_back(self.vault, ids)
         log.info("gave back %d blocks (%d bytes) of a %s", len(ids), freed, item.kind)
         return GiveBackResult(item.id, item.kind, len(ids), freed, item.title)
-
-    def finish_interrupted(self) -> int:
-        """Files a give-back that was interrupted left behind, removed (at open)."""
-        if not os.path.isdir(self.vault.blocks_dir):
-            return 0
-        return giveback.finish(self.vault)
 
 
 def budget_for(data_dir: Path, chosen: int | None) -> tuple[int, int, str]:

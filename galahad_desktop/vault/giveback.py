@@ -4,8 +4,8 @@ is next needed (memory/storage.py decides which and when).
 
 The order makes it crash-safe: the rows are marked in one transaction first, then the files
 go. A process killed in between leaves files of blocks already marked: nothing reads them,
-the audit does not count them as problems, and the next give-back (or `audit --repair`)
-removes them. A process killed before the commit changed nothing.
+the audit does not count them as problems, and `audit --repair` (or `finish`) removes
+them. A process killed before the commit changed nothing.
 """
 
 from __future__ import annotations
