@@ -4,11 +4,13 @@
 red team used — chat messages with arithmetic and stray bytes, sampling flags, settings values
 and settings files that are not files, paths under a user that does not exist, loopback
 services that are not llama.cpp's device server (closing, stalling, answering garbage or
-HTTP), and kill -9 at random moments of `backup` and `restore` followed by the next start and
-`audit` — and counts what a user must never see: internal errors (exit 70, a traceback),
-aborts (a signal, exit 134), hangs, temporary folders left behind, empty conversations, and
-anything stored that changed. The suite runs it scaled down (`tests/test_hardening.py`);
-docs/reliability.md has the table of a whole run.
+HTTP), the local server's hostile clients (redteam_server.py), and kill -9 at random
+moments of `backup` and `restore` followed by the next start and `audit` — and counts what
+a user must never see: internal errors (exit 70, a traceback, a 5xx), aborts (a signal, exit
+134), hangs (or an answer past its bound), lock-outs, temporary folders left behind, empty
+conversations, and anything stored that changed. The suite runs it scaled down, without the
+server's area (`tests/test_hardening.py`; the fast tier's tests/test_server_hostile.py has
+those clients); docs/reliability.md has the table of a whole run.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from galahad_dev.hardening import kill_after
+from galahad_dev.redteam_server import server_clients
 
 Log = Callable[[str], None]
 Arg = str | bytes
@@ -349,9 +352,12 @@ def kill_trials(h: Harness, trials: int, rng: random.Random) -> None:
         h.findings.append(f"kill: backup records without a backup: {phantom}")
 
 
-def redteam(trials: int, seed: int, log: Log, per_kind: int | None = None) -> dict[str, Any]:
-    """Run every area (with `per_kind`, that many inputs of each kind, chosen by `seed`)
-    and count what went wrong."""
+def redteam(
+    trials: int, seed: int, log: Log, per_kind: int | None = None, server: bool = True
+) -> dict[str, Any]:
+    """Run every area (with `per_kind`, that many inputs of each kind, chosen by `seed`;
+    `server`: with the local server's hostile clients, a minute and a half) and count what
+    went wrong."""
     if os.environ.get("GALAHAD_KEYRING_READY") != "1":
         raise RuntimeError(
             "The harness makes and abandons master keys: run it in a throwaway keyring "
@@ -375,6 +381,7 @@ def redteam(trials: int, seed: int, log: Log, per_kind: int | None = None) -> di
             ("files", settings_files),
             ("paths", paths),
             ("device", device_servers),
+            *([("server", server_clients)] if server else []),
         ):
             before = h.snapshot()
             area(h, pick)
@@ -395,7 +402,8 @@ def redteam(trials: int, seed: int, log: Log, per_kind: int | None = None) -> di
         "internal_errors": verdicts["internal"],
         "aborts": verdicts["abort"],
         "hangs": verdicts["hang"],
-        "silent_failures": verdicts["silent"],
+        "silent_failures": verdicts["silent"],  # for the server: an error not in JSON
+        "lock_outs": verdicts["lockout"],
         "empty_conversations": sum(c["empty_conversations"] for c in checks.values()),
         "leftover_folders": sum(c["leftover_folders"] for c in checks.values()),
         "audit_problems": sum(c["audit_problems"] for c in checks.values()),

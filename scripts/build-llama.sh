@@ -63,7 +63,7 @@ debian_mirror() {  # the URI of the Debian archive in this system's apt sources
     uri="$(awk '$1 == "deb" && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}' \
       /etc/apt/sources.list | head -n 1)"
   fi
-  echo "${uri:-http://deb.debian.org/debian}"
+  echo "$uri"  # empty: apt names no archive here, and no host of our choosing stands in
 }
 
 newer_vulkan_headers() {
@@ -74,12 +74,14 @@ newer_vulkan_headers() {
   local root="${XDG_CACHE_HOME:-$HOME/.cache}/galahad/vulkan-headers"
   if ! vulkan_headers_ok "$root/usr/include"; then
     command -v apt-get >/dev/null || return 1
-    local tmp o
+    local tmp o mirror
+    mirror="$(debian_mirror)"
+    [ -n "$mirror" ] || return 1
     tmp="$(mktemp -d)"
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/debs"
     # The mirror this system's apt already uses (a company mirror, a proxy), with Debian
     # 13's suite: never a host of our choosing.
-    echo "deb $(debian_mirror) trixie main" > "$tmp/sources.list"
+    echo "deb $mirror trixie main" > "$tmp/sources.list"
     o=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
        -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root")
     echo "setup: fetching Debian 13's Vulkan and SPIR-V headers into $root"

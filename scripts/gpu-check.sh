@@ -32,7 +32,7 @@ out=benchmarks/results/gpu
 mkdir -p "$out"
 stamp="$(date +%Y%m%d-%H%M%S)"
 export QT_QPA_PLATFORM=offscreen GALAHAD_TEST_DEVICE=gpu
-.venv-gpu/bin/python -m pytest -m gpu -p no:cacheprovider tests/test_hardware.py
+.venv-gpu/bin/python -m pytest -m gpu -n 0 -p no:cacheprovider tests/test_hardware.py
 .venv-gpu/bin/galahad --self-test --json "$@" | tee "$out/self-test-$stamp.json"
 .venv-gpu/bin/python -m galahad_dev --json --out "$out/$stamp" "$@" bench resume > "$out/bench-resume-$stamp.json"
 .venv-gpu/bin/python -m galahad_dev --json --out "$out/$stamp" "$@" bench deposit > "$out/bench-deposit-$stamp.json"

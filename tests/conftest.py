@@ -175,3 +175,20 @@ def real_keyring() -> None:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture()
+def serve(make_fake_core: Callable[..., Galahad]) -> Iterator[Callable[..., Any]]:
+    """Start a local server on a fake core: `serve(core=None, limits=None) -> Served`."""
+    from tests.served import Served  # the server's stack, imported only where it is used
+
+    started: list[Served] = []
+
+    def start(core: Galahad | None = None, limits: Any = None) -> Served:
+        served = Served(core or make_fake_core(), limits)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.close()

@@ -125,6 +125,51 @@ def test_a_huge_declared_length_allocates_nothing_and_hours_are_refused(
             decode_audio(memos[suffix], f"memo{suffix}")
 
 
+def _wav(tag: int, bits: int, samples: bytes, channels: int = 1, rate: int = SAMPLE_RATE) -> bytes:
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block, block, bits)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(samples))
+        + b"WAVEfmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(samples))
+        + samples
+    )
+
+
+def test_a_wav_is_refused_by_what_its_header_declares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tone = (np.sin(np.arange(SAMPLE_RATE) / 8) * 8000).astype("<i2").tobytes()
+    lying = tmp_path / "lying.wav"  # "float samples", holding 16-bit integers
+    lying.write_bytes(_wav(3, 16, tone))
+    with pytest.raises(InputError, match=r"damaged: .*16-bit floating-point samples"):
+        decode_audio(lying, "lying.wav")
+    odd = tmp_path / "odd.wav"
+    odd.write_bytes(_wav(0x55, 16, tone))  # an MP3 inside a WAV: not PCM, not float
+    with pytest.raises(InputError, match="WAV format 0x55"):
+        decode_audio(odd, "odd.wav")
+    with pytest.raises(InputError, match="no RIFF/WAVE header"):
+        audio.check_wav_header(b"ID3" + bytes(40), 43, "tag.wav")
+    # The length is what the samples hold: one second here, refused under a 0.5 s limit
+    # before anything is decoded.
+    monkeypatch.setattr(audio, "MAX_AUDIO_SECONDS", 0.5)
+    good = tmp_path / "good.wav"
+    good.write_bytes(_wav(1, 16, tone))
+    with pytest.raises(InputError, match="holds 1 s of sound"):
+        decode_audio(good, "good.wav")
+
+
+def test_loudness_of_a_long_memo_is_measured_in_pieces() -> None:
+    hours = np.zeros(SAMPLE_RATE * 60 * 8, dtype="<i2")  # 8 minutes: several pieces
+    assert audio._loudness_dbfs(hours) < audio.SILENCE_DBFS
+    hours[-SAMPLE_RATE:] = 12000  # a loud last second, in the last piece
+    assert -10 < audio._loudness_dbfs(hours) < 0
+
+
 def test_silence_and_an_empty_track_are_refused(tmp_path: Path) -> None:
     import wave
 

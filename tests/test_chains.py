@@ -60,23 +60,6 @@ def test_the_parser_is_pinned_to_this_llama_cpp() -> None:
     assert kvstate.chains_supported()
 
 
-def test_parse_and_reassemble_is_the_identity(two_states: tuple[Engine, bytes, int, bytes]) -> None:
-    _engine, _early, _n, late = two_states
-    state = kvstate.parse(late)
-    assert len(state.sections) == 2  # iSWA: full-attention cache, then sliding window
-    full, swa = state.layout()
-    assert full == [(0, 1800)]
-    window = 512 if "gemma3" in str(_engine.config.model_path) else 128
-    assert swa[-1][1] == 1800 and sum(b - a for a, b in swa) <= window
-    # Gemma 4: the sections differ in layer count and row size (KV-shared layers own none).
-    full_layers, swa_layers = state.sections[0].layers, state.sections[1].layers
-    if "gemma4" in str(_engine.config.model_path):
-        assert len(full_layers) == 1 and len(swa_layers) == 3
-        assert {layer.k_row for layer in swa_layers} != {full_layers[0].k_row}
-    buffer, size = kvstate.assemble([state], state.layout(), kvstate.bytes_buffer)
-    assert _bytes(buffer, size) == late
-
-
 def _cut_at(
     state: bytes, position: int
 ) -> tuple[kvstate.SeqState, ctypes.Array[ctypes.c_uint8], int]:
@@ -86,31 +69,38 @@ def _cut_at(
     return parsed, child, child_size
 
 
-def test_a_cut_child_spliced_onto_its_parent_is_byte_identical(
+# One state pair per model and runtime serves the three checks (each pair costs ~5 s to
+# evaluate on 2 cores): parse and reassemble, cut and splice, a missing parent.
+def test_a_state_parses_cuts_and_splices_back_byte_identical(
     two_states: tuple[Engine, bytes, int, bytes],
 ) -> None:
     engine, early, n_early, late = two_states
+    state = kvstate.parse(late)
+    assert len(state.sections) == 2  # iSWA: full-attention cache, then sliding window
+    full, swa = state.layout()
+    assert full == [(0, 1800)]
+    window = 512 if "gemma3" in str(engine.config.model_path) else 128
+    assert swa[-1][1] == 1800 and sum(b - a for a, b in swa) <= window
+    # Gemma 4: the sections differ in layer count and row size (KV-shared layers own none).
+    full_layers, swa_layers = state.sections[0].layers, state.sections[1].layers
+    if "gemma4" in str(engine.config.model_path):
+        assert len(full_layers) == 1 and len(swa_layers) == 3
+        assert {layer.k_row for layer in swa_layers} != {full_layers[0].k_row}
+    buffer, size = kvstate.assemble([state], state.layout(), kvstate.bytes_buffer)
+    assert _bytes(buffer, size) == late
+
+    # A child cut at the earlier state's end, spliced onto it, is the later state.
     late_state, child, child_size = _cut_at(late, n_early)
     child_state = kvstate.parse(child, child_size)
     assert child_state.layout()[0] == [(n_early, 1800)]
     assert child_size < len(late) / 2
+    with pytest.raises(kvstate.KVLayoutError, match="missing"):  # never without its parent
+        kvstate.assemble([child_state], late_state.layout(), kvstate.bytes_buffer)
     spliced, size = kvstate.assemble(
         [kvstate.parse(early), child_state], late_state.layout(), kvstate.bytes_buffer
     )
     assert _bytes(spliced, size) == late
-    # and llama.cpp takes it
-    engine.restore(spliced, list(range(1800)), size)
-
-
-def test_splicing_without_the_parent_fails_loudly(
-    two_states: tuple[Engine, bytes, int, bytes],
-) -> None:
-    _engine, _early, n_early, late = two_states
-    late_state, child, child_size = _cut_at(late, n_early)
-    with pytest.raises(kvstate.KVLayoutError, match="missing"):
-        kvstate.assemble(
-            [kvstate.parse(child, child_size)], late_state.layout(), kvstate.bytes_buffer
-        )
+    engine.restore(spliced, list(range(1800)), size)  # and llama.cpp takes it
 
 
 @pytest.mark.parametrize(

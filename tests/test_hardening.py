@@ -25,13 +25,14 @@ def test_tamper_fuzzer_refuses_every_mutation() -> None:
     assert result["refused_by"]["owner binding"] > 0
 
 
-@pytest.mark.model  # not the model: 1,000 trials take ~40 s (the fast tier runs 190)
-def test_catalog_fuzzer_full_size() -> None:
+@pytest.mark.model  # not the model: 400 trials take ~18 s (the fast tier runs 190; the
+# evaluation, `eval catalog --mutations 1000`, writes docs/reliability.md's figures)
+def test_catalog_fuzzer_at_four_hundred_mutations() -> None:
     from galahad_dev.catalog_fuzz import catalog_fuzz
 
-    result = catalog_fuzz(1000, seed=11, log=lambda _m: None)
+    result = catalog_fuzz(400, seed=11, log=lambda _m: None)
     assert result["silent"] == 0 and result["crashed"] == 0, result["examples"]
-    assert result["refused"] + result["unchanged"] == 1000 and result["refused"] >= 950
+    assert result["refused"] + result["unchanged"] == 400 and result["refused"] >= 380
     assert result["pristine_intact"]
 
 
@@ -118,7 +119,7 @@ def test_the_hostile_input_harness_scaled_down() -> None:
     and nothing stored changed (`python -m galahad_dev eval redteam` runs them all)."""
     from galahad_dev.redteam import redteam
 
-    result = redteam(2, seed=3, log=lambda _m: None, per_kind=1)
+    result = redteam(2, seed=3, log=lambda _m: None, per_kind=1, server=False)
     assert result["findings"] == []
     assert result["internal_errors"] == result["aborts"] == result["hangs"] == 0
     assert result["silent_failures"] == result["empty_conversations"] == 0

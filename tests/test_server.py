@@ -3,13 +3,12 @@ server, uvicorn and the official `openai` client; the real model is in test_serv
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,52 +19,9 @@ from galahad_desktop.engine.decoding import StopTexts
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import ChatMessage
-from galahad_desktop.server.app import Limits, ServerIdentity
-from galahad_desktop.server.lane import ThreadLane
-from galahad_desktop.server.running import Address, LocalServer, check_host
-
-
-class Served:
-    def __init__(self, core: Galahad, limits: Limits | None = None) -> None:
-        self.core = core
-        self.lane = ThreadLane(core)
-        self.key = self.lane.call(lambda c: c.api_key())
-        self.server = LocalServer(
-            self.lane, ServerIdentity("fake-model", lambda: self.key), port=0, limits=limits
-        )
-        self.address: Address = self.server.start()
-        self.client = openai.OpenAI(base_url=self.address.base_url, api_key=self.key)
-
-    def raw(
-        self, method: str, path: str, body: bytes | None = None, key: str | None = None
-    ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.address.port, timeout=10)
-        headers = {"Authorization": f"Bearer {self.key if key is None else key}"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        conn.close()
-        return response.status, json.loads(data or b"{}"), dict(response.getheaders())
-
-    def close(self) -> None:
-        self.server.stop()
-        self.lane.close()
-
-
-@pytest.fixture()
-def serve(make_fake_core: Callable[..., Galahad]) -> Iterator[Callable[..., Served]]:
-    started: list[Served] = []
-
-    def start(core: Galahad | None = None, limits: Limits | None = None) -> Served:
-        served = Served(core or make_fake_core(), limits)
-        started.append(served)
-        return served
-
-    yield start
-    for served in started:
-        served.close()
+from galahad_desktop.server.app import Limits
+from galahad_desktop.server.running import check_host
+from tests.served import Served
 
 
 def user(text: str) -> dict[str, str]:
@@ -366,7 +322,7 @@ def test_limits_answer_in_openais_terms(serve: Callable[..., Served]) -> None:
     # A client that sends half a body and stalls is cut off.
     with socket.create_connection(("127.0.0.1", served.address.port), timeout=5) as slow:
         slow.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             + f"Authorization: Bearer {served.key}\r\n".encode()
             + b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mess'
         )
@@ -391,7 +347,7 @@ def test_a_client_that_leaves_cancels_its_request(serve: Callable[..., Served]) 
     body = json.dumps({"messages": [user("never answered")]}).encode()
     with socket.create_connection(("127.0.0.1", served.address.port), timeout=5) as leaving:
         leaving.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             + f"Authorization: Bearer {served.key}\r\n".encode()
             + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             + body

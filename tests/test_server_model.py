@@ -149,10 +149,15 @@ def test_a_system_prompt_and_a_pasted_document_are_read_once_by_the_server(
     assert checked["ok"] and {v["kind"] for v in checked["results"]} >= {"prompt"}
 
 
-def test_serve_refuses_a_network_address_without_the_flag(tmp_path: Path) -> None:
+def test_serve_refuses_a_network_address_without_the_flag_and_a_port_that_is_not_one(
+    tmp_path: Path,
+) -> None:
     proc = run_cli("serve", "--host", "0.0.0.0", data_dir=tmp_path / "data", check=False)
     assert proc.returncode == 4 and "--allow-network" in proc.stderr
     assert "Traceback" not in proc.stderr
+    for port in ("70000", "-1"):  # not ports: named, exit 4 (was "Internal error", 70)
+        proc = run_cli("serve", "--port", port, data_dir=tmp_path / "data", check=False)
+        assert proc.returncode == 4 and f"--port {port} is not a port number" in proc.stderr
 
 
 def _a_fresh_server_reads_it_all_and_says_the_same(

@@ -23,9 +23,10 @@ def cmd_serve(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         return 0
     from galahad_desktop.server.app import ServerIdentity
     from galahad_desktop.server.lane import ThreadLane
-    from galahad_desktop.server.running import LocalServer, check_host, quiet_uvicorn
+    from galahad_desktop.server.running import LocalServer, check_host, check_port, quiet_uvicorn
 
     host = check_host(args.host, args.allow_network)
+    check_port(args.port)  # before the model loads
     lane = ThreadLane(core)
     try:
         key = lane.call(lambda c: c.api_key())

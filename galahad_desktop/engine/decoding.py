@@ -99,13 +99,42 @@ class Decoder(Protocol):
     def room(self) -> int: ...
 
 
+class _StopMatcher:
+    """How much of one stop text the reply's end holds (Knuth-Morris-Pratt): each
+    character of the reply is looked at once, so matching is linear in the reply however
+    long the stop text."""
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.held = 0  # the longest prefix of `stop` the text so far ends with
+        self.fallback = [0] * len(stop)  # per prefix: its longest proper border
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fallback[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fallback[i] = k
+
+    def step(self, char: str) -> bool:
+        """Take the reply's next character; True when the stop text has just ended."""
+        k, stop = self.held, self.stop
+        while k and stop[k] != char:
+            k = self.fallback[k - 1]
+        if stop[k] == char:
+            k += 1
+        self.held = k
+        return k == len(stop)
+
+
 class StopTexts:
     """Holds back answer text that may be the start of a stop text, so a stop text is never
     streamed; once one appears, the answer ends just before it."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(s for s in stops if s)
-        self.pending = ""
+        self.matchers = [_StopMatcher(s) for s in self.stops]
+        self.pending = ""  # never longer than the longest stop text
         self.hit = False
 
     def feed(self, piece: str) -> list[str]:
@@ -113,18 +142,17 @@ class StopTexts:
             return [piece]
         if self.hit:
             return []
-        self.pending += piece
-        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if found:
-            self.hit = True
-            shown, self.pending = self.pending[: min(found)], ""
-            return [shown] if shown else []
-        keep = max(
-            (n for s in self.stops for n in range(1, len(s)) if self.pending.endswith(s[:n])),
-            default=0,
-        )
-        shown = self.pending[: len(self.pending) - keep]
-        self.pending = self.pending[len(shown) :]
+        text = self.pending + piece
+        start = len(self.pending)
+        for at in range(start, len(text)):
+            ended = [m for m in self.matchers if m.step(text[at])]
+            if ended:
+                self.hit = True
+                self.pending = ""
+                shown = text[: at + 1 - max(len(m.stop) for m in ended)]
+                return [shown] if shown else []
+        keep = max(m.held for m in self.matchers)
+        shown, self.pending = text[: len(text) - keep], text[len(text) - keep :]
         return [shown] if shown else []
 
     def flush(self) -> list[str]:

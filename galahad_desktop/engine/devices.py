@@ -475,9 +475,13 @@ def serve_rpc(endpoint: str, n_threads: int, on_ready: Callable[[], None] | None
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
     )
-    previous = signal.getsignal(signal.SIGTERM)
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.getsignal(number) for number in stops}
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)  # `kill PID`: stop as Ctrl+C does
+        # Ctrl+C and `kill PID` stop it, even where it was started with SIGINT ignored (a
+        # shell's background job, some CI runners): a server says Ctrl+C stops it.
+        for number in stops:
+            signal.signal(number, _stop_on_signal)
     try:
         _wait_listening(inner, worker)
         if on_ready is not None:
@@ -487,13 +491,14 @@ def serve_rpc(endpoint: str, n_threads: int, on_ready: Callable[[], None] | None
         pass  # Ctrl+C: stop serving
     finally:
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
         listener.close()
         worker.kill()
         worker.wait()
 
 
-def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+def _stop_on_signal(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 

@@ -48,6 +48,14 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+# Where a conversation's memory stands ("": not looked at); the window says "writing the
+# first reply" while its first turn is under way.
+ConversationMemory = Literal[
+    "", "stored", "needs re-reading", "not stored", "damaged", "writing the first reply"
+]
+DocumentKind = Literal["text", "picture", "scan", "memo"]
+
+
 @dataclass
 class GraftReport:
     owner_id: str
@@ -226,7 +234,7 @@ class ConversationSummary:
     model_sha256: str = ""
     damaged: str = ""  # why its record does not open (it is listed, marked, never hidden)
     preview: str = ""  # the start of its last message (decrypted in memory, for the sidebar)
-    memory: str = ""  # stored | needs re-reading | not stored | damaged
+    memory: ConversationMemory = ""
     block_bytes: int = 0  # its stored blocks' bytes on disk
     origin: str = ""  # "api": made through the local API server ("": in the app)
     given_back: bool = False  # its memory was given back to the disk budget (re-read once)
@@ -243,7 +251,7 @@ class DocumentSummary:
     created_at: float
     status: str
     n_parts: int = 1
-    kind: str = "text"  # text | picture | scan | memo
+    kind: DocumentKind = "text"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import threading
@@ -39,9 +40,12 @@ access_log = logging.getLogger("galahad.server.access")
 class Limits:
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout_s: float = 30.0  # the whole body must arrive within this
+    head_timeout_s: float = 10.0  # a request's head (line and headers) must arrive within this
     queue_limit: int = 8  # requests queued or running before 429
     retry_after_s: int = 5
     max_tokens: int = 32_768
+    max_connections: int = 256  # open at once (past it: 429); well under 1,024 open files
+    max_waiting_heads: int = 64  # connections yet to send a request head (the oldest goes)
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,9 @@ class GalahadApi:
             ) from None
         try:
             return json.loads(bytes(data))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            raise ApiError(400, "The request body is nested too deeply to read.") from None
+        except ValueError as exc:  # not JSON, not UTF-8, or an integer of thousands of digits
             raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
 
     def admit(self) -> None:
@@ -151,6 +157,7 @@ class GalahadApi:
 
     async def chat(self, request: Request) -> Response:
         self.authenticate(request)
+        self.admit()  # before the body too: a full queue costs no upload
         args = protocol.parse_chat(await self.body(request), self.limits.max_tokens)
         self.admit()
         if args.stream:
@@ -232,16 +239,56 @@ class GalahadApi:
         )
 
 
-def build_app(lane: CoreLane, identity: ServerIdentity, limits: Limits | None = None) -> Starlette:
+LOOPBACK_NAMES = ("localhost", "localhost.")
+
+
+def host_allowed(header: str, network: bool) -> bool:
+    """Whether a request's Host names this server as a loopback client would: `localhost`
+    or a loopback address (any IP address when the server is open to the network). A page
+    that rebinds its own domain name to 127.0.0.1 sends that name, and is refused."""
+    name = header.strip().lower()
+    if name.startswith("["):  # [v6]:port
+        name = name[1 : name.find("]")] if "]" in name else ""
+    elif name.count(":") == 1:
+        name, _, port = name.partition(":")
+        if not port.isdigit():
+            return False
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return network or address.is_loopback
+
+
+def build_app(
+    lane: CoreLane,
+    identity: ServerIdentity,
+    limits: Limits | None = None,
+    network: bool = False,
+) -> Starlette:
+    """The application; `network`: the server listens where other computers reach it
+    (--allow-network), so a Host naming any IP address is accepted."""
     api = GalahadApi(lane, identity, limits or Limits())
 
     def guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def run(request: Request) -> Response:
             start = time.perf_counter()
             try:
+                if not host_allowed(request.headers.get("host", ""), network):
+                    raise ApiError(
+                        403,
+                        "The request's Host header does not name this computer (localhost "
+                        "or 127.0.0.1); requests through other names are refused.",
+                        code="host_not_allowed",
+                    )
                 response: Response = await endpoint(request)
             except ApiError as exc:
                 response = _error(exc)
+            except Exception as exc:  # a bug: OpenAI's shape, by type only, never a traceback
+                access_log.warning("internal error (%s)", type(exc).__name__)
+                response = _error(_core_error(exc))
             access_log.info(
                 "%s %s %d in=%s ms=%.0f",
                 request.method,

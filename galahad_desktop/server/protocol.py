@@ -3,8 +3,9 @@
 Every problem with a request is an `ApiError` naming the field, in OpenAI's error shape
 (`{"error": {"message", "type", "param", "code"}}`) with the status OpenAI uses. Fields
 OpenAI defines that change nothing here (`user`, `metadata`, `store`…) are accepted and
-ignored; ones that would change the reply and are not supported (`n` > 1, tools, logprobs)
-are refused by name rather than silently ignored.
+ignored; ones that would change the reply and are not supported (`n` > 1, tools, logprobs,
+logit_bias, penalties, a JSON response format) are refused by name rather than silently
+ignored, and so is a field of the wrong type.
 """
 
 from __future__ import annotations
@@ -21,13 +22,27 @@ from typing import Any
 from galahad_desktop.memory.results import ChatCompletion, ChatMessage, ChatRole
 
 MAX_STOP = 4  # OpenAI's own limit
+MAX_STOP_CHARS = 1_000  # per stop text: held back while a reply streams
 ROLE_NAMES: dict[str, ChatRole] = {
     "system": "system",
     "developer": "system",  # OpenAI's newer name for the system role
     "user": "user",
     "assistant": "assistant",
 }
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs", "audio")
+# Fields that would change the reply, with the value that changes nothing (accepted).
+UNSUPPORTED: dict[str, object] = {
+    "tools": [],
+    "functions": [],
+    "tool_choice": "none",
+    "function_call": "none",
+    "logprobs": False,
+    "top_logprobs": 0,
+    "audio": None,
+    "logit_bias": {},
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "prediction": None,
+}
 
 
 class ApiError(Exception):
@@ -185,16 +200,41 @@ def _stop(value: Any) -> tuple[str, ...]:
         raise ApiError(400, "'stop' must be a string or a list of non-empty strings.", "stop")
     if len(stops) > MAX_STOP:
         raise ApiError(400, f"'stop' can hold at most {MAX_STOP} strings.", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(
+            400, f"Each 'stop' string can be at most {MAX_STOP_CHARS:,} characters.", "stop"
+        )
     return tuple(stops)
+
+
+def _refuse_unsupported(payload: dict[str, Any]) -> None:
+    """Fields this server does not implement: absent, null or their neutral value only
+    (`logprobs: false`, `tools: []`…); anything else is refused by name."""
+    for name, neutral in UNSUPPORTED.items():
+        value = payload.get(name)
+        # `0 == False` in Python: a number never stands for a flag here, nor a flag for one.
+        if value is None or (
+            value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
+        ):
+            continue
+        raise ApiError(400, f"'{name}' is not supported by this server.", name)
+    modalities = payload.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise ApiError(400, "'modalities' can only be [\"text\"] here.", "modalities")
+    response_format = payload.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise ApiError(
+            400,
+            '\'response_format\' other than {"type": "text"} is not supported by this server.',
+            "response_format",
+        )
 
 
 def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
     """A chat-completions request body, checked (ApiError names the first problem)."""
     if not isinstance(payload, dict):
         raise ApiError(400, "The request body must be a JSON object.")
-    for name in UNSUPPORTED:
-        if payload.get(name) not in (None, False, [], {}):
-            raise ApiError(400, f"'{name}' is not supported by this server.", name)
+    _refuse_unsupported(payload)
     n = _integer(payload, "n", 1, 128)
     if n not in (None, 1):
         raise ApiError(400, "'n' must be 1: this server writes one reply per request.", "n")
@@ -204,9 +244,17 @@ def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be true or false.", "stream")
-    options = payload.get("stream_options") or {}
+    options = payload.get("stream_options")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise ApiError(
+            400,
+            "'stream_options.include_usage' must be true or false.",
+            "stream_options.include_usage",
+        )
     limit = _integer(payload, "max_completion_tokens", 1, max_tokens_limit)
     if limit is None:
         limit = _integer(payload, "max_tokens", 1, max_tokens_limit)
@@ -222,7 +270,7 @@ def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
     return ChatArgs(
         _messages(payload.get("messages")),
         stream,
-        bool(options.get("include_usage")),
+        include_usage,
         _stop(payload.get("stop")),
         {k: v for k, v in sampling.items() if v is not None},
     )
@@ -250,7 +298,12 @@ def completion_body(ident: str, model: str, done: ChatCompletion) -> dict[str, A
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": done.text},
+                "message": {
+                    "role": "assistant",
+                    "content": done.text,
+                    "refusal": None,  # the spec's field (nullable): this server never refuses
+                    "annotations": [],
+                },
                 "finish_reason": done.finish_reason,
                 "logprobs": None,
             }

@@ -28,6 +28,7 @@ from galahad_desktop.memory.chat.shared_prompts import SharedPrompts
 from galahad_desktop.memory.chat.system_prompt import set_system_prompt, system_text
 from galahad_desktop.memory.chat.versions import Versions
 from galahad_desktop.memory.results import (
+    ConversationMemory,
     ConversationSummary,
     Message,
 )
@@ -113,7 +114,7 @@ class Conversations:
             return ""
         return " ".join(text.split())[:PREVIEW_CHARS]
 
-    def memory(self, row: ConversationRow) -> tuple[str, int, bool]:
+    def memory(self, row: ConversationRow) -> tuple[ConversationMemory, int, bool]:
         """Whether the conversation's KV is kept and usable under this runtime (a graft), or
         will be re-read once; its blocks' bytes on disk; whether some were given back to
         the disk budget."""

@@ -165,9 +165,25 @@ class StatelessChats(TurnRoom):
         )
 
     # -- one request ---------------------------------------------------------------------
+    def check_fits(self, request: ChatShape) -> None:
+        """Refuse at once a history that cannot fit the context: its words alone, counted
+        in tokens, with two markers a turn (fewer than any chat format adds). Without this a
+        long history was read turn by turn until the context filled, minutes later."""
+        engine = self.live.engine
+        texts = [request.system, request.question.text]
+        texts += [text for user, reply in request.pairs for text in (user.text, reply)]
+        needed = sum(len(engine.encode_text(text)) for text in texts if text) + 2 * len(texts)
+        if needed + self.turns.reply_room() > engine.n_ctx:
+            raise InputError(
+                f"The messages need at least {needed:,} tokens, more than the model's "
+                f"{engine.n_ctx:,}-token context leaves with room for a reply "
+                "(context_length_exceeded); send a shorter history."
+            )
+
     def complete(
         self, request: ChatShape, params: SamplingParams, job: Job = NO_JOB
     ) -> ChatCompletion:
+        self.check_fits(request)
         found = self.find(request)
         counters = Counters()
         made: str | None = None

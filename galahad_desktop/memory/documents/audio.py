@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import io
+import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +77,54 @@ def _clock(seconds: float) -> str:
     return f"{rest // 60} min {rest % 60:02d} s" if rest >= 60 else f"{rest} s"
 
 
+# A WAV's format tags (its "fmt " chunk) and the sample sizes each may hold.
+WAV_SAMPLE_BITS = {1: (8, 16, 24, 32), 3: (32,)}  # PCM integers; IEEE floats
+WAV_EXTENSIBLE = 0xFFFE  # the real tag is the first two bytes of its sub-format
+
+
+def check_wav_header(head: bytes, file_size: int, name: str) -> None:
+    """Refuse a WAV by what its header declares, before anything is decoded: a format
+    other than PCM or float, a sample size its format cannot hold, or a length over
+    MAX_AUDIO_SECONDS (the samples the file really holds, where the header claims more)."""
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        raise InputError(f"'{name}' is not a WAV file (it has no RIFF/WAVE header).")
+    at, fmt, data_size = 12, None, None
+    while at + 8 <= len(head) and (fmt is None or data_size is None):
+        chunk, size = head[at : at + 4], struct.unpack_from("<I", head, at + 4)[0]
+        if chunk == b"fmt " and size >= 16 and at + 8 + size <= len(head):
+            fmt = struct.unpack_from("<HHIIHH", head, at + 8)
+            if fmt[0] == WAV_EXTENSIBLE and size >= 26:
+                fmt = (struct.unpack_from("<H", head, at + 32)[0], *fmt[1:])
+        elif chunk == b"data":
+            data_size = min(size, file_size - at - 8)
+            break
+        at += 8 + size + (size & 1)
+    if fmt is None or data_size is None:
+        raise InputError(f"'{name}' is damaged: its header says nothing of its samples.")
+    tag, channels, rate, _rate_bytes, _block, bits = fmt
+    if tag not in WAV_SAMPLE_BITS:
+        raise InputError(f"'{name}' holds sound in WAV format {tag:#x}; PCM or float is read.")
+    if bits not in WAV_SAMPLE_BITS[tag] or not channels or not rate:
+        kind = "floating-point" if tag == 3 else "integer"
+        raise InputError(
+            f"'{name}' is damaged: its header says {channels} channel(s) of {bits}-bit "
+            f"{kind} samples at {rate:,} Hz, which no WAV holds."
+        )
+    seconds = data_size / (channels * bits / 8 * rate)
+    if seconds > MAX_AUDIO_SECONDS:
+        raise InputError(
+            f"'{name}' holds {_clock(seconds)} of sound; a memo may last at most "
+            f"{_clock(MAX_AUDIO_SECONDS)}."
+        )
+
+
+def _wav_head(source: Path | io.BytesIO) -> tuple[bytes, int]:
+    if isinstance(source, io.BytesIO):
+        return bytes(source.getbuffer()[:65536]), len(source.getbuffer())
+    with open(source, "rb") as file:
+        return file.read(65536), os.fstat(file.fileno()).st_size
+
+
 def decode_audio(source: Path | io.BytesIO, name: str) -> Memo:
     """Decode a memo (in the limited child): the demuxer its suffix names, one audio track
     in an accepted codec, no longer than MAX_AUDIO_SECONDS (declared or decoded), not all
@@ -86,6 +136,8 @@ def decode_audio(source: Path | io.BytesIO, name: str) -> Memo:
         kinds = ", ".join(sorted(AUDIO_SUFFIXES))
         raise InputError(f"'{name}' is not a voice memo Galahad reads ({kinds}).")
     demuxer, codecs, label = AUDIO_FORMATS[suffix]
+    if suffix == ".wav":
+        check_wav_header(*_wav_head(source), name)
     try:
         container = av.open(source, format=demuxer, metadata_errors="ignore")
     except (av.error.FFmpegError, ValueError, OSError):
@@ -105,6 +157,8 @@ def _decode(container: object, name: str, codecs: frozenset[str], label: str) ->
     if not container.streams.audio:
         raise InputError(f"'{name}' holds no sound track.")
     stream = container.streams.audio[0]
+    if stream.codec_context is None:  # FFmpeg knows of no decoder for what it holds
+        raise InputError(f"'{name}' holds sound in a form no decoder reads.")
     codec = stream.codec_context.name
     if codec not in codecs:
         raise InputError(f"'{name}' holds {codec} audio, which {label} memo may not hold.")
@@ -151,9 +205,12 @@ def _loudness_dbfs(samples: np.ndarray) -> float:
     usable = len(samples) // frame * frame
     if usable == 0:
         return -120.0
-    frames = samples[:usable].astype(np.float64).reshape(-1, frame) / 32768.0
-    rms = np.sqrt((frames**2).mean(axis=1)).max()
-    return float(20 * np.log10(max(rms, 1e-6)))
+    loudest = 0.0
+    step = frame * 4096  # a minute and a half at a time: two hours never need gigabytes
+    for at in range(0, usable, step):
+        frames = samples[at : min(at + step, usable)].astype(np.float32).reshape(-1, frame)
+        loudest = max(loudest, float(np.sqrt((np.square(frames / 32768.0)).mean(axis=1)).max()))
+    return float(20 * np.log10(max(loudest, 1e-6)))
 
 
 def worker_output(path: Path, mode: str) -> dict[str, object]:

@@ -38,7 +38,13 @@ from galahad_desktop.memory.documents.pictures import (
     read_picture_bytes_bounded,
     read_pictures_bounded,
 )
-from galahad_desktop.memory.results import DepositResult, DocumentSummary, PartSummary, TurnResult
+from galahad_desktop.memory.results import (
+    DepositResult,
+    DocumentKind,
+    DocumentSummary,
+    PartSummary,
+    TurnResult,
+)
 from galahad_desktop.vault.names import BlockRow, DocumentRow, NewPart, PartRow, given_back
 from galahad_desktop.vault.vault import new_id
 
@@ -128,7 +134,7 @@ class Documents(MediaTurns, TurnRoom):
             )
         return out
 
-    def kind(self, document_id: str) -> str:
+    def kind(self, document_id: str) -> DocumentKind:
         """text, picture (one picture), scan (pages read as pictures) or memo (sound)."""
         parts = self.records.parts("part_no", document_id=document_id)
         if not parts or not parts[0].get("image_enc"):

@@ -34,7 +34,7 @@ from galahad_desktop.errors import IntegrityError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import GraftReport
-from galahad_desktop.memory.retrieval.router import Candidate, RouteDecision
+from galahad_desktop.memory.retrieval.router import RERANKED, Candidate, RouteDecision
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def decide_reranked(
     scores = reranking.scores
     checked = [by_id[s.part_id] for s in scores if s.part_id in by_id]
     rest = [c for c in decision.candidates if c.part_id not in {s.part_id for s in scores}]
-    method = f"{decision.method}+rerank"
+    method = RERANKED[decision.method]
     extra = {**decision.extra, "rerank": reranking.as_dict()}
     base = replace(
         decision,

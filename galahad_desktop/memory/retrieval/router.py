@@ -14,7 +14,7 @@ import re
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import snowballstemmer
 
@@ -27,6 +27,15 @@ STOPWORDS = frozenset(
     of on or our please tell that the their there this to was were what when where which who
     whom whose why will with you your about document part""".split()
 )
+
+
+RoutingMethod = Literal["lexical", "hybrid", "lexical+rerank", "hybrid+rerank"]
+RERANKED: dict[RoutingMethod, RoutingMethod] = {
+    "lexical": "lexical+rerank",
+    "hybrid": "hybrid+rerank",
+    "lexical+rerank": "lexical+rerank",
+    "hybrid+rerank": "hybrid+rerank",
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +61,8 @@ class RouteDecision:
     strength: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     cited: list[Candidate] = field(default_factory=list)  # the parts an answer comes from
-    # lexical | hybrid (with an embedding model's similarity), "+rerank" when the model chose
-    method: str = "lexical"
+    # with an embedding model's similarity (hybrid) or not; "+rerank" when the model chose
+    method: RoutingMethod = "lexical"
 
     @property
     def best(self) -> Candidate | None:

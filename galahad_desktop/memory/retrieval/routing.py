@@ -10,7 +10,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,7 +29,14 @@ from galahad_desktop.memory.retrieval.rerank import (
     candidates_to_check,
     decide_reranked,
 )
-from galahad_desktop.memory.retrieval.router import Candidate, PartIndex, RouteDecision, decide
+from galahad_desktop.memory.retrieval.router import (
+    RERANKED,
+    Candidate,
+    PartIndex,
+    RouteDecision,
+    RoutingMethod,
+    decide,
+)
 from galahad_desktop.vault.names import NewPart, PartRow
 from galahad_desktop.vault.vault import Vault, new_id
 
@@ -92,9 +99,15 @@ class RoutingLogEntry:
     margin: float
     decision: str
     part_id: str | None
-    method: str = ""  # lexical | hybrid, "+rerank" when the model checked the candidates
+    method: RoutingMethod | Literal[""] = ""  # "": logged before methods were recorded
     rerank: list[list[Any]] | None = None  # [part id, PMI in nats], best first
     rerank_ms: float | None = None
+
+
+def _logged_method(value: object) -> RoutingMethod | Literal[""]:
+    """A routing log entry's method, as logged ("": an entry from before methods were)."""
+    unknown: Literal[""] = ""
+    return next((m for m in RERANKED if m == value), unknown)  # its keys: every method
 
 
 class Routing:
@@ -283,7 +296,7 @@ class Routing:
                 float(e.get("margin", 0.0)),
                 str(e.get("decision", "")),
                 e.get("part_id"),
-                str(e.get("method", "")),
+                _logged_method(e.get("method")),
                 e.get("rerank"),
                 e.get("rerank_ms"),
             )
