@@ -164,9 +164,9 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
         "eval",
         "memory",
         "--tokens",
-        "2200",
-        "--doc-tokens",
         "3000",
+        "--doc-tokens",
+        "4500",
         "--probes",
         "3",
         "--controls",
@@ -186,7 +186,7 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
         "rss_end_mb",
     ):
         assert key in result, key
-    assert result["tokens"] >= 2200 and result["parts"] >= 2
+    assert result["tokens"] >= 3000 and result["parts"] >= 2
     assert result["probes"] == 3 and result["controls"] == 3
     assert result["routed_right"] == 3  # each record's own part, by name
     assert result["zero_recompute"] == result["answered"]

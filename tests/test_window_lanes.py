@@ -23,6 +23,7 @@ from tests.helpers import window_opener
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QAction
 
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 from galahad_desktop.memory.galahad import Galahad, ModelDownloads
@@ -216,6 +217,12 @@ def test_regenerate_keeps_versions_paged_on_the_card(qtbot: Any, make_window: An
         win.chat._anchor(QUrl(f"galahad:version-previous/{len(win.chat.messages) - 1}"))
     assert opened.args[0].graft.recomputed_tokens == 0
     assert win.chat.messages[-1].text == first and win.chat.messages[-1].version == 1
+    # By keyboard too (Conversation ▸ Next version of the reply, Alt+Right), wrapping round.
+    pager = next(a for a in win.findChildren(QAction) if a.text() == "Next version of the reply")
+    assert pager.shortcut().toString() == "Alt+Right"
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        pager.trigger()
+    assert win.chat.messages[-1].version == 2
 
 
 def test_a_reply_is_cut_where_the_model_opens_a_turn(qtbot: Any, make_window: Any) -> None:
@@ -260,6 +267,52 @@ def test_enter_sends_and_shift_enter_breaks_a_line(qtbot: Any, make_window: Any)
     with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
         qtbot.keyClick(win.chat.input, Qt.Key.Key_Return)
     assert win.chat.messages[0].text == "first line\nsecond"
+    # ...and the card shows the two lines as typed (Qt writes a <br> as U+2028).
+    shown = win.chat.transcript.toPlainText().replace("\u2028", "\n")
+    assert "first line\nsecond" in shown
+
+
+def test_typing_with_no_text_field_focused_goes_to_the_message_box(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window()
+    win.new_chat()  # the chat page, with its message box (the welcome page has none)
+    for focused in (win.sidebar.conversation_list, win.sidebar.new_button, win.chat.transcript):
+        win.chat.input.clear()
+        focused.setFocus()
+        for char in "Hi there":  # each key to whichever widget has the focus, as typed
+            qtbot.keyClick(win.focusWidget(), char)
+        assert win.chat.input.toPlainText() == "Hi there", focused
+        assert win.chat.input.hasFocus()
+    # A text field keeps its keys; a shortcut and a space (which presses a button) are left
+    # to the focused control.
+    win.chat.input.clear()
+    win.sidebar.search.setFocus()
+    qtbot.keyClicks(win.sidebar.search, "owls")
+    assert win.sidebar.search.text() == "owls" and win.chat.input.toPlainText() == ""
+    win.sidebar.new_button.setFocus()
+    qtbot.keyClick(win.sidebar.new_button, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClick(win.sidebar.new_button, Qt.Key.Key_Space)
+    assert win.chat.input.toPlainText() == ""
+
+
+def test_a_new_chat_shows_nothing_of_the_conversation_left(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    win.new_chat()
+    win.chat.input.setPlainText("Tell me about owls")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+    qtbot.waitUntil(lambda: bool(win.sidebar.conversation_list.selectedItems()), timeout=WAIT_MS)
+    win.memory_dock.setVisible(True)
+    win.refresh_memory()
+    qtbot.waitUntil(
+        lambda: "tokens kept" in win.memory_panel.conversation_label.text(), timeout=WAIT_MS
+    )
+    win.new_chat()
+    assert win.sidebar.conversation_list.selectedItems() == []
+    assert win.sidebar.conversation_list.currentItem() is None
+    assert win.memory_panel.conversation_label.text() == "No conversation open."
+    assert win.graft_label.text().startswith("New conversation")
 
 
 def test_the_first_window_fits_the_screen() -> None:

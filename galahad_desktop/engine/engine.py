@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
-
 from galahad_desktop.engine import device_guard, devices, gguf, kvquant
 from galahad_desktop.engine.context_engine import (
     READ_IN_F16_MIN,
@@ -25,6 +23,7 @@ from galahad_desktop.engine.context_engine import (
     ContextEngine,
     Opened,
 )
+from galahad_desktop.engine.llama import llama_cpp
 from galahad_desktop.engine.llama_api import KV_TYPES
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
 from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel

@@ -15,8 +15,7 @@ import ctypes
 import time
 from collections.abc import Callable, Sequence
 
-import llama_cpp
-
+from galahad_desktop.engine.llama import llama_cpp
 from galahad_desktop.engine.llama_api import DIRECT, NativeCalls
 from galahad_desktop.errors import ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress

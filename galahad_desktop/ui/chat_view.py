@@ -406,10 +406,8 @@ class ChatView(QWidget):
             blocks = code_blocks(message.text)
             if numbers[1] < len(blocks):
                 self.copy(blocks[numbers[1]])
-        elif action in ("version-previous", "version-next") and message.versions > 1:
-            step = -1 if action == "version-previous" else 1
-            wanted = (message.version - 1 + step) % message.versions + 1
-            self.version_requested.emit(numbers[0], wanted)
+        elif action in ("version-previous", "version-next"):
+            self.step_version(numbers[0], -1 if action == "version-previous" else 1)
         elif action in ("play", "stop") and message.sound:
             self._play(numbers[0], message.sound if action == "play" else None)
         elif action == "toggle-thoughts":
@@ -417,6 +415,20 @@ class ChatView(QWidget):
             position = self.transcript.verticalScrollBar().value()
             self.redraw()
             self.transcript.verticalScrollBar().setValue(position)
+
+    def step_version(self, index: int | None, step: int) -> bool:
+        """Show the version `step` away (wrapping) of the reply at `index` (None: the last
+        reply that has more than one); False when there is none to page."""
+        if index is None:
+            index = next(
+                (i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i].versions > 1),
+                -1,
+            )
+        if not 0 <= index < len(self.messages) or self.messages[index].versions < 2:
+            return False
+        message = self.messages[index]
+        self.version_requested.emit(index, (message.version - 1 + step) % message.versions + 1)
+        return True
 
     def _play(self, index: int, wav: bytes | None) -> None:
         """Play a memo card's sound from memory (never a file), or stop it."""

@@ -19,6 +19,7 @@ from PySide6.QtGui import (
     QKeySequence,
 )
 from PySide6.QtWidgets import (
+    QApplication,
     QComboBox,
     QInputDialog,
     QLabel,
@@ -45,6 +46,7 @@ from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
 from galahad_desktop.ui.format import graft_status, resume_note
+from galahad_desktop.ui.message_keys import TypingToMessageBox
 from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.server_panel import ServerHost, ServerPanel
 from galahad_desktop.ui.sidebar import Sidebar
@@ -157,6 +159,10 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             lambda: self.fill_attach_menu(self.chat.attach_menu)
         )
         self.chat.input.picture_pasted.connect(self.paste_picture)
+        self.typing = TypingToMessageBox(self, self.chat.input)
+        app = QApplication.instance()
+        if app is not None:
+            app.installEventFilter(self.typing)
         self.chat.stop_button.clicked.connect(self.stop)
         self.chat.regenerate_button.clicked.connect(self.regenerate)
         self.chat.edit_button.clicked.connect(self.edit_message)
@@ -309,6 +315,10 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         action(chat_menu, "Send", self.send, "Ctrl+Return")
         action(chat_menu, "Stop", self.stop, "Escape")
         action(chat_menu, "Regenerate last reply", self.regenerate, "Ctrl+R")
+        action(
+            chat_menu, "Previous version of the reply", lambda: self.page_version(-1), "Alt+Left"
+        )
+        action(chat_menu, "Next version of the reply", lambda: self.page_version(1), "Alt+Right")
         action(chat_menu, "Edit a message…", self.edit_message, "Ctrl+E")
         action(chat_menu, "Rename…", self.rename_current, "F2")
         action(chat_menu, "Export…", lambda: self.export_conversation(self.conversation_id))
@@ -431,6 +441,10 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             on_error=self.show_error,
         )
 
+    def page_version(self, step: int) -> None:
+        if not self.chat.step_version(None, step):
+            self.set_status("No reply here has other versions (Regenerate makes them).")
+
     def step_conversation(self, delta: int) -> None:
         target = self.sidebar.step(delta)
         if target is not None:
@@ -440,7 +454,9 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
     def new_chat(self) -> None:
         self.conversation_id = None
         self.new_chat_settings = ("", None, None)
-        self.sidebar.current = None
+        self.sidebar.mark_current(None)  # no row stays highlighted for the chat left
+        self.memory_panel.show_conversation(None, None)  # nor its memory shown
+        self.set_status("New conversation: its memory is stored after the first reply.")
         self.chat.set_messages([])
         self.chat.set_documents([])
         self.chat.thinking_box.setEnabled(True)

@@ -67,7 +67,9 @@ def _fence(_self: Any, tokens: Any, idx: int, _options: Any, env: dict[str, Any]
 
 
 # "html": False: text the model or a user writes is never interpreted as HTML.
-_MD = MarkdownIt("commonmark", {"html": False}).enable("table")
+# "breaks": a line break typed in a message (Shift+Enter) or written by the model is one
+# on screen too, as in every chat app (CommonMark alone joins the lines of a paragraph).
+_MD = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable("table")
 _MD.add_render_rule("fence", _fence)
 _MD.add_render_rule("code_block", _fence)
 

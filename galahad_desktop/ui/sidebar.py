@@ -314,6 +314,18 @@ class Sidebar(QWidget):
                 return item
         return None
 
+    def mark_current(self, conversation_id: str | None) -> None:
+        """Highlight the conversation on screen (None: a new chat, no row); choosing a row
+        is the user's, so this opens nothing."""
+        self.current = conversation_id
+        item = self.item_of(conversation_id) if conversation_id else None
+        self.conversation_list.clearSelection()
+        if item is None:
+            self.conversation_list.setCurrentRow(-1)  # no row is current either
+        else:
+            self.conversation_list.setCurrentItem(item)
+            item.setSelected(True)
+
     def ids(self) -> list[str]:
         """Conversation ids in the order shown."""
         out = []
