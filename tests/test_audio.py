@@ -163,6 +163,21 @@ def test_a_wav_is_refused_by_what_its_header_declares(
         decode_audio(good, "good.wav")
 
 
+@pytest.mark.model  # slow rather than model-bound: an hour of sound, decoded in the child
+def test_an_hour_of_silence_is_refused_within_a_modest_memory_limit(tmp_path: Path) -> None:
+    """Measuring the loudness of an hour in one float64 array took over 900 MB (the red
+    team's 200 MB WAV reached 1.3 GB); in pieces the child stays well under 850 MB."""
+    samples = 3600 * SAMPLE_RATE * 2
+    hour = tmp_path / "hour.wav"
+    with hour.open("wb") as out:
+        out.write(_wav(1, 16, b"")[:-4] + struct.pack("<I", samples))
+        for _ in range(samples >> 20):
+            out.write(bytes(1 << 20))
+        out.write(bytes(samples - (samples >> 20 << 20)))
+    with pytest.raises(InputError, match="only silence"):
+        read_audio_bounded(hour, memory_mb=850)
+
+
 def test_loudness_of_a_long_memo_is_measured_in_pieces() -> None:
     hours = np.zeros(SAMPLE_RATE * 60 * 8, dtype="<i2")  # 8 minutes: several pieces
     assert audio._loudness_dbfs(hours) < audio.SILENCE_DBFS
