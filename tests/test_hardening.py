@@ -130,7 +130,9 @@ def test_the_hostile_input_harness_scaled_down() -> None:
 
 @on_the_real_keyring
 def test_crash_trials_scaled_down() -> None:
-    result = hardening.crash_trials(6, seed=5, log=lambda _m: None)
-    assert result["survived"] == result["trials"] == 6
-    assert result["by_operation"] == {"deposit": 2, "persist": 2, "rotate": 2}
+    # One trial of each operation (seed 5 kills two of the three mid-work; `eval crashes
+    # --trials 30` runs the whole evaluation).
+    result = hardening.crash_trials(3, seed=5, log=lambda _m: None)
+    assert result["survived"] == result["trials"] == 3
+    assert result["by_operation"] == {"deposit": 1, "persist": 1, "rotate": 1}
     assert result["killed"] >= 1
