@@ -211,21 +211,16 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
 
 NO_LLAMA = """
-import os, sys
-os.environ["QT_QPA_PLATFORM"] = "offscreen"
+import sys
 import galahad_desktop.memory.results, galahad_desktop.engine.protocol, galahad_dev.fake_engine
-import galahad_desktop.memory.galahad, galahad_desktop.ui.main_window, galahad_desktop.ui.app
-import galahad_desktop.cli
 print(sorted(m for m in sys.modules if m == "llama_cpp" or m.startswith("llama_cpp.")))
 """
 
 
 @pytest.mark.model  # it starts a process (runs in the full suite)
-def test_nothing_loads_llama_cpp_before_the_engine_first_calls_it() -> None:
-    """The engine's value types live apart from the modules that load llama.cpp, and the
-    engine loads it on its first call (engine/llama.py): the window's modules, the facade,
-    the command and the fast tier's fake engine import without it (a quarter of a second
-    the window's first frame does not wait for)."""
+def test_the_results_the_protocol_and_the_fake_engine_load_no_llama_cpp() -> None:
+    """The engine's value types live apart from the modules that load llama.cpp: the
+    window's result types and the fast tier's fake engine import without it."""
     proc = subprocess.run(
         [sys.executable, "-c", NO_LLAMA], cwd=ROOT, capture_output=True, text=True, timeout=120
     )

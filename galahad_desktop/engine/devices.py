@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import importlib.util
 import ipaddress
+import os
 import re
 import signal
 import socket
@@ -27,18 +27,50 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from galahad_desktop.engine.llama import captured_log, llama_cpp, log_callback
-from galahad_desktop.engine.llama import load as load_llama
+import llama_cpp
+
 from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.sockets import listen
 
 DeviceKind = Literal["CPU", "GPU", "iGPU", "accelerator", "other"]
+
+_LOG_TO_STDERR = os.environ.get("GALAHAD_LLAMA_LOG") == "1"
+_log_capture: list[str] | None = None  # llama.cpp's lines while a model loads
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _llama_log(level: int, text: bytes, user_data: Any) -> None:
+    # llama.cpp and ggml write to stderr even with verbose=False; keep the CLI's stderr for
+    # our own messages unless asked (GALAHAD_LLAMA_LOG=1). Set here, in the lowest module
+    # that touches llama.cpp, before any backend is loaded.
+    line = text.decode("utf-8", "replace")
+    if _log_capture is not None:
+        _log_capture.append(line)
+    if _LOG_TO_STDERR:
+        sys.stderr.write(line)
+
+
+llama_cpp.llama_log_set(_llama_log, ctypes.c_void_p(0))
+
+
+@contextlib.contextmanager
+def captured_log() -> Iterator[list[str]]:
+    """Keep what llama.cpp says meanwhile: while loading, it names the buffers it put on
+    each device (the only record of where the weights and the KV cache actually live)."""
+    global _log_capture
+    lines: list[str] = []
+    _log_capture = lines
+    try:
+        yield lines
+    finally:
+        _log_capture = None
+
 
 DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
 GIB = 1024**3
@@ -53,13 +85,8 @@ def llama_cpp_version() -> str:
 
 
 def library_dir() -> Path:
-    """Where llama-cpp-python keeps llama.cpp's libraries (and the backend modules); found
-    without loading them."""
-    spec = importlib.util.find_spec("llama_cpp")
-    origin = spec.origin if spec is not None else None
-    if origin is None:
-        raise ModelError("llama-cpp-python is not installed.")
-    return Path(origin).resolve().parent / "lib"
+    """Where llama-cpp-python keeps llama.cpp's libraries (and the backend modules)."""
+    return Path(llama_cpp.__file__).resolve().parent / "lib"
 
 
 def _shared_name(stem: str) -> str:
@@ -83,9 +110,7 @@ def _loaded_ggml() -> Path:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    """libggml: the backend registry, the same copy libllama uses (llama.cpp is loaded
-    first, with its log callback, so that copy is the one mapped)."""
-    load_llama()
+    """libggml: the backend registry, the same copy libllama uses."""
     lib = ctypes.CDLL(str(_loaded_ggml()))
     signatures: dict[str, tuple[Any, list[Any]]] = {
         "ggml_backend_load_all_from_path": (None, [ctypes.c_char_p]),
@@ -623,4 +648,7 @@ def measure_speed(
         model.close()
 
 
-__all__ = ["captured_log", "log_callback"]  # kept here for the engine's callers
+def log_callback() -> Any:
+    """The callback that keeps llama.cpp's messages off stderr (for mtmd, which has its own
+    logger)."""
+    return _llama_log

@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 
 from galahad_desktop.engine import devices
-from galahad_desktop.engine.llama import llama_cpp
 from galahad_desktop.engine.modelinfo import check_model_file
 from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
 from galahad_desktop.errors import ModelError

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
+
 from galahad_desktop.engine import device_guard, devices, gguf, kvquant
 from galahad_desktop.engine.context_engine import (
     READ_IN_F16_MIN,
@@ -23,7 +25,6 @@ from galahad_desktop.engine.context_engine import (
     ContextEngine,
     Opened,
 )
-from galahad_desktop.engine.llama import llama_cpp
 from galahad_desktop.engine.llama_api import KV_TYPES
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
 from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 
-from galahad_desktop.engine.llama import llama_cpp
-from galahad_desktop.engine.llama_api import DIRECT, KV_TYPES, BufferFor, ModelFacts, NativeCalls
+from galahad_desktop.engine.llama_api import DIRECT, BufferFor, ModelFacts, NativeCalls
 from galahad_desktop.errors import ModelError
 
 ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
@@ -155,8 +155,8 @@ class ContextSettings:
     n_ubatch: int
     n_threads: int
     flash_attn: bool = False
-    type_k: int = KV_TYPES["f16"]  # ggml's type numbers, as llama_cpp.GGML_TYPE_F16
-    type_v: int = KV_TYPES["f16"]
+    type_k: int = llama_cpp.GGML_TYPE_F16
+    type_v: int = llama_cpp.GGML_TYPE_F16
     swa_full: bool = True
     n_seq_max: int = 1
     kv_unified: bool = False

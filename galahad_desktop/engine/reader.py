@@ -15,7 +15,8 @@ import ctypes
 import time
 from collections.abc import Callable, Sequence
 
-from galahad_desktop.engine.llama import llama_cpp
+import llama_cpp
+
 from galahad_desktop.engine.llama_api import DIRECT, NativeCalls
 from galahad_desktop.errors import ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress

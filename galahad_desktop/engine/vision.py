@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+
 from galahad_desktop.engine import devices
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine.engine import Engine
-from galahad_desktop.engine.llama import llama_cpp, mtmd
 from galahad_desktop.engine.picture import MAX_PART_SECONDS, SOUND_RATE, Media, Sound
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
@@ -80,17 +82,9 @@ class LedgerRead:
     audio_tokens: int = 0  # a sound's embedding positions evaluated
 
 
-def _never_called(batch: Any, user_data: Any) -> int:  # pragma: no cover - never called
+@mtmd.mtmd_helper_post_decode_callback  # type: ignore[untyped-decorator]
+def _no_callback(batch: Any, user_data: Any) -> int:  # pragma: no cover - never called
     return 0
-
-
-_post_decode: list[Any] = []  # mtmd's post-decode callback, made once llama.cpp is loaded
-
-
-def _no_callback() -> Any:
-    if not _post_decode:
-        _post_decode.append(mtmd.mtmd_helper_post_decode_callback(_never_called))
-    return _post_decode[0]
 
 
 class Vision:
@@ -246,7 +240,7 @@ class Vision:
             0,
             n if both_ways else engine.config.n_batch,
             ctypes.byref(new_n_past),
-            _no_callback(),
+            _no_callback,
             None,
         )
         if status != 0 or new_n_past.value != n_past + n:
