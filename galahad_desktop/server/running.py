@@ -34,6 +34,7 @@ from galahad_desktop.errors import InputError
 from galahad_desktop.server import DEFAULT_PORT
 from galahad_desktop.server.app import Limits, ServerIdentity, build_app
 from galahad_desktop.server.lane import CoreLane
+from galahad_desktop.server.protocol import ApiError
 from galahad_desktop.sockets import listen
 
 # A connection waiting this long for its head may be closed to make room: a real client
@@ -41,10 +42,10 @@ from galahad_desktop.sockets import listen
 HEAD_GRACE_S = 0.5
 
 
-def _raw_response(status: str, error: dict[str, str | None]) -> bytes:
+def _raw_response(status: str, error: ApiError) -> bytes:
     """A whole HTTP response in OpenAI's error shape, written where h11 has no request to
     answer (before one arrived): the connection is closed after it."""
-    body = json.dumps({"error": {"param": None} | error}).encode()
+    body = json.dumps(error.body()).encode()
     head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     return head.encode() + body
@@ -53,15 +54,12 @@ def _raw_response(status: str, error: dict[str, str | None]) -> bytes:
 def overloaded(limits: Limits) -> ASGIApp:
     """The application a connection past `max_connections` gets: its body read (bounded),
     then 429 in OpenAI's shape with Retry-After, and the connection closed."""
-    error = {
-        "error": {
-            "message": f"The server holds {limits.max_connections} connections already; try "
-            "again shortly.",
-            "type": "rate_limit_error",
-            "param": None,
-            "code": "server_overloaded",
-        }
-    }
+    error = ApiError(
+        429,
+        f"The server holds {limits.max_connections} connections already; try again shortly.",
+        kind="rate_limit_error",
+        code="server_overloaded",
+    ).body()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         async def drain() -> None:
@@ -76,8 +74,8 @@ def overloaded(limits: Limits) -> ASGIApp:
     return app
 
 
-def _late(message: str) -> dict[str, str | None]:
-    return {"message": message, "type": "invalid_request_error", "code": "request_timeout"}
+def _late(message: str) -> ApiError:
+    return ApiError(408, message, code="request_timeout")
 
 
 class ConnectionGuard:
@@ -143,7 +141,7 @@ class GuardedH11Protocol(H11Protocol):
                 ),
             )
 
-    def refuse(self, status: str, error: dict[str, str | None]) -> None:
+    def refuse(self, status: str, error: ApiError) -> None:
         self._head_arrived()
         if not self.transport.is_closing():
             self.transport.write(_raw_response(status, error))
