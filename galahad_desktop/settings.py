@@ -45,6 +45,7 @@ class Setting:
     label: str = ""
     unit: str = ""
     advanced: bool = False
+    special: str = ""  # what the minimum means, shown in its place ("as much as fits")
 
 
 # The Settings dialog's sections, in order.
@@ -98,6 +99,7 @@ SETTINGS: tuple[Setting, ...] = (
         group="Performance",
         label="GPU offload",
         unit="layers",
+        special="all that fits (none without a graphics card)",
     ),
     Setting(
         "rpc_servers",

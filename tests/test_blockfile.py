@@ -124,3 +124,22 @@ def test_payload_buffer_is_ready_for_ctypes(written: tuple[Path, bytes, bytes, s
     path, payload, key, digest = written
     _h, _m, buf = blockfile.read_block(path, key, digest)
     assert isinstance(buf, ctypes.Array) and ctypes.sizeof(buf) == len(payload)
+
+
+def test_chunks_decrypted_on_several_threads_name_the_first_bad_one(tmp_path: Path) -> None:
+    payload = os.urandom(12_345)  # 13 chunks: decrypted in parallel into one buffer
+    key = crypto.new_key()
+    path = tmp_path / "b-1.gkv"
+    digest, _size = blockfile.write_block(path, _header(len(payload)), {}, key, memoryview(payload))
+    _head, _meta, buf = blockfile.read_block(path, key, digest)
+    assert buf is not None and bytes(buf) == payload
+    original = path.read_bytes()
+    mutated = bytearray(original)
+    record = 4 + 1000 + 16  # length, ciphertext, tag
+    first = len(original) - 12 * record - (4 + 345 + 16)
+    for index in (9, 4):  # two bad chunks: the earlier one is named
+        mutated[first + index * record + 4 + 20] ^= 0x40
+    path.write_bytes(bytes(mutated))
+    for keep in (True, False):  # a restore and the audit
+        with pytest.raises(blockfile.BlockFormatError, match="chunk 4 failed authentication"):
+            blockfile.read_block(path, key, digest, keep_payload=keep)

@@ -82,8 +82,21 @@ def test_regenerate_branch_and_compaction(make_fake_core: CoreFactory) -> None:
     again = core.regenerate(conversation, params=core.sampling(max_tokens=12))
     assert again.graft is not None and again.graft.block_id == before[9].block_id
     assert again.proof.verdict == "exact" and again.reply == before[-1].text  # greedy
-    branch = core.branch(conversation, 4, "Count to nine.", params=core.sampling(max_tokens=8))
+    core.set_conversation_sampling(conversation, 0.0, 3)
+    core.set_library(conversation, False)
+    branch = core.branch(conversation, 4, "Count to nine.")  # its own choices, not the settings'
     assert branch.graft is not None and branch.graft.recomputed_tokens == 0
+    assert 0 < branch.counters.generated_tokens <= 3
+    assert core.conversation_sampling(branch.conversation_id) == {
+        "temperature": 0.0,
+        "max_tokens": 3,
+    }
+    assert not core.library_enabled(branch.conversation_id)
+    source_title = core.conversation(conversation).title
+    assert (
+        core.conversation(branch.conversation_id).title == f"↳ Count to nine. — from {source_title}"
+    )
+    core.set_library(conversation, True)
     assert [m.text for m in core.messages(branch.conversation_id)][:4] == [
         m.text for m in before[:4]
     ]
@@ -117,7 +130,11 @@ def test_documents_in_parts_are_routed_and_forgotten_with_their_log(
     assert "Answered from part" in answer.why
     refused = core.ask("Where does Lancelot keep his shield?")
     assert not refused.answered and refused.why.startswith("Not answered")
-    assert len(core.routing_log()) == 2
+    part = core.parts(deposited.document_id)[0]
+    chosen = core.ask(refused.question, part_id=part.id, params=core.sampling(max_tokens=4))
+    # The answer under the person's choice does not carry the router's refusal.
+    assert chosen.answered and chosen.why.startswith("Answered from the part you chose")
+    assert len(core.routing_log()) == 3
     core.forget(deposited.document_id)
     assert core.vault.catalog.count("parts") == 0
     assert [e for e in core.routing_log() if e.candidates] == []  # no line names it now
@@ -306,10 +323,27 @@ def test_a_full_context_offers_choices_that_graft(make_fake_core: CoreFactory) -
     assert core.context_check(recent.conversation_id, message) is None
     turn = core.send(recent.conversation_id, message, params=core.sampling(max_tokens=8))
     assert turn.counters.recomputed_tokens == 0
-    summary = core.continue_with_summary(conversation)
+    core.set_conversation_sampling(conversation, 0.5, 40)
+    paces: list[int] = []
+    engine = core.engine
+    engine.script = engine.encode_text("Ten questions about blah.")  # type: ignore[attr-defined]
+    summary = core.continue_with_summary(conversation, Job(on_pace=lambda n, _r: paces.append(n)))
+    engine.script = []  # type: ignore[attr-defined]
+    assert summary.summary.startswith("Ten questions")
+    assert paces[-1] >= 5  # the window can say the summary is being written
     assert core.messages(summary.conversation_id)[0].text.startswith("A summary of")
+    # It holds what its source held: the document (grafted, not re-read) and its choices.
+    continued = core.conversation(summary.conversation_id)
+    assert continued.document_id == document.document_id
+    assert core.conversation_sampling(summary.conversation_id) == {
+        "temperature": 0.5,
+        "max_tokens": 40,
+    }
+    assert core.conversation(recent.conversation_id).document_id == document.document_id
     core.reload_engine()
-    assert core.resume(summary.conversation_id).proof.verdict == "exact"
+    resumed = core.resume(summary.conversation_id)
+    assert resumed.proof.verdict == "exact" and resumed.recomputed_tokens == 0
+    assert resumed.tokens > core.vault.records.document(document.document_id)["n_tokens"]
     assert len(core.messages(conversation)) == 20  # the original is unchanged
 
 

@@ -392,7 +392,7 @@ def test_settings_model_switch_and_download(  # type: ignore[no-untyped-def]
     dialog.editors["temperature"].setText("0.7")
     assert dialog.warning.text() == ""  # sampling does not change the bits
     dialog.editors["n_batch"].setValue(256)
-    assert "stored blocks will be re-read" in dialog.warning.text()
+    assert "read again once when next used" in dialog.warning.text()
     dialog.reject()
     conversation = _send(qtbot, window, "Hello from Gemma 3.").conversation_id
     # The first-run offer: the recommended Gemma 4, downloaded (verified) and switched to.
@@ -611,7 +611,8 @@ def test_ask_a_long_document_and_choose_when_the_router_is_unsure(  # type: igno
         dialog.ask()
     assert not asked.args[0].answered
     assert "the model checked" in asked.args[0].why  # the words were unsure: the model read it
-    assert "the model:" in dialog.candidates.item(0).text()  # each candidate's score, shown
+    # Each candidate in words; the model's score in its tooltip.
+    assert "The model's score" in dialog.candidates.item(0).toolTip()
     assert not dialog.candidates.isHidden() and dialog.candidates.count() >= 1
     assert asked.args[0].why in dialog.answer.toPlainText()  # escaped, whole
     dialog.candidates.setCurrentRow(0)
@@ -621,6 +622,7 @@ def test_ask_a_long_document_and_choose_when_the_router_is_unsure(  # type: igno
     assert chosen.answered and chosen.part_id == dialog.candidates.item(0).data(
         Qt.ItemDataRole.UserRole
     )
+    assert "Answered from the part you chose" in dialog.source.text()  # not "Not answered"
 
 
 def test_the_window_remembers_its_size_splitter_theme_and_font(qtbot, open_window) -> None:  # type: ignore[no-untyped-def]

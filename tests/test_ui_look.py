@@ -316,7 +316,7 @@ def test_settings_are_grouped_explained_and_checked_as_typed(qtbot, window: Main
     assert dialog.problems.text() == "" and dialog.save_button.isEnabled()
     assert dialog.warning.text() == ""
     dialog.editors["n_batch"].setValue(256)  # type: ignore[attr-defined]
-    assert "Reading batch" in dialog.warning.text() and "re-read" in dialog.warning.text()
+    assert "Reading batch" in dialog.warning.text() and "read again once" in dialog.warning.text()
     privacy = dialog.sections["Privacy"]
     assert any("keyring" in w.text() for w in privacy.findChildren(type(dialog.warning)))
     dialog.reject()

@@ -31,7 +31,7 @@ from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.ui.dialogs import AskDialog
 from galahad_desktop.ui.main_window import MainWindow, first_size
 from galahad_desktop.ui.settings_dialog import SettingsDialog
-from galahad_desktop.ui.sidebar import PREVIEW_ROLE
+from galahad_desktop.ui.sidebar import API_GROUP
 from galahad_desktop.ui.worker import CoreBridge
 from tests.test_ui_look import Answers
 
@@ -198,6 +198,10 @@ def test_settings_open_filled_while_the_model_is_busy(qtbot: Any, make_window: A
     gate = _block(win, "Writing a reply")
     dialog = SettingsDialog(win, win)
     assert "max_tokens" in dialog.editors and "enter_sends" in dialog.editors
+    # Words a person uses: the default GPU offload is not "-1 layers".
+    assert dialog.editors["n_gpu_layers"].text().startswith("all that fits")
+    dialog.editors["n_ctx"].setValue(dialog.editors["n_ctx"].value() + 512)
+    assert "fingerprint" not in dialog.warning.text() and "read again once" in dialog.warning.text()
     dialog.deleteLater()
     gate.set()
 
@@ -373,7 +377,7 @@ def test_a_new_chat_takes_its_own_settings_from_the_first_message(
         def values(self) -> tuple[str, float | None, int | None]:
             return ("Speak as a lighthouse keeper.", 0.0, 2)
 
-    win._conversation_dialog(Chosen, None, "", {})
+    win._conversation_dialog(Chosen, None, "", {}, False, {})
     win.chat.input.setPlainText("Hello")
     with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
         win.send()
@@ -440,8 +444,103 @@ def _free_port() -> int:
 
 
 def _api_items(win: MainWindow) -> int:
+    """Rows under the section for conversations programs made (they come last)."""
     listing = win.sidebar.conversation_list
-    return sum(
-        str(listing.item(i).data(PREVIEW_ROLE) or "").startswith("API · ")
-        for i in range(listing.count())
+    texts = [listing.item(i).text() for i in range(listing.count())]
+    if API_GROUP not in texts:
+        return 0
+    return len(texts) - texts.index(API_GROUP) - 1
+
+
+def test_the_context_meter_says_the_real_count_through_a_full_context(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window(n_ctx=512, max_tokens=8)
+    assert win.context_meter.text().startswith("context 0 / 512")
+    seen: list[tuple[int, str]] = []
+
+    def full_dialog(full: Any) -> str:
+        seen.append((full.context_tokens, win.context_meter.text()))
+        return "summary"
+
+    win.prompts.context_full = full_dialog
+    for turn in range(40):
+        win.chat.input.setPlainText(f"Turn {turn}: tell me about the castle walls and towers.")
+        with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+            win.send()
+        qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+        if seen:
+            break
+        assert win.context_meter.text() == f"context {win.context_used:,} / 512"
+    used, shown = seen[0]
+    assert shown.startswith(f"context {used:,} / 512")  # the dialog's count, not a stale one
+    # The continuation's reply streams on top of what the new conversation holds (the
+    # summary), never from 0, and the turn's own count is shown once it ends.
+    qtbot.waitUntil(
+        lambda: any("(continued)" in c.title for c in win.sidebar.conversations), timeout=WAIT_MS
     )
+    assert 50 < win.context_used < used
+    assert win.context_meter.text() == f"context {win.context_used:,} / 512"
+
+
+def test_the_conversation_dialog_shows_the_values_that_apply(qtbot: Any) -> None:
+    from PySide6.QtWidgets import QWidget
+
+    from galahad_desktop.ui.dialogs import ConversationDialog
+
+    parent = QWidget()
+    qtbot.addWidget(parent)
+    defaults = {"temperature": 0.8, "max_tokens": 1024}
+    dialog = ConversationDialog(parent, "", {"max_tokens": 150}, False, defaults)
+    # The app's creativity, shown and followed; this conversation's own longest reply.
+    assert dialog.temperature.text() == "0.80" and not dialog.temperature.isEnabled()
+    assert dialog.temperature_follows.isChecked() and "0.80" in dialog.temperature_follows.text()
+    assert dialog.max_tokens.value() == 150 and not dialog.max_tokens_follows.isChecked()
+    dialog.temperature_follows.setChecked(False)
+    dialog.temperature.stepBy(1)  # the arrow starts from the value shown, not from 0
+    assert dialog.values()[1:] == (0.9, 150)
+    dialog.max_tokens_follows.setChecked(True)
+    assert dialog.max_tokens.text().startswith("1024") and dialog.values()[2] is None
+    dialog.preset.setCurrentIndex(1)
+    dialog._preset_chosen(1)
+    assert dialog.system.toPlainText() and dialog.preset.currentIndex() == 1
+    dialog.system.setPlainText("My own words.")  # typed over the preset: no longer it
+    assert dialog.preset.currentIndex() == 0 and dialog.values()[0] == "My own words."
+    locked = ConversationDialog(parent, "Be brief.", {}, True, defaults)
+    assert locked.system.isReadOnly() and not locked.preset.isEnabled()
+    assert "Locked" in locked.system.toolTip()
+
+
+def test_marking_an_answer_verified_asks_first(qtbot: Any, make_window: Any) -> None:
+    win = make_window()
+    win.chat.input.setPlainText("Say a greeting.")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+    qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+    asked: list[str] = []
+    win.prompts.confirm = lambda title, _text: asked.append(title) or False
+    win.chat.verify_button.click()
+    assert asked == ["Mark as verified"] and win.graft_label.text() == "Not marked as verified."
+    entries: list[Any] = []
+    win.bridge.run(lambda core, _job: core.verified_entries(), on_done=entries.append)
+    qtbot.waitUntil(lambda: bool(entries), timeout=WAIT_MS)
+    assert entries == [[]]  # nothing stored without a yes
+    win.prompts.confirm = lambda _title, _text: True
+    with qtbot.waitSignal(win.verified_added, timeout=WAIT_MS):
+        win.chat.verify_button.click()
+
+
+def test_the_window_reopens_the_last_conversation(
+    qtbot: Any, make_window: Any, make_fake_core: Callable[..., Galahad], tmp_path: Path
+) -> None:
+    core = make_fake_core(data=tmp_path / "data")
+    older, newer = core.new_conversation(), core.new_conversation()
+    for conversation, text in ((newer, "About owls."), (older, "About bats.")):
+        core.send(conversation, text, params=core.sampling(max_tokens=4))
+    core.send(newer, "And their nests?", params=core.sampling(max_tokens=4))  # the last used
+    core.close()
+    win = make_window()
+    qtbot.waitUntil(lambda: win.conversation_id == newer, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: len(win.chat.messages) == 4, timeout=WAIT_MS)
+    assert win.chat.messages[2].text == "And their nests?"
+    assert win.sidebar.current == newer and win.sidebar.conversation_list.selectedItems()

@@ -484,7 +484,7 @@ class Galahad(StoreFacade):
             conversation_id,
             seq,
             new_text,
-            params or self.sampling(),
+            params or self.sampling(conversation_id),  # the branch keeps its choices
             job,
         )
         return self._after_turn(result, False)
@@ -526,7 +526,7 @@ class Galahad(StoreFacade):
         job: Job = NO_JOB,
     ) -> Continued:
         """A full conversation continued in a new one that starts from a summary of it."""
-        return self.continuation.with_summary(conversation_id, self.sampling(), job)
+        return self.continuation.with_summary(conversation_id, self.sampling(conversation_id), job)
 
     def continue_with_recent(
         self,

@@ -281,7 +281,10 @@ class AskResult:
 
     @property
     def why(self) -> str:
-        """Why the question was answered or refused, in words."""
+        """Why the question was answered or refused, in words. An answer from a part the
+        person chose after the router held back says so, not the router's refusal."""
+        if self.answered and not self.decision.confident:
+            return f"Answered from the part you chose ({self.citation})"
         return self.decision.explain()
 
     def as_dict(self) -> dict[str, Any]:
@@ -546,6 +549,7 @@ class Continued:
     reread_tokens: int
     kept_messages: int
     summary: str = ""
+    context_tokens: int = 0  # what the new conversation's context holds, ready for the message
 
 
 @dataclass(frozen=True)

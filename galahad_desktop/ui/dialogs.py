@@ -10,6 +10,7 @@ from typing import Any
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -455,8 +456,9 @@ class AskDialog(QDialog):
                 pmi = result.decision.pmi_of(candidate.part_id)
                 item = QListWidgetItem(
                     f"{cited} · matches {candidate.coverage:.0%} of the question"
-                    + (f" · the model: {pmi:+.1f} nats" if pmi is not None else "")
                 )
+                if pmi is not None:  # the model's own score, for those who want it
+                    item.setToolTip(f"The model's score: {pmi:+.1f} (log-likelihood gain, nats)")
                 item.setData(Qt.ItemDataRole.UserRole, candidate.part_id)
                 self.candidates.addItem(item)
         else:
@@ -490,7 +492,9 @@ class AskDialog(QDialog):
 class ConversationDialog(QDialog):
     """One conversation's own settings: its system prompt (a preset as a starting point,
     or the user's own words; set before its first message, since it is the conversation's
-    first tokens), and its creativity and longest reply over the app's settings."""
+    first tokens), and its creativity and longest reply over the app's settings. Each
+    shows the value that applies (the app's until this conversation sets its own), and its
+    arrows start from it."""
 
     def __init__(
         self,
@@ -498,6 +502,7 @@ class ConversationDialog(QDialog):
         system_prompt: str,
         sampling: dict[str, Any],
         started: bool,
+        defaults: dict[str, Any],
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("This conversation")
@@ -514,34 +519,48 @@ class ConversationDialog(QDialog):
         self.system.setPlaceholderText("How the model should behave in this conversation")
         theme.describe(self.system, "System prompt", "Your own words, kept encrypted")
         self.system.setFixedHeight(120)
+        self.system.textChanged.connect(self._system_edited)
+        self._filling_preset = False
         note = QLabel(
-            "The system prompt is the conversation's first words: it is set before the first "
-            "message (start a new chat to change it)."
+            "Locked: the system prompt is the conversation's first words, so it is set "
+            "before the first message. Start a new chat to use another."
             if started
             else "Kept encrypted with the conversation."
         )
         note.setWordWrap(True)
         theme.set_role(note, "muted")
-        for widget in (self.preset, self.system):
-            widget.setEnabled(not started)
+        self.preset.setEnabled(not started)
+        self.system.setReadOnly(started)  # still selectable and copyable, visibly locked
+        if started:
+            self.system.setToolTip("Locked: set before the conversation's first message")
         self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(-0.1, 5.0)
+        self.temperature.setRange(0.0, 5.0)
         self.temperature.setSingleStep(0.1)
-        self.temperature.setSpecialValueText("the settings' value")
-        self.temperature.setValue(float(sampling.get("temperature", -0.1)))
         theme.describe(self.temperature, "Creativity", "0 always picks the likeliest word")
         self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(0, 131_072)
-        self.max_tokens.setSpecialValueText("the settings' value")
+        self.max_tokens.setRange(1, 131_072)
         self.max_tokens.setSuffix(" tokens")
-        self.max_tokens.setValue(int(sampling.get("max_tokens", 0)))
         theme.describe(self.max_tokens, "Longest reply", "The longest a reply may be here")
+        self.temperature_follows = self._follows(
+            self.temperature,
+            sampling.get("temperature"),
+            float(defaults["temperature"]),
+            f"{float(defaults['temperature']):.2f}",
+        )
+        self.max_tokens_follows = self._follows(
+            self.max_tokens,
+            sampling.get("max_tokens"),
+            int(defaults["max_tokens"]),
+            f"{int(defaults['max_tokens']):,} tokens",
+        )
         form = QFormLayout()
-        form.addRow("System prompt", self.preset)
+        form.addRow("System prompt (locked)" if started else "System prompt", self.preset)
         form.addRow("", self.system)
         form.addRow("", note)
         form.addRow("Creativity", self.temperature)
+        form.addRow("", self.temperature_follows)
         form.addRow("Longest reply", self.max_tokens)
+        form.addRow("", self.max_tokens_follows)
         layout.addLayout(form)
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
@@ -550,16 +569,40 @@ class ConversationDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
 
+    @staticmethod
+    def _follows(box: Any, own: Any, default: float, shown: str) -> QCheckBox:
+        """A checkbox "the app's setting" under `box`: while checked the box shows the
+        app's value, disabled; unchecked, the arrows start from the value shown."""
+        follows = QCheckBox(f"Use the app's setting ({shown})")
+        follows.setToolTip("Follow Settings; uncheck to give this conversation its own value")
+        box.setValue(default if own is None else own)
+
+        def toggled(checked: bool) -> None:
+            box.setEnabled(not checked)
+            if checked:
+                box.setValue(default)
+
+        follows.toggled.connect(toggled)
+        follows.setChecked(own is None)
+        box.setEnabled(own is not None)
+        return follows
+
     def _preset_chosen(self, index: int) -> None:
         name = self.preset.itemData(index)
         if name:
+            self._filling_preset = True
             self.system.setPlainText(self.presets[str(name)])
+            self._filling_preset = False
+
+    def _system_edited(self) -> None:
+        """Words typed over a preset are the person's own: the box no longer names it."""
+        if not self._filling_preset and self.preset.currentIndex() != 0:
+            self.preset.setCurrentIndex(0)
 
     def values(self) -> tuple[str, float | None, int | None]:
         """(system prompt, temperature, longest reply); None where the settings rule."""
-        temperature = self.temperature.value()
         return (
             self.system.toPlainText().strip(),
-            None if temperature < 0 else round(temperature, 2),
-            self.max_tokens.value() or None,
+            None if self.temperature_follows.isChecked() else round(self.temperature.value(), 2),
+            None if self.max_tokens_follows.isChecked() else self.max_tokens.value(),
         )

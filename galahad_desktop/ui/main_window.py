@@ -97,7 +97,9 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.downloading: Request | None = None  # a model file, on the downloads lane
         self.model_files: list[ModelFile] = []
         self.recommendation: Recommendation | None = None
-        self.n_ctx = 0
+        self.n_ctx = 0  # 0 until the model is open
+        self.context_used = 0  # tokens the open conversation's context holds (may pass n_ctx)
+        self.reopened = False  # the last conversation is opened once, when the list first comes
         self.last_graft: GraftReport | None = None  # the last restore's report (its proof)
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
@@ -255,9 +257,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.speed_label = QLabel()
         self.speed_label.setAccessibleName("Reply speed")
         self.context_meter = QProgressBar()
-        self.context_meter.setFormat("context %v / %m")
         self.context_meter.setFixedWidth(200)
-        self.context_meter.setValue(0)
+        self.set_context(0, 0)
         self.context_meter.setAccessibleName("Context used")
         self.context_meter.setToolTip("Tokens in this conversation's context, of the most it holds")
         self.lane_label = QLabel()
@@ -377,9 +378,20 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.prompts.warn("Something went wrong" if kind == "crash" else "Galahad Desktop", message)
 
     def set_context(self, used: int, n_ctx: int) -> None:
+        """The meter says the real count, past the limit too; nothing before the model
+        says how much its context holds."""
         self.n_ctx = n_ctx or self.n_ctx
-        self.context_meter.setMaximum(max(1, self.n_ctx))
-        self.context_meter.setValue(min(used, self.n_ctx))
+        self.context_used = used
+        meter = self.context_meter
+        if not self.n_ctx:
+            meter.setRange(0, 1)
+            meter.setValue(0)
+            meter.setFormat("context —")
+            return
+        meter.setRange(0, self.n_ctx)
+        meter.setValue(min(used, self.n_ctx))
+        full = " · full" if used >= self.n_ctx else ""
+        meter.setFormat(f"context {used:,} / {self.n_ctx:,}{full}")
 
     def _set_generating(self, request: Request | None) -> None:
         self.generating = request
@@ -421,6 +433,11 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.sidebar.set_conversations(conversations)
         self.refresh_memory()
         self.lists_refreshed.emit()
+        if not self.reopened:  # the first list after start: back where the person left off
+            self.reopened = True
+            own = [c for c in conversations if c.origin != "api" and not c.damaged]
+            if own and self.conversation_id is None and self.turn_cancel is None:
+                self.open_conversation(max(own, key=lambda c: c.updated_at).id)
 
     def _documents(self, documents: list[Any]) -> None:
         self.sidebar.set_documents(documents)
@@ -562,6 +579,13 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
     # -- verified answers ----------------------------------------------------------------
     def mark_verified(self) -> None:
         if self.conversation_id is None or self.turn_cancel is not None:
+            return
+        if not self.prompts.confirm(
+            "Mark as verified",
+            "Keep the last answer as verified? The same question is then answered with it, "
+            "word for word, without asking the model (Memory details lists and removes it).",
+        ):
+            self.set_status("Not marked as verified.")
             return
         conversation_id = self.conversation_id
         self.bridge.run(

@@ -278,6 +278,8 @@ class SettingsDialog(QDialog):
             editor.valueChanged.connect(self._changed)
         if spec.unit and isinstance(editor, QSpinBox | QDoubleSpinBox):
             editor.setSuffix(f" {spec.unit}")
+        if spec.special and isinstance(editor, QSpinBox | QDoubleSpinBox):
+            editor.setSpecialValueText(spec.special)  # never "-1 layers"
         return editor
 
     def _loaded(self, values: dict[str, Any]) -> None:
@@ -339,8 +341,9 @@ class SettingsDialog(QDialog):
     def _changed(self, *_: Any) -> None:
         changed = [self.label_of(k) for k in self.changed_runtime()]
         self.warning.setText(
-            f"Changing {', '.join(changed)} alters the runtime fingerprint: stored blocks will "
-            "be re-read (not grafted) once on next use, then stored again."
+            f"Changing {', '.join(changed)} changes how the model computes: each stored "
+            "conversation and document is read again once when next used (not restored from "
+            "disk), then kept again."
             if changed
             else ""
         )

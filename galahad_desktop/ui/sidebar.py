@@ -34,6 +34,8 @@ PREVIEW_ROLE = Qt.ItemDataRole.UserRole + 1
 STATE_ROLE = Qt.ItemDataRole.UserRole + 2  # (text, palette colour name)
 HEADER_ROLE = Qt.ItemDataRole.UserRole + 3  # a date group's heading (not a conversation)
 PINNED = "Pinned"
+# Conversations programs made through the local server: listed apart, under the person's own.
+API_GROUP = "Made by programs (local server)"
 NO_CONVERSATIONS = "No conversations yet. New chat (Ctrl+N) starts one."
 
 
@@ -201,7 +203,7 @@ class Sidebar(QWidget):
 
     def _build_lists(self) -> None:
         """The conversation and document lists, and the document buttons under them."""
-        self.conversation_list = PlaceholderList(NO_CONVERSATIONS)
+        self.conversation_list = PlaceholderList("Loading conversations…")  # until the list comes
         self.conversation_list.setAccessibleName("Conversations")
         self.conversation_list.setToolTip(
             "Your conversations: Enter opens, F2 renames, the context menu pins, exports or "
@@ -266,11 +268,15 @@ class Sidebar(QWidget):
         self._filling = True
         self.conversation_list.clear()
         shown = [c for c in self.conversations if self.matches is None or c.id in self.matches]
-        by_group: dict[str, list[ConversationSummary]] = {g: [] for g in (PINNED, *GROUPS)}
+        groups = (PINNED, *GROUPS, API_GROUP)
+        by_group: dict[str, list[ConversationSummary]] = {g: [] for g in groups}
         for conv in shown:
-            group = PINNED if conv.id in self.pinned else date_group(conv.updated_at)
+            if conv.id in self.pinned:
+                group = PINNED
+            else:
+                group = API_GROUP if conv.origin == "api" else date_group(conv.updated_at)
             by_group[group].append(conv)
-        for group in (PINNED, *GROUPS):
+        for group in groups:
             if not by_group[group]:
                 continue
             header = QListWidgetItem(group)
@@ -288,9 +294,7 @@ class Sidebar(QWidget):
                     + "F2 or double-click to rename"
                 )
                 item.setData(ID_ROLE, conv.id)
-                preview = conv.preview or "No messages yet"
-                # Made by a program through the local server: marked, forgotten like any other.
-                item.setData(PREVIEW_ROLE, f"API · {preview}" if conv.origin == "api" else preview)
+                item.setData(PREVIEW_ROLE, conv.preview or "No messages yet")
                 item.setData(STATE_ROLE, state)
                 item.setFlags(
                     Qt.ItemFlag.ItemIsSelectable

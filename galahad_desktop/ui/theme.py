@@ -216,6 +216,8 @@ QCheckBox::indicator {{ width: 16px; height: 16px; border: 1px solid {p.muted};
 QCheckBox::indicator:checked {{ background: {p.accent}; border-color: {p.accent}; }}
 QCheckBox:focus {{ color: {p.accent}; }}
 QLineEdit[invalid="true"] {{ border: 2px solid {p.danger}; }}
+QPlainTextEdit[readOnly="true"] {{
+    background: {p.surface}; color: {p.muted}; border-style: dashed; }}
 QListWidget, QTreeWidget {{
     background: transparent; border: none; outline: 0;
 }}

@@ -63,6 +63,7 @@ class TurnActions:
         turn_cancel: threading.Event | None
         new_chat_settings: tuple[str, float | None, int | None]
         n_ctx: int
+        context_used: int
         speed_label: QLabel
         lane_label: QLabel
         lane_stop: QToolButton
@@ -178,6 +179,7 @@ class TurnActions:
             self._send_to(conversation_id, text)
             return
         self.set_status(full.describe())
+        self.set_context(full.context_tokens, full.n_ctx)
         self.context_full.emit(full)
         choice = self.prompts.context_full(full)
         if choice == "stop":
@@ -191,13 +193,27 @@ class TurnActions:
             else (lambda core, job: core.continue_with_recent(conversation_id, text, job))
         )
         self.set_status("Continuing in a new conversation…")
+        summary = choice == "summary"
         self.generating = self.bridge.run(
             work,
             on_done=lambda continued: self._continued(continued, text),
             on_error=lambda m, k: self._turn_failed(m, k, text),
-            on_progress=self._reread_progress,
+            on_progress=self._summary_reading if summary else self._reread_progress,
             label="Continuing in a new conversation",
             cancel=self.turn_cancel,
+            on_pace=self._summary_pace if summary else None,
+        )
+
+    def _summary_reading(self, done: int, total: int, tps: float, eta: float) -> None:
+        eta_text = f" · ETA {eta:.0f} s" if eta != float("inf") else ""
+        self.set_status(
+            f"Summary: reading the conversation, {done:,}/{total:,} tokens{eta_text}"
+            " · Stop to cancel"
+        )
+
+    def _summary_pace(self, generated: int, tps: float) -> None:
+        self.set_status(
+            f"Summary: writing it, {generated:,} tokens so far · {tps:,.1f} tok/s · Stop to cancel"
         )
 
     def _continued(self, continued: Continued, text: str) -> None:
@@ -206,6 +222,7 @@ class TurnActions:
             f"{continued.reread_tokens:,} tokens"
         )
         self.conversation_id = continued.conversation_id
+        self.set_context(continued.context_tokens, self.n_ctx)
 
         def shown(messages: list[Any]) -> None:
             self.chat.set_messages(
@@ -236,7 +253,7 @@ class TurnActions:
         self.chat.set_busy(True)
         self.chat.append("model")
         self.set_status("Writing the reply…")
-        base = self.context_meter.value()
+        base = self.context_used
 
         def paced(generated: int, rate: float) -> None:
             self.speed_label.setText(f"{rate:.1f} tok/s")
@@ -320,27 +337,27 @@ class TurnActions:
         from galahad_desktop.ui.dialogs import ConversationDialog
 
         conversation_id = self.conversation_id
-        if conversation_id is None:
-            system, temperature, max_tokens = self.new_chat_settings
-            sampling: dict[str, Any] = {
-                k: v
-                for k, v in (("temperature", temperature), ("max_tokens", max_tokens))
-                if v is not None
-            }
-            self._conversation_dialog(ConversationDialog, None, system, sampling)
-            return
+        new_chat = self.new_chat_settings
 
-        def read(core: Galahad, _job: Job) -> tuple[str, dict[str, Any], bool]:
+        def read(core: Galahad, _job: Job) -> tuple[str, dict[str, Any], bool, dict[str, Any]]:
+            values = core.settings_values()
+            defaults = {k: values[k] for k in ("temperature", "max_tokens")}
+            if conversation_id is None:  # a new chat: what was chosen for it so far
+                system, temperature, max_tokens = new_chat
+                own = {"temperature": temperature, "max_tokens": max_tokens}
+                chosen = {k: v for k, v in own.items() if v is not None}
+                return system, chosen, False, defaults
             return (
                 core.conversation_system_prompt(conversation_id),
                 core.conversation_sampling(conversation_id),
                 bool(core.messages(conversation_id)),
+                defaults,
             )
 
         self.bridge.run(
             read,
             on_done=lambda got: self._conversation_dialog(
-                ConversationDialog, conversation_id, got[0], got[1], got[2]
+                ConversationDialog, conversation_id, *got
             ),
             on_error=self.show_error,
         )
@@ -351,9 +368,10 @@ class TurnActions:
         conversation_id: str | None,
         system: str,
         sampling: dict[str, Any],
-        started: bool = False,
+        started: bool,
+        defaults: dict[str, Any],
     ) -> None:
-        dialog = dialog_type(self, system, sampling, started)
+        dialog = dialog_type(self, system, sampling, started, defaults)
         if not dialog.exec():
             return
         system, temperature, max_tokens = dialog.values()

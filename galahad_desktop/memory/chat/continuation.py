@@ -17,6 +17,7 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.forks import own_choices
 from galahad_desktop.memory.chat.turning import TurnRoom
 from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
 from galahad_desktop.vault.names import ConversationRow
@@ -126,11 +127,16 @@ class Continuation(TurnRoom):
                 self.summary_tokens(),
                 params.seed,
             ),
-            job.silent(),  # the summary is shown once written, not streamed
+            # Shown once written, not streamed; its pace says the summary is being written.
+            Job(cancel=job.cancel, on_pace=job.on_pace),
         ).check_device()
         summary = generation.text.strip() or "(the model wrote no summary)"
-        new_id_ = self._start(conv, [(SUMMARY_OPENING + summary, SUMMARY_ACK)], None, job)
-        return Continued(new_id_, "summary", len(prompt) + len(generation.tokens), 0, summary)
+        # The new conversation starts from the source's document (grafted from its block),
+        # then the summary.
+        pairs = [(SUMMARY_OPENING + summary, SUMMARY_ACK)]
+        new_id_ = self._start(conv, pairs, conv["document_id"], job)
+        reread = len(prompt) + len(generation.tokens)
+        return Continued(new_id_, "summary", reread, 0, summary, len(engine.tokens))
 
     # -- the documents and the last turns ---------------------------------------------------
 
@@ -199,7 +205,7 @@ class Continuation(TurnRoom):
                 "picture), or start a new chat on the picture."
             )
         new_id_ = self._start(conv, pairs, conv["document_id"], job)
-        return Continued(new_id_, "recent", cost, kept)
+        return Continued(new_id_, "recent", cost, kept, "", len(self.live.engine.tokens))
 
     # -- the new conversation -----------------------------------------------------------
     def _start(
@@ -215,7 +221,10 @@ class Continuation(TurnRoom):
         turns = engine.turns
         title = (conversations.title(conv) or "Conversation") + " (continued)"
         own = conversations.system_text(conv) if conv.get("system_enc") else None
-        new = conversations.create(document_id, title, own or conv.get("system_prompt"), False)
+        new = conversations.create(document_id, title, own or conv.get("system_prompt"))
+        with self.vault.transaction():  # it keeps what the person chose for the source
+            self.vault.records.update("conversations", new, own_choices(conv))
+            self.vault.records.reseal("conversations", new)
         row = conversations.row(new)
         counters = Counters()
         live.drop()

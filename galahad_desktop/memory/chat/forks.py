@@ -8,10 +8,20 @@ starts afresh from what the context holds, so forgetting the original never brea
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from galahad_desktop.memory.chat.system_prompt import system_text
 from galahad_desktop.vault.names import ConversationRow, MessageRow
 from galahad_desktop.vault.vault import Vault, new_id
+
+# What a person chose for a conversation, which a branch or a continuation of it keeps.
+OWN_CHOICES = ("temperature", "max_tokens", "library", "thinking")
+
+
+def own_choices(conv: ConversationRow) -> dict[str, Any]:
+    """The conversation's own choices (its creativity, longest reply, verified-answer
+    library, thinking), to carry into a conversation made from it."""
+    return {key: conv.get(key) for key in OWN_CHOICES}
 
 
 def copy_conversation(
@@ -34,6 +44,7 @@ def copy_conversation(
             "n_tokens": 0,
             "n_messages": seq,
             "system_prompt": conv.get("system_prompt"),
+            **own_choices(conv),  # type: ignore[typeddict-item]
             "thinking": conv.get("thinking") or 0,
             "model_sha256": conv.get("model_sha256"),
             "origin": origin,

@@ -25,7 +25,13 @@ from galahad_desktop.engine.picture import Media
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, check_text
+from galahad_desktop.errors import (
+    MAX_TITLE_CHARS,
+    DeviceLostError,
+    InputError,
+    IntegrityError,
+    check_text,
+)
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
@@ -56,6 +62,15 @@ def on_another_device_if_lost(
             return dataclasses.replace(result, notice=result.notice or str(lost))
 
     return run
+
+
+def branch_title(source_title: str, edited: str) -> str:
+    """A branch's title starts with its mark and the edited words (what tells branches of
+    one conversation apart where the sidebar cuts titles), then where it came from."""
+    words = " ".join(edited.split())
+    short = words if len(words) <= 40 else words[:39].rstrip() + "…"
+    title = f"↳ {short}" + (f" — from {source_title}" if source_title else "")
+    return title[:MAX_TITLE_CHARS]
 
 
 class ConversationTurns:
@@ -224,8 +239,9 @@ class ConversationTurns:
         check_text(new_text, "The message")
         counters = Counters()
         graft, _parent = self.rewind(conv, rows, seq, counters, job)
-        title = self.conversations.title(conv) or " ".join(new_text.split())[:TITLE_CHARS]
-        branch_id = copy_conversation(self.vault, conv, rows, seq, f"{title} (edited)")
+        branch_id = copy_conversation(
+            self.vault, conv, rows, seq, branch_title(self.conversations.title(conv), new_text)
+        )
         branch_row = self.conversations.row(branch_id)
         return self.turn(
             branch_row,

@@ -280,21 +280,18 @@ def _refusal(
     one_document: bool,
 ) -> str:
     """Why the model's evidence does not settle the question, in words ("": it does)."""
+    # Plain words for the window; the model's scores themselves are in --json ("rerank").
     if first.pmi < min_pmi:
         return (
-            f"the model finds no part that explains the question: the best, part "
-            f"{first.part_no} of {first.n_parts}, makes it only {first.pmi:.1f} nats more "
-            f"likely (at least {min_pmi:.1f} is needed)"
+            f"the model finds no part that explains the question: even the best, part "
+            f"{first.part_no} of {first.n_parts}, falls short of the bar set in Settings"
         )
     if margin < min_margin:
         alike = "two parts" if one_document else "parts of two documents"
-        return (
-            f"{alike} explain the question about as well ({first.pmi:.1f} and "
-            f"{first.pmi - margin:.1f} nats; the best must lead by {min_margin:.1f})"
-        )
+        return f"{alike} explain the question about as well, so the answer could come from either"
     if first.part_id != retrieval_best and first.pmi < alone_pmi:
         return (
-            f"the model prefers part {first.part_no} of {first.n_parts} ({first.pmi:.1f} "
-            f"nats), the words another part; overruling them needs {alone_pmi:.1f} nats"
+            f"the model leans to part {first.part_no} of {first.n_parts} while the question's "
+            "words point to another part, and it is not sure enough to overrule them"
         )
     return ""

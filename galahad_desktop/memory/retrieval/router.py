@@ -126,16 +126,15 @@ class RouteDecision:
         lead = (
             "no other document was a candidate"
             if self.margin == float("inf")
-            else f"{self.margin:.1f} nats ahead of any other document"
+            else "clearly better than any other document"
         )
         also = "".join(
             f"; part {c.part_no} of the same document explains it almost as well and is cited too"
             for c in self.cited[1:]
         )
         return (
-            f"Answered from part {best.part_no} of {best.n_parts}: with it the model finds the "
-            f"question {self.best_score:.1f} nats more likely than with no part, {lead} "
-            f"({checked}){also}."
+            f"Answered from part {best.part_no} of {best.n_parts}: the model finds it explains "
+            f"the question, {lead} ({checked}){also}."
         )
 
     def as_dict(self) -> dict[str, Any]:
