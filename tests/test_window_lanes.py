@@ -544,3 +544,24 @@ def test_the_window_reopens_the_last_conversation(
     qtbot.waitUntil(lambda: len(win.chat.messages) == 4, timeout=WAIT_MS)
     assert win.chat.messages[2].text == "And their nests?"
     assert win.sidebar.current == newer and win.sidebar.conversation_list.selectedItems()
+
+
+def test_the_conversation_dialog_opens_on_the_app_s_effective_values(
+    qtbot: Any, make_window: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from galahad_desktop.ui.dialogs import ConversationDialog
+
+    win = make_window(temperature=None, max_tokens=77)  # creativity: the model's own
+    shown: list[ConversationDialog] = []
+    monkeypatch.setattr(ConversationDialog, "exec", lambda self: shown.append(self) or 0)
+    win.chat.input.setPlainText("Hello")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+    qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+    for _ in range(2):  # the open conversation, then a new chat
+        win.open_conversation_settings()
+        qtbot.waitUntil(lambda: len(shown) == 1, timeout=WAIT_MS)
+        dialog = shown.pop()
+        assert dialog.max_tokens.value() == 77 and dialog.temperature_follows.isChecked()
+        assert f"{dialog.temperature.value():.2f}" in dialog.temperature_follows.text()
+        win.new_chat()

@@ -340,8 +340,8 @@ class TurnActions:
         new_chat = self.new_chat_settings
 
         def read(core: Galahad, _job: Job) -> tuple[str, dict[str, Any], bool, dict[str, Any]]:
-            values = core.settings_values()
-            defaults = {k: values[k] for k in ("temperature", "max_tokens")}
+            app = core.sampling()  # the settings over the model's recommendation
+            defaults = {"temperature": app.temperature, "max_tokens": app.max_tokens}
             if conversation_id is None:  # a new chat: what was chosen for it so far
                 system, temperature, max_tokens = new_chat
                 own = {"temperature": temperature, "max_tokens": max_tokens}
