@@ -54,7 +54,7 @@ class SettingValues:
     temperature: float | None
     top_p: float | None
     top_k: int | None
-    max_tokens: int
+    max_tokens: int | None
     seed: int | None
 
 

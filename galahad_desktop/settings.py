@@ -550,11 +550,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_tokens",
         int,
-        1024,
-        "The longest a reply may be (thoughts included).",
+        None,
+        "The longest a reply may be (thoughts included); empty uses the model's: 256 tokens "
+        "under a billion parameters (small models wander on), else 1,024.",
         runtime=False,
         minimum=1,
         maximum=131_072,
+        optional=True,
         group="Answers",
         label="Longest reply",
         unit="tokens",

@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-render-util0
   libxcb-image0 libxcb-randr0 libxcb-xinerama0 libxcb-xkb1 xvfb openbox x11-utils
   espeak-ng  # speaks the test suite's voice memos
+  fonts-dejavu-core  # the window's glyphs (tests/test_ui_look.py checks each one it uses)
 )
 
 missing=()

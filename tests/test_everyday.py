@@ -244,7 +244,7 @@ def test_a_settings_file_that_is_not_a_file_is_refused_at_once(tmp_path: Path, k
     reader.start()
     reader.join(5)
     assert loaded, "reading the settings hung"
-    assert loaded[0].get("max_tokens") == 1024 and "unreadable" in loaded[0].problems[0]
+    assert loaded[0].get("checkpoints") == 8 and "unreadable" in loaded[0].problems[0]
 
 
 def test_the_recovery_kit_never_goes_inside_the_data_directory(
@@ -284,7 +284,8 @@ def test_a_conversation_keeps_its_own_creativity_reply_limit_and_system_prompt(
     assert b"pirate-9183" not in (core.data_dir / "catalog.sqlite").read_bytes()
     core.set_conversation_sampling(conversation, None, 5)
     assert core.sampling(conversation).max_tokens == 5
-    assert core.sampling().max_tokens == 1024  # the settings' value elsewhere
+    # Elsewhere the model's own longest reply (Settings leave it empty by default).
+    assert core.sampling().max_tokens == core.engine.sampling_defaults().max_tokens != 5
     with pytest.raises(InputError, match="temperature"):
         core.set_conversation_sampling(conversation, float("nan"), None)
     assert core.audit().problems == []
@@ -366,3 +367,17 @@ def test_an_import_that_brings_nothing_in_is_a_failure(
         code = cli.main([*data, "import", str(export)])
     captured = capsys.readouterr()
     assert code == 4 and "Nothing was imported" in captured.err, captured
+
+
+def test_the_longest_reply_is_the_model_s_until_settings_say(make_fake_core: Any) -> None:
+    """A small model gets 256 tokens (the embedded 270M wandered on for 20 s at 1,024),
+    a billion parameters and more 1,024; a value in Settings wins over both."""
+    import dataclasses
+
+    core = make_fake_core()
+    engine = core.engine
+    assert engine.model.facts.n_params < 10**9 and core.sampling().max_tokens == 256
+    engine.model.facts = dataclasses.replace(engine.model.facts, n_params=4 * 10**9)
+    assert core.sampling().max_tokens == 1024
+    core.update_settings({"max_tokens": 600})
+    assert core.sampling().max_tokens == 600

@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -453,3 +454,33 @@ def test_a_memo_card_plays_its_sound_from_memory_and_stops(  # type: ignore[no-u
     assert "no sound player" in failed.args[0] and chat.player.playing is None
     with wave.open(io.BytesIO(wav)) as reader:
         assert reader.getframerate() == 16_000
+
+
+def test_every_character_the_window_writes_is_in_its_font(qapp: Any) -> None:
+    """No missing-glyph boxes: every non-ASCII character in the window's strings is one
+    DejaVu Sans (Debian's default font, installed by setup.sh) draws."""
+    import ast
+
+    from PySide6.QtGui import QFont, QFontDatabase, QFontMetrics
+
+    assert "DejaVu Sans" in QFontDatabase.families(), "install fonts-dejavu-core"
+    metrics = QFontMetrics(QFont("DejaVu Sans"))
+    ui = Path(__file__).resolve().parents[1] / "galahad_desktop" / "ui"
+    used: dict[str, str] = {}
+    for source in sorted(ui.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for char in node.value:
+                    if ord(char) > 127:
+                        used.setdefault(char, source.name)
+    assert "✓" in used and "…" in used  # the scan sees the window's strings
+    missing = {c: f for c, f in used.items() if not metrics.inFontUcs4(ord(c))}
+    assert missing == {}
+
+
+def test_the_memory_chart_is_wide_enough_for_its_legend(qapp: Any) -> None:
+    from galahad_desktop.ui.dialogs import CHART_LEGEND, TokenChart
+
+    chart = TokenChart()
+    legend = chart.fontMetrics().horizontalAdvance(CHART_LEGEND)
+    assert chart.minimumWidth() >= 40 + legend  # drawn from the plot's left edge, 40 px in

@@ -312,7 +312,10 @@ def test_a_new_chat_shows_nothing_of_the_conversation_left(qtbot: Any, make_wind
     qtbot.waitUntil(
         lambda: "tokens kept" in win.memory_panel.conversation_label.text(), timeout=WAIT_MS
     )
+    assert win.speed_label.text().endswith("tok/s")
     win.new_chat()
+    assert win.speed_label.text() == ""  # the last chat's pace is not this one's
+    assert win.context_meter.text() == f"context 0 / {win.n_ctx:,}"
     assert win.sidebar.conversation_list.selectedItems() == []
     assert win.sidebar.conversation_list.currentItem() is None
     assert win.memory_panel.conversation_label.text() == "No conversation open."
@@ -565,3 +568,18 @@ def test_the_conversation_dialog_opens_on_the_app_s_effective_values(
         assert dialog.max_tokens.value() == 77 and dialog.temperature_follows.isChecked()
         assert f"{dialog.temperature.value():.2f}" in dialog.temperature_follows.text()
         win.new_chat()
+
+
+def test_a_list_that_cannot_be_read_does_not_stay_loading(
+    qtbot: Any, make_window: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from galahad_desktop.errors import StorageError
+
+    def unreadable(_core: Galahad) -> list[Any]:
+        raise StorageError("The catalog could not be read.")
+
+    monkeypatch.setattr(Galahad, "list_conversations", unreadable)
+    win = make_window()
+    listing = win.sidebar.conversation_list
+    qtbot.waitUntil(lambda: "could not be listed" in listing.placeholder, timeout=WAIT_MS)
+    assert any("catalog could not be read" in w for w in win.prompts.warnings)

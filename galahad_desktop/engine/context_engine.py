@@ -58,6 +58,10 @@ from galahad_desktop.engine.values import (
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 
+# A model under a billion parameters wanders in long replies (Gemma 3 270M wrote for 20 s
+# at 1,024 tokens): its longest reply is 256 unless Settings or a conversation say.
+SMALL_MODEL_PARAMS = 1_000_000_000
+SMALL_MODEL_REPLY = 256
 SCRATCH_SEQ = 1  # a second sequence: serializes a range of sequence 0, or holds a state
 READ_IN_F16_MIN = 64  # shorter reads from empty run in the q8_0 context itself
 
@@ -206,6 +210,8 @@ class ContextEngine(ABC):
             if raw is not None:
                 with contextlib.suppress(ValueError):  # not a number: the default stands
                     published[name] = kind(float(raw))
+        if self.model.facts.n_params < SMALL_MODEL_PARAMS:
+            published["max_tokens"] = SMALL_MODEL_REPLY
         return dataclasses.replace(out, **published)
 
     # -- tokens --------------------------------------------------------------------------

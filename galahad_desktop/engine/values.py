@@ -44,6 +44,7 @@ class SamplingDefaults:
     temperature: float
     top_k: int
     top_p: float
+    max_tokens: int = 1024  # the longest reply, unless Settings or a conversation say
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)

@@ -256,7 +256,7 @@ class ChatView(QWidget):
     def set_documents(self, names: list[str]) -> None:
         """The chips above the transcript: the documents this conversation holds."""
         self.documents = list(dict.fromkeys(names))
-        self.documents_label.setText("Holds: " + "  ·  ".join(f"📄 {n}" for n in self.documents))
+        self.documents_label.setText("Holds: " + "  ·  ".join(self.documents))
         self.documents_label.setVisible(bool(self.documents))
 
     def add_document(self, name: str) -> None:

@@ -228,13 +228,17 @@ class SecurityDialog(SummaryDialog):
         self.output.setPlainText("\n".join(lines))
 
 
+CHART_LEGEND = "green: restored · red: re-read · blue: replies saved by verified answers"
+
+
 class TokenChart(QWidget):
     """Cumulative tokens restored vs recomputed over time (a plain QPainter line chart)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.history: list[UsageEntry] = []
-        self.setMinimumSize(420, 200)
+        # Wide enough for its legend in this font (a fixed 420 px cut it off).
+        self.setMinimumSize(max(420, self.fontMetrics().horizontalAdvance(CHART_LEGEND) + 60), 200)
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
@@ -273,11 +277,7 @@ class TokenChart(QWidget):
                 painter.drawEllipse(point(i, series[i][index]), 3, 3)
         painter.setPen(QPen(self.palette().text().color()))
         painter.drawText(4, rect.top() + 10, f"{top:,}")
-        painter.drawText(
-            rect.left(),
-            self.height() - 6,
-            "green: restored · red: recomputed · blue: decoding saved by verified answers",
-        )
+        painter.drawText(rect.left(), self.height() - 6, CHART_LEGEND)
 
 
 class MemoryDialog(SummaryDialog):

@@ -403,7 +403,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.bridge.run(
             lambda core, _job: core.list_conversations(),
             on_done=self._conversations,
-            on_error=self.show_error,
+            on_error=self._conversations_failed,
         )
         self.bridge.run(
             lambda core, _job: core.list_documents(),
@@ -438,6 +438,12 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             own = [c for c in conversations if c.origin != "api" and not c.damaged]
             if own and self.conversation_id is None and self.turn_cancel is None:
                 self.open_conversation(max(own, key=lambda c: c.updated_at).id)
+
+    def _conversations_failed(self, message: str, kind: str = "") -> None:
+        listing = self.sidebar.conversation_list
+        listing.placeholder = "Conversations could not be listed (see the message)."
+        listing.viewport().update()
+        self.show_error(message, kind)
 
     def _documents(self, documents: list[Any]) -> None:
         self.sidebar.set_documents(documents)
@@ -479,6 +485,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.thinking_box.setEnabled(True)
         self.pages.setCurrentWidget(self.chat)
         self.set_context(0, self.n_ctx)
+        self.speed_label.clear()  # the pace was the last chat's reply, not this one's
         self.chat.input.setFocus()
 
     def open_conversation(self, conversation_id: str) -> None:

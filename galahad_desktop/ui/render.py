@@ -196,7 +196,7 @@ def message_html(
             f'<table width="100%" cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '
             f'style="margin:4px 0 10px 0;border:1px solid {p.border}"><tr><td>{anchor}'
             f'<span style="color:{p.muted};font-size:small">Document added</span><br>'
-            f"📄 <b>{html.escape(text)}</b></td></tr></table>"
+            f"<b>{html.escape(text)}</b></td></tr></table>"
         )
     if role == "note":  # the app's own words (a document's acknowledgement): not the model's
         return (

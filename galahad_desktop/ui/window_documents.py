@@ -13,6 +13,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
 from galahad_desktop.memory.results import DepositResult, ImportResult, Message, TurnResult
+from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import deposit_note
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
 
@@ -170,7 +171,7 @@ class DocumentActions:
             return
         menu.addSection("From your library")
         for doc in documents:
-            action = menu.addAction(f"📄 {doc.name}")
+            action = menu.addAction(theme.icon("document"), doc.name)
             if self.conversation_id is None:
                 action.setToolTip("A new chat on it: its stored memory is grafted, nothing re-read")
                 action.triggered.connect(lambda _checked=False, d=doc.id: self.chat_with(d))

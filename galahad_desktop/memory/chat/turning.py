@@ -89,7 +89,8 @@ class ConversationTurns:
     def reply_room(self) -> int:
         """Tokens a turn must leave free after the user's message: the reply (up to
         max_tokens, at most 512 counted here) and the turn's closing and the next opening."""
-        return int(min(max(self.live.settings.values.max_tokens, 8), 512)) + 16
+        longest = self.live.settings.values.max_tokens or self.engine.sampling_defaults().max_tokens
+        return int(min(max(longest, 8), 512)) + 16
 
     def ensure_live(
         self,
