@@ -44,7 +44,13 @@ def test_info_names_the_model_s_template(tmp_path: Path, gemma4_path: Path) -> N
     assert fmt["generation_prompt"] == "<|turn>model\n<|channel>thought\n<channel|>"
     assert fmt["system_open"] == "<|turn>system\n" and fmt["supports_thinking"]
     assert info["model"]["architecture"] == "gemma4" and info["model"]["kind"] == "chat"
-    assert info["sampling_defaults"] == {"temperature": 1.0, "top_k": 64, "top_p": 0.95}
+    # Gemma's published sampling; the test model is tiny, so its longest reply is 256.
+    assert info["sampling_defaults"] == {
+        "temperature": 1.0,
+        "top_k": 64,
+        "top_p": 0.95,
+        "max_tokens": 256,
+    }
     # The fast tier's fake engine speaks the format read from this template, no other.
     assert fmt == GEMMA4_TURNS.as_dict()
 
