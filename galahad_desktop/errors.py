@@ -11,9 +11,30 @@ from pathlib import Path
 
 
 class GalahadError(Exception):
-    """Base class: a problem the user can understand and usually fix."""
+    """Base class: a problem the user can understand and usually fix.
+
+    Where the fix is a command, it is given apart from the message: the terminal shows
+    the message and the command (`str`), the window the message and its own way to the
+    same fix (`in_window`): no terminal command inside a window's refusal."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, command: str = "", window: str = "") -> None:
+        super().__init__(message)
+        self.message, self.command, self.window = message, command, window
+
+    def __str__(self) -> str:
+        return f"{self.message} Run: {self.command}" if self.command else self.message
+
+    def in_window(self) -> str:
+        return f"{self.message} {self.window}" if self.window else self.message
+
+
+# The fix for damage, in each front end's words (`**AUDIT` where damage is refused).
+AUDIT = {
+    "command": "galahad audit",
+    "window": "View → Security… → Run audit names every damaged record.",
+}
 
 
 class NotFoundError(GalahadError):
@@ -75,6 +96,11 @@ class DiskFullError(StorageError):
     exit_code = 11
 
 
+class WontFitError(DiskFullError):
+    """A document's memory would not fit the disk budget or the disk: nothing was read or
+    stored, and the person may read it anyway."""
+
+
 class CancelledError(GalahadError):
     """The user cancelled a long operation; nothing was stored."""
 
@@ -127,8 +153,9 @@ def as_user_error(exc: BaseException) -> GalahadError | None:
         if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
             return StorageError("The catalog is locked by another program; try again.")
         return IntegrityError(
-            f"The catalog is damaged ({type(exc).__name__}); nothing was changed. Run "
-            "'galahad audit' or restore a backup."
+            f"The catalog is damaged ({type(exc).__name__}); nothing was changed. Check it, "
+            "or restore a backup.",
+            **AUDIT,
         )
     if isinstance(exc, RecursionError | MemoryError):
         return InputError(f"The input is too large or too deeply nested ({type(exc).__name__}).")

@@ -225,8 +225,8 @@ SETTINGS: tuple[Setting, ...] = (
         "checkpoints",
         int,
         8,
-        "Turn boundaries kept as their own links when a chain is compacted (regenerate and "
-        "edit restore them; an older turn is re-read).",
+        "Turn boundaries kept apart when a chain is merged, together at most 1 GB (a 16th "
+        "of a set disk budget): regenerate and edit restore them; an older turn is re-read.",
         runtime=False,
         minimum=2,
         maximum=10_000,

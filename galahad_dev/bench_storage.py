@@ -20,7 +20,7 @@ from typing import Any
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.models.catalog import Gemma4Model, model_for
-from galahad_dev.bench import Bench, Log, Run, bench_resume, context_for, stamp
+from galahad_dev.bench import Bench, Log, Run, bench_resume, context_for, machine, stamp
 from galahad_dev.real_shapes import real_shape_model
 
 FLASH = {"f16": "auto", "f32": "auto"}  # a quantized cache needs flash attention ("on")
@@ -124,6 +124,7 @@ def bench_storage(
                 global_cell, window_cell = measured_per_token(bench.core, deposited.block_id)
                 bench.core.forget(deposited.document_id)
                 chat = conversation(bench, model, turns, kv_type)
+                placement = bench.core.engine.placement.as_dict()  # where the KV cache lived
             finally:
                 bench.close()
             results.append(
@@ -136,10 +137,11 @@ def bench_storage(
                     "document": {k: resume[k] for k in _RESUME_KEYS},
                     "conversation": chat,
                     "probe_deposit_ms": probe_ms,
+                    "placement": placement,
                 }
             )
             log(line(results[-1]))
-    return {"command": "bench storage", "results": results, "stamp": stamp()}
+    return {"command": "bench storage", "results": results, "machine": machine(), "stamp": stamp()}
 
 
 _RESUME_KEYS = (

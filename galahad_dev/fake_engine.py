@@ -346,6 +346,7 @@ class FakeEngine(ContextEngine):
             "F32",
             "chat" if self.flavour == "gemma4" else "demo",
             "fake model for tests",
+            window=WINDOW,
         )
 
     def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:

@@ -303,3 +303,14 @@ def test_the_disk_budget_through_the_command(tmp_path: Path, data_dir: Path) -> 
     bad = run_cli("storage", "--give-back", "c-0000000000000000", data_dir=data_dir, check=False)
     assert bad.returncode not in (0, 70) and "Traceback" not in bad.stderr
     assert "No conversation or document" in bad.stderr
+    # A document whose memory cannot fit even once all else gives its memory back: refused
+    # before it is read (nothing changes), then read when the person says so.
+    run_cli("settings", "disk_budget=1", data_dir=data_dir)
+    before = _snapshot(data_dir)
+    doc.write_text(story(14))
+    refused = run_cli("deposit", str(doc), data_dir=data_dir, check=False)
+    assert refused.returncode == 11 and "Traceback" not in refused.stderr
+    assert "Nothing was read" in refused.stderr and "--anyway" in refused.stderr
+    assert _snapshot(data_dir) == before
+    assert cli_json("deposit", str(doc), "--anyway", data_dir=data_dir)["tokens"] > 0
+    assert cli_json("audit", data_dir=data_dir)["problems"] == []

@@ -110,6 +110,35 @@ def test_regenerate_branch_and_compaction(make_fake_core: CoreFactory) -> None:
     assert core.audit().problems == []
 
 
+def test_the_turns_kept_apart_are_chosen_by_bytes_too(make_fake_core: CoreFactory) -> None:
+    core = make_fake_core()  # 8 checkpoints, merged after 24 links: by count, nothing yet
+    conversation = core.new_conversation()
+
+    def own_links() -> list[int]:
+        chain = core.vault.chain_rows(core.head_block(conversation))
+        return [r["file_bytes"] for r in chain if r["owner_id"] == conversation]
+
+    for turn in range(3):
+        _say(core, conversation, f"Count to {turn + 2}.")
+    link = max(own_links()[1:])
+    # A budget whose sixteenth holds three links: a large model's links, in miniature.
+    core.update_settings({"disk_budget": 16 * 3 * link + 16})
+    compactions = []
+    for turn in range(3, 12):
+        params = core.sampling(max_tokens=12)
+        result = core.send(conversation, f"Count to {turn + 2}.", params=params, compact=True)
+        if result.compaction is not None:
+            compactions.append(result.compaction)
+    assert compactions and compactions[0].merged > 0  # long before 24 links
+    assert all(c.links_after <= 4 for c in compactions)  # the merged block + at most 3 apart
+    assert sum(own_links()[1:]) <= 2 * (3 * link + 1) + link  # never past twice the share
+    digest = _digest(core, conversation)
+    core.reload_engine()
+    again = core.resume(conversation)
+    assert again.proof.verdict == "exact" and _digest(core, conversation) == digest
+    assert core.audit().problems == []
+
+
 def test_documents_in_parts_are_routed_and_forgotten_with_their_log(
     make_fake_core: CoreFactory,
 ) -> None:

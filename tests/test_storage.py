@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import InputError, WontFitError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.settings import coerce
 from galahad_desktop.sizes import human_size, parse_size
@@ -97,6 +97,33 @@ def test_the_budget_gives_back_what_was_used_longest_ago(make_fake_core: CoreFac
     again = core.resume(chats[2])
     assert again.recomputed_tokens == 0 and again.proof.verdict == "exact"
     assert core.storage().items[0].id == chats[2]
+    assert core.audit().problems == []
+
+
+def test_a_document_that_would_not_fit_is_refused_before_it_is_read(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core(disk_budget=0, n_ctx=8192)
+    first = core.deposit_text("first.txt", WORDS * 2)
+    estimate = core.storage_room.estimate(first.tokens)  # measured from that stored block
+    assert estimate is not None and abs(estimate - first.block_bytes) < 0.1 * first.block_bytes
+    chat = _chat(core, 2, "kept")
+    core.keep(chat)  # pinned: its memory is not room for the document
+    blocks = sorted(core.vault.records.blocks(), key=str)
+    before = (core.storage(), len(core.list_documents()), blocks)
+    # Room for what is stored, half of the first document again, not for three times it.
+    core.update_settings({"disk_budget": before[0].total_bytes + first.block_bytes // 2})
+    with pytest.raises(WontFitError) as refused:
+        core.deposit_text("big.txt", WORDS * 6)
+    said = str(refused.value)
+    assert "'big.txt'" in said and "Disk space for memory" in said and "anyway" in said
+    assert "Nothing was read" in said and refused.value.exit_code == 11
+    assert len(core.list_documents()) == before[1]  # nothing read, nothing stored or given back
+    assert sorted(core.vault.records.blocks(), key=str) == before[2]
+    # The person reads it anyway: stored, past the budget (what was pinned stays).
+    read = core.deposit_text("big.txt", WORDS * 6, anyway=True)
+    assert read.tokens > 2 * first.tokens and len(core.list_documents()) == before[1] + 1
+    assert {i.id: i.state for i in core.storage().items}[chat] == "stored"
     assert core.audit().problems == []
 
 

@@ -408,6 +408,8 @@ def test_pasting_text_and_a_picture_into_the_message_box(qtbot, window: MainWind
     with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as refused:
         window.chat.input.insertFromMimeData(picture)
     assert "reads no pictures" in refused.args[0]  # the fake engine has no projector
+    # The window's way to the fix, never a terminal command.
+    assert "Settings" in refused.args[0] and "galahad " not in refused.args[0]
     assert window.chat.input.toPlainText() == "kept"  # a picture never becomes text
     assert [m.role for m in window.chat.messages] == ["user", "model"]  # no card left behind
 

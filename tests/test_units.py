@@ -14,7 +14,7 @@ from galahad_desktop.engine.chat_format import (
     TemplateNotUnderstood,
     derive_turn_format,
 )
-from galahad_desktop.errors import InputError
+from galahad_desktop.errors import AUDIT, InputError
 from galahad_desktop.memory.documents.extraction import extract_text
 from galahad_desktop.settings import Settings
 from galahad_dev.hardening import minimal_pdf
@@ -50,6 +50,25 @@ def test_turn_format_is_learned_from_a_template() -> None:
 def test_a_template_that_does_not_fit_says_why(template: str, reason: str) -> None:
     with pytest.raises(TemplateNotUnderstood, match=reason):
         derive_turn_format(template, "<bos>", "")
+
+
+def test_a_fix_that_is_a_command_is_given_in_each_front_ends_words() -> None:
+    from galahad_desktop.engine.vision import cannot_hear
+    from galahad_desktop.errors import as_user_error
+    from galahad_desktop.vault.crypto import DecryptionFailed, damaged
+
+    refused = cannot_hear()
+    assert str(refused).endswith("Run: galahad models get --size E4B --vision")
+    assert "galahad" not in refused.in_window() and "Settings" in refused.in_window()
+    broken = DecryptionFailed(damaged("messages", "text_enc", "m-1"), **AUDIT)
+    assert "Run: galahad audit" in str(broken) and "Run audit" in broken.in_window()
+    assert "galahad" not in broken.in_window()
+    import sqlite3
+
+    catalog = as_user_error(sqlite3.DatabaseError("file is not a database"))
+    assert catalog is not None and "galahad" not in catalog.in_window()
+    plain = InputError("Nothing to fix by command.")
+    assert str(plain) == plain.in_window() == "Nothing to fix by command."
 
 
 def test_settings_are_checked_and_saved(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from galahad_desktop.ui.dialogs import AskDialog
 from galahad_desktop.ui.main_window import MainWindow, first_size
 from galahad_desktop.ui.settings_dialog import SettingsDialog
 from galahad_desktop.ui.sidebar import API_GROUP
+from galahad_desktop.ui.window_documents import READ_ANYWAY
 from galahad_desktop.ui.worker import CoreBridge
 from tests.test_ui_look import Answers
 
@@ -583,3 +584,31 @@ def test_a_list_that_cannot_be_read_does_not_stay_loading(
     listing = win.sidebar.conversation_list
     qtbot.waitUntil(lambda: "could not be listed" in listing.placeholder, timeout=WAIT_MS)
     assert any("catalog could not be read" in w for w in win.prompts.warnings)
+
+
+def test_a_document_without_room_for_its_memory_is_asked_about_before_it_is_read(
+    qtbot: Any, make_window: Any, tmp_path: Path
+) -> None:
+    win = make_window(disk_budget=20_000)  # less than one document's memory
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_text("The harbour ledger lists boats and nets. " * 20)
+    big.write_text("The harbour ledger lists boats and nets. " * 80)
+    with qtbot.waitSignal(win.deposit_finished, timeout=WAIT_MS):
+        win.deposit(small)  # nothing of this model stored yet to measure it by: read
+    asked: list[tuple[str, list[str]]] = []
+    answer = ["Cancel"]
+
+    def choose(title: str, text: str, buttons: list[str]) -> str:
+        asked.append((text, buttons))
+        return answer[0]
+
+    win.prompts.choose = choose
+    win.deposit(big)
+    qtbot.waitUntil(lambda: bool(asked) and win.bridge.pending() == 0, timeout=WAIT_MS)
+    assert "'big.txt'" in asked[0][0] and READ_ANYWAY in asked[0][1]
+    assert [d.name for d in win.sidebar.documents] == ["small.txt"]  # nothing read
+    assert not win.sidebar.deposit_bar.isVisible()
+    answer[0] = READ_ANYWAY
+    with qtbot.waitSignal(win.deposit_finished, timeout=WAIT_MS) as read:
+        win.deposit(big)
+    assert read.args[0].name == "big.txt" and len(asked) == 2

@@ -12,6 +12,7 @@ from galahad_desktop.cli.common import (
     command_job,
     sampling_of,
 )
+from galahad_desktop.errors import WontFitError
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
@@ -20,8 +21,11 @@ GATED_EXIT = 9  # the router was not sure: candidates listed, nothing answered
 
 
 def cmd_deposit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
-    with command_job(out, "reading") as job:
-        result = core.deposit(args.file, job)
+    try:
+        with command_job(out, "reading") as job:
+            result = core.deposit(args.file, job, anyway=args.anyway)
+    except WontFitError as refused:  # the command's own way to go ahead
+        raise WontFitError(f"{refused} To read it anyway: galahad deposit --anyway FILE.") from None
     out.result(
         result,
         f"Stored document {result.document_id} '{result.name}': "
@@ -128,6 +132,11 @@ def register(add: Any) -> None:
 
     p = add("deposit", "read a document once and store its KV block", cmd_deposit)
     p.add_argument("file", type=Path)
+    p.add_argument(
+        "--anyway",
+        action="store_true",
+        help="read it even when its memory would not fit the disk budget or the disk",
+    )
     p = add(
         "ask",
         "answer from a stored document without re-reading it; a long document (or, with "

@@ -37,7 +37,8 @@ def cmd_info(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         "(the model's recommendation)",
         f"fingerprint {info.fingerprint[:16]} · context {info.n_ctx:,}",
         *_placement_lines(info.placement),
-        f"library routing: {info.routing}",
+        f"library routing: {info.routing}"
+        + (" — galahad models get embeddinggemma --use" if "BM25)" in info.routing else ""),
         info.vision_note(),
         *[f"settings: {p}" for p in info.settings_problems],
     ]

@@ -78,7 +78,9 @@ class Embedder:
             self.close()
             raise ModelError(
                 f"{path.name} is not an embedding model (it gives no sentence vector); "
-                "choose one such as EmbeddingGemma (galahad models get embeddinggemma)."
+                "choose one such as EmbeddingGemma.",
+                command="galahad models get embeddinggemma --use",
+                window="Choose another under File → Settings… → Meaning model (embeddings).",
             )
         self.dimensions = self._model.facts.n_embd
         self.prompts = prompts_for(self.architecture, self.name)

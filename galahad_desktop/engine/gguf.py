@@ -34,6 +34,7 @@ def describe(model: NativeModel, path: Path, embedded: bool) -> ModelInfo:
         quantization=quantization_name(meta),
         kind=kind,
         label=label,
+        window=int(meta.get(f"{arch}.attention.sliding_window", 0) or 0),
     )
 
 

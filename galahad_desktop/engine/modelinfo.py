@@ -51,6 +51,7 @@ class ModelInfo:
     quantization: str
     kind: ModelKind
     label: str  # what the user is told about the model
+    window: int = 0  # the sliding-window layers' span in tokens (0: none)
 
 
 def check_model_file(path: Path) -> None:

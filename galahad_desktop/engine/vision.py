@@ -42,11 +42,15 @@ from galahad_desktop.jobs import NO_JOB, Job
 CHUNK_TEXT = 0
 
 
-CANNOT_HEAR = (
-    "This model cannot hear voice memos: it has no projector with an audio encoder (Gemma 4 "
-    "E2B and E4B hear, with their projector: galahad models get --size E4B --vision). "
-    "Nothing was stored."
-)
+def cannot_hear() -> InputError:
+    return InputError(
+        "This model cannot hear voice memos: it has no projector with an audio encoder (Gemma "
+        "4 E2B and E4B hear, with their projector). Nothing was stored.",
+        command="galahad models get --size E4B --vision",
+        window="Choose E2B or E4B with its projector file under File → Settings… (Model).",
+    )
+
+
 SEES_NOTHING = "This projector reads no pictures (it has no vision encoder)."
 
 
@@ -169,7 +173,7 @@ class Vision:
     def _bitmap(self, item: Media) -> Any:
         if isinstance(item, Sound):
             if not self.hears:
-                raise InputError(CANNOT_HEAR)
+                raise cannot_hear()
             samples = item.samples
             if len(samples) > MAX_PART_SECONDS * SOUND_RATE:  # one read of the encoder
                 raise InputError(

@@ -164,6 +164,7 @@ class Galahad(StoreFacade):
         self.finder = Search(self.conversations)
         self.storage_room = Storage(self.live, self.conversations, self.documents)
         self.live.room_for = self.storage_room.make_room
+        self.live.fits = self.storage_room.check_fits
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -540,14 +541,12 @@ class Galahad(StoreFacade):
 
     # -- documents -----------------------------------------------------------------------
     def deposit(
-        self,
-        path: Path,
-        job: Job = NO_JOB,
-        name: str | None = None,
+        self, path: Path, job: Job = NO_JOB, name: str | None = None, anyway: bool = False
     ) -> DepositResult:
         """Read a document file once and store it as encrypted blocks (long ones in parts,
-        pictures through the projector)."""
-        return self.documents.deposit(path, job, name)
+        pictures through the projector). One whose memory would not fit the disk budget or
+        the disk is refused before it is read (WontFitError), unless `anyway`."""
+        return self.documents.deposit(path, job, name, anyway)
 
     def deposit_text(
         self,
@@ -555,9 +554,10 @@ class Galahad(StoreFacade):
         text: str,
         source_bytes: int | None = None,
         job: Job = NO_JOB,
+        anyway: bool = False,
     ) -> DepositResult:
         """Read text once and store it as a document, as `deposit` does for a file."""
-        return self.documents.deposit_text(name, text, source_bytes, job)
+        return self.documents.deposit_text(name, text, source_bytes, job, anyway)
 
     def list_documents(self) -> list[DocumentSummary]:
         """Every stored document's summary."""

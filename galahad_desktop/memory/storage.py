@@ -19,7 +19,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from galahad_desktop.errors import IntegrityError, NotFoundError
+from galahad_desktop.engine import kvstate
+from galahad_desktop.errors import IntegrityError, NotFoundError, WontFitError
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.documents import Documents
@@ -32,7 +33,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.sizes import human_size
 from galahad_desktop.vault import giveback
-from galahad_desktop.vault.names import BlockRow, given_back
+from galahad_desktop.vault.names import BlockRow, file_bytes, given_back
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ AUTO_MINIMUM = 1_000_000_000
 # What a save adds to the catalog beside its block (rows, seals, the usage log: a few
 # SQLite pages in its write-ahead log), measured at ~25 KB a turn: room is made for it too.
 CATALOG_HEADROOM = 64 * 1024
+# Room left free on the disk for everything else when a document is checked before reading.
+DISK_RESERVE = 256_000_000
 
 
 class Storage:
@@ -59,6 +62,7 @@ class Storage:
         self.conversations = conversations
         self.documents = documents
         self.given_back: list[GiveBackResult] = []  # since the front end last asked
+        self._cell_bytes: dict[str, tuple[int, int]] = {}  # by runtime fingerprint
 
     # -- the budget ----------------------------------------------------------------------
     def budget(self) -> tuple[int, str]:
@@ -93,6 +97,61 @@ class Storage:
         self.given_back += done
         return done
 
+    # -- before a document is read --------------------------------------------------------
+    def check_fits(self, name: str, tokens: int) -> None:
+        """Refuse a document of `tokens` tokens before it is read when its memory would not
+        fit: not in the disk budget once everything that may give its memory back has, or
+        not on the disk. Nothing is read or stored; the person may read it anyway."""
+        estimate = self.estimate(tokens)
+        if estimate is None:
+            return  # nothing of this model is stored yet to measure it by
+        chosen = self.live.settings.values.disk_budget
+        used, budget, _rule = budget_for(self.vault.data_dir, chosen)
+        items = self._items(self._protected(None))
+        givable = sum(i.bytes for i in items if not (i.kept or i.open))
+        free = shutil.disk_usage(self.vault.data_dir).free
+        over = []
+        if budget and estimate > budget - (used - givable):
+            room = max(0, budget - (used - givable))
+            over.append(
+                f"the disk space for memory ({human_size(budget)}, of which "
+                f"{human_size(room)} can be made free)"
+            )
+        if estimate > free - DISK_RESERVE:
+            kept_free = human_size(DISK_RESERVE)
+            over.append(f"the disk's free space ({human_size(free)}, {kept_free} kept free)")
+        if over:
+            raise WontFitError(
+                f"Reading '{name}' ({tokens:,} tokens) would keep about {human_size(estimate)} "
+                f"of memory on disk, more than {' and '.join(over)}. Nothing was read. Raise "
+                "'Disk space for memory' in Settings, forget what you no longer need, or read "
+                "it anyway (its memory then goes past the budget)."
+            )
+
+    def estimate(self, tokens: int) -> int | None:
+        """What a block of `tokens` tokens will take on disk with the loaded model: every
+        position's cells in the global layers and at most a window's in the sliding ones,
+        as a stored block of this model measures them (None before any is stored)."""
+        engine = self.live.engine
+        rates = self._cell_bytes.get(engine.fingerprint)
+        if rates is None:
+            rows = [
+                r
+                for r in self.vault.records.blocks()
+                if r["fingerprint"] == engine.fingerprint and not given_back(r)
+            ]
+            if not rows:
+                return None
+            stored = self.vault.read_block(min(rows, key=file_bytes)["id"])
+            sections = kvstate.parse(stored.payload, stored.size).sections
+            per_cell = [s.cell_bytes + s.meta.itemsize for s in sections]  # K, V, position
+            rates = (per_cell[0], sum(per_cell[1:]))
+            del stored
+            self._cell_bytes[engine.fingerprint] = rates
+        window = engine.model_info().window or tokens
+        ledger = 4  # the block also holds its tokens (int32 each)
+        return tokens * (rates[0] + ledger) + min(tokens, window) * rates[1]
+
     def _protected(self, owner_id: str | None) -> set[str]:
         owners: set[str] = set()
         holding = self.live.holding
@@ -109,7 +168,7 @@ class Storage:
         return StorageReport(
             str(self.vault.data_dir),
             giveback.bytes_on_disk(self.vault.data_dir),
-            sum(_bytes(r) for r in on_disk),
+            sum(file_bytes(r) for r in on_disk),
             budget,
             rule,
             disk.total,
@@ -168,7 +227,7 @@ class Storage:
             item_id,
             kind,
             title,
-            sum(_bytes(r) for r in kept_rows),
+            sum(file_bytes(r) for r in kept_rows),
             len(kept_rows),
             returned,
             used,
@@ -224,11 +283,6 @@ def budget_for(data_dir: Path, chosen: int | None) -> tuple[int, int, str]:
             f"free space ({human_size(auto)})"
         ),
     )
-
-
-def _bytes(row: BlockRow) -> int:
-    size = row.get("file_bytes")
-    return size if isinstance(size, int) else 0  # bookkeeping, not sealed: never a crash
 
 
 def _time(*values: object) -> float:

@@ -102,7 +102,7 @@ def resume_note(report: GraftReport) -> str:
 def memory_line(conv: ConversationSummary, resumed: str = "") -> tuple[str, str]:
     """A conversation's memory in a glance, and the palette colour it is shown in."""
     if conv.memory == "damaged" or conv.damaged:
-        return "Damaged: will not open (galahad audit names it)", "danger"
+        return "Damaged: will not open (Security → Run audit names it)", "danger"
     if resumed:
         return resumed, "success"
     if conv.memory == "stored":

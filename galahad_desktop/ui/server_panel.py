@@ -230,7 +230,7 @@ class ServerPanel(QDialog):
             try:
                 address = self.host.start(self.port.value())
             except GalahadError as exc:
-                self.status.setText(str(exc))
+                self.status.setText(exc.in_window())
                 self._show()
                 return
             self.status.setText(f"Serving {self.host.model} at {address}.")

@@ -307,7 +307,7 @@ class SettingsDialog(QDialog):
             coerce(key, text.strip())
             self.invalid.pop(key, None)
         except InputError as error:
-            self.invalid[key] = str(error)
+            self.invalid[key] = error.in_window()
         if editor is not None:
             editor.setProperty("invalid", key in self.invalid)
             editor.style().unpolish(editor)

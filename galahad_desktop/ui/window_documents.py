@@ -17,6 +17,8 @@ from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import deposit_note
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
 
+READ_ANYWAY = "Read it anyway"
+
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
     from PySide6.QtWidgets import QStackedWidget
@@ -101,12 +103,23 @@ class DocumentActions:
         for path in paths:
             self.deposit(path)
 
-    def deposit(self, path: Path, open_chat: bool = False) -> None:
+    def deposit(self, path: Path, open_chat: bool = False, anyway: bool = False) -> None:
         self.sidebar.show_progress(True, f"Reading {path.name}…")
+
+        def failed(message: str, kind: str) -> None:
+            # Refused before reading: its memory would not fit. The person decides.
+            if kind == "WontFitError":
+                self._work_over()
+                title = "Not enough room for its memory"
+                if self.prompts.choose(title, message, [READ_ANYWAY, "Cancel"]) == READ_ANYWAY:
+                    self.deposit(path, open_chat, anyway=True)
+                return
+            self._work_failed(message, kind)
+
         self.working = self.bridge.run(
-            lambda core, job: core.deposit(path, job),
+            lambda core, job: core.deposit(path, job, anyway=anyway),
             on_done=lambda result: self._deposited(result, open_chat),
-            on_error=self._work_failed,
+            on_error=failed,
             on_progress=self._work_progress,
             label=f"Reading {path.name}",
             changes={DOCUMENTS},

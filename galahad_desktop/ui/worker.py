@@ -105,7 +105,7 @@ class CoreWorker(QObject):
         except Exception as exc:
             error = as_user_error(exc)
             if error is not None:
-                self.failed.emit(request.request_id, str(error), type(error).__name__)
+                self.failed.emit(request.request_id, error.in_window(), type(error).__name__)
                 return
             # Type and stack only: an exception's message can quote private text.
             where = _where(request.work)

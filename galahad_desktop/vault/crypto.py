@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from galahad_desktop.errors import IntegrityError
+from galahad_desktop.errors import AUDIT, IntegrityError
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -78,18 +78,18 @@ class FieldCipher:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise DecryptionFailed(damaged(table, column, row_id)) from None
+            raise DecryptionFailed(damaged(table, column, row_id), **AUDIT) from None
 
     def encrypt_bytes(self, data: bytes, table: str, column: str, row_id: str) -> bytes:
         return seal(self._key, data, field_aad(table, column, row_id))
 
     def decrypt_bytes(self, blob: object, table: str, column: str, row_id: str) -> bytes:
         if not isinstance(blob, bytes):  # a catalog cell edited to another type
-            raise DecryptionFailed(damaged(table, column, row_id))
+            raise DecryptionFailed(damaged(table, column, row_id), **AUDIT)
         try:
             return open_sealed(self._key, blob, field_aad(table, column, row_id))
         except DecryptionFailed:
-            raise DecryptionFailed(damaged(table, column, row_id)) from None
+            raise DecryptionFailed(damaged(table, column, row_id), **AUDIT) from None
 
 
 def damaged(table: str, column: str, row_id: object) -> str:
@@ -112,5 +112,5 @@ def damaged(table: str, column: str, row_id: object) -> str:
     row_id = str(row_id).split("|")[0]  # a message's context starts with its id
     return (
         f"The {field} of {what} {row_id} in the catalog is damaged or was edited (it failed "
-        "authentication); refused. Run 'galahad audit' to see every damaged record."
+        "authentication); refused."
     )

@@ -165,6 +165,13 @@ def given_back(row: Mapping[str, Any]) -> bool:
     return row.get("evicted_at") is not None
 
 
+def file_bytes(row: Mapping[str, Any]) -> int:
+    """A block file's size as the catalog recorded it (bookkeeping, not sealed: 0 when
+    missing, never a crash)."""
+    size = row.get("file_bytes")
+    return size if isinstance(size, int) else 0
+
+
 class MessageRow(TypedDict):
     """A message's place (its private fields are bound to it) and its checkpoint."""
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from galahad_desktop.errors import IntegrityError
+from galahad_desktop.errors import AUDIT, IntegrityError
 from galahad_desktop.vault import crypto
 from galahad_desktop.vault.catalog import ENCRYPTED, Catalog
 from galahad_desktop.vault.names import (
@@ -352,7 +352,8 @@ class Records:
             what = "its messages" if table == "conversations" else "its structure"
             raise IntegrityError(
                 f"The catalog record of {_WHAT[table]} {row['id']} was edited ({what} or its "
-                "latest checkpoint no longer match its seal); refused. Run 'galahad audit'."
+                "latest checkpoint no longer match its seal); refused.",
+                **AUDIT,
             )
 
     # -- auditing ------------------------------------------------------------------------

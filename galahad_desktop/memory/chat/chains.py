@@ -11,8 +11,16 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import CompactResult
-from galahad_desktop.vault.names import BlockRow, given_back
+from galahad_desktop.vault.names import BlockRow, file_bytes, given_back
 from galahad_desktop.vault.vault import tokens_digest
+
+# On large models a turn's link is big (a 31B-shape short turn 54 MB, a 900-token reply
+# 0.8 GB), so the turns kept apart when a chain is merged are chosen by bytes as well as by
+# count: together at most 1 GB, or a sixteenth of a disk budget the person set. A chain is
+# merged once its separate links take twice that. What is given up: regenerating or editing
+# an older reply re-reads from the merged block instead of restoring its own link.
+CHECKPOINT_BYTES = 1_000_000_000
+CHECKPOINT_BUDGET_SHARE = 16
 
 
 class Chains:
@@ -29,7 +37,31 @@ class Chains:
         return sum(r["owner_id"] == conversation_id for r in self.vault.chain_rows(head))
 
     def needs_compaction(self, conversation_id: str) -> bool:
-        return bool(self.links(conversation_id) > self.live.settings.values.compact_after)
+        if self.links(conversation_id) > self.live.settings.values.compact_after:
+            return True
+        head = self.conversations.row(conversation_id)["head_block_id"]
+        if not head:
+            return False
+        own = [r for r in self.vault.chain_rows(head) if r["owner_id"] == conversation_id]
+        apart = sum(file_bytes(r) for r in own[1:])  # the root (or merged block) always stays
+        return len(own) > 2 and apart > 2 * self.checkpoint_bytes()
+
+    def checkpoint_bytes(self) -> int:
+        """The most the links kept apart at a compaction may take together."""
+        budget = self.live.settings.values.disk_budget
+        if not budget:  # automatic (None) or no limit (0)
+            return CHECKPOINT_BYTES
+        return min(CHECKPOINT_BYTES, budget // CHECKPOINT_BUDGET_SHARE)
+
+    def _kept_by_bytes(self, own: list[BlockRow], keep: int) -> int:
+        """How many of the newest links (at most `keep`, at least one) fit the bytes."""
+        limit, total, kept = self.checkpoint_bytes(), 0, 0
+        for row in reversed(own[1:]):
+            total += file_bytes(row)
+            if kept == keep or (kept and total > limit):
+                break
+            kept += 1
+        return max(kept, 1)
 
     def compact(self, conversation_id: str, keep: int | None = None) -> CompactResult:
         """Merge the older links of a conversation's chain into one block.
@@ -41,12 +73,15 @@ class Chains:
         """
         conv = self.conversations.row(conversation_id)
         self.live.records.check("conversations", conv)
+        chosen = keep
         keep = self.live.settings.values.checkpoints if keep is None else keep
         if keep < 1:
             raise InputError("Compaction must keep at least one link.")
         head = conv["head_block_id"]
         chain = self.vault.chain_rows(head) if head else []
         own = [r for r in chain if r["owner_id"] == conversation_id]
+        if chosen is None:  # automatic: by bytes too (a count the person asks for is kept)
+            keep = self._kept_by_bytes(own, keep)
         if any(given_back(r) for r in chain):
             return CompactResult(
                 conversation_id,

@@ -28,7 +28,7 @@ from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.picture import Media
 from galahad_desktop.engine.protocol import ChatEngine, StateBuffer
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.engine.vision import CANNOT_HEAR, LedgerRead, Vision, holds_pictures
+from galahad_desktop.engine.vision import LedgerRead, Vision, cannot_hear, holds_pictures
 from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
@@ -71,11 +71,12 @@ class LiveSources(Protocol):
         """The pictures and sounds a block's ledger holds, in ledger order (to re-read it)."""
 
 
-NO_PROJECTOR = (
-    "This model reads no pictures: no vision projector is set up for it (set `projector` "
-    "to its mmproj GGUF, or get the model with its projector: galahad models get NAME "
-    "--vision)."
-)
+def no_projector() -> InputError:
+    return InputError(
+        "This model reads no pictures: no vision projector (its mmproj GGUF) is set up for it.",
+        command="galahad models get NAME --vision, or galahad settings projector=FILE",
+        window="Choose its projector file under File → Settings… → Vision projector.",
+    )
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ class LiveContext:
         # Called before a block of N bytes is written for an owner (the disk budget makes
         # room: memory/storage.py); set by the façade.
         self.room_for: Callable[[int, str], object] | None = None
+        # Called before a document of N tokens is read (refuses one that would not fit).
+        self.fits: Callable[[str, int], None] | None = None
 
     # -- the engine ----------------------------------------------------------------------
     @property
@@ -171,7 +174,7 @@ class LiveContext:
         engine = self.engine
         path = self.projector_path()
         if path is None or not isinstance(engine, Engine):
-            raise InputError(NO_PROJECTOR)
+            raise no_projector()
         key = (
             id(engine),
             str(path),
@@ -189,9 +192,9 @@ class LiveContext:
         try:
             vision = self.vision()
         except InputError:
-            raise InputError(CANNOT_HEAR) from None
+            raise cannot_hear() from None
         if not vision.hears:
-            raise InputError(CANNOT_HEAR)
+            raise cannot_hear()
         return vision
 
     def vision_fingerprint(self) -> str | None:

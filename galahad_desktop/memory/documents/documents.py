@@ -282,10 +282,7 @@ class Documents(MediaTurns, TurnRoom):
 
     # -- depositing ----------------------------------------------------------------------
     def deposit(
-        self,
-        path: Path,
-        job: Job = NO_JOB,
-        name: str | None = None,
+        self, path: Path, job: Job = NO_JOB, name: str | None = None, anyway: bool = False
     ) -> DepositResult:
         """Read a document once, store its KV block, and return what it cost. A picture,
         or a PDF without a text layer (a scan), is read through the vision projector."""
@@ -304,7 +301,7 @@ class Documents(MediaTurns, TurnRoom):
             self.live.vision()
             pages = read_pictures_bounded(path, "scan", job=job)
             return self.deposit_pictures(name or path.name, pages, path.stat().st_size, job)
-        return self.deposit_text(name or path.name, text, path.stat().st_size, job)
+        return self.deposit_text(name or path.name, text, path.stat().st_size, job, anyway)
 
     def deposit_pictures(
         self,
@@ -373,6 +370,7 @@ class Documents(MediaTurns, TurnRoom):
         text: str,
         source_bytes: int | None = None,
         job: Job = NO_JOB,
+        anyway: bool = False,
     ) -> DepositResult:
         """Store a document given as text (the file was read already, or it was generated).
 
@@ -390,6 +388,8 @@ class Documents(MediaTurns, TurnRoom):
                 "accepted in one document. Nothing was stored."
             )
         plan = self.plan_parts(name, text)
+        if self.live.fits is not None and not anyway:  # before anything is read
+            self.live.fits(name, sum(part.tokens for part in plan))
 
         def ledger(number: int) -> tuple[list[int], list[Media]]:
             part = plan[number - 1]

@@ -43,6 +43,9 @@ from galahad_desktop.vault.vault import Vault, new_id
 ROUTING_LOG_KEEP = 1000
 log = logging.getLogger(__name__)
 
+# Plain words (the window shows them); the command adds how to get one in the terminal.
+WORDS_ALONE = "words alone (BM25); an embedding model adds meaning (Meaning model, in Settings)"
+
 
 class StoredVectors:
     """Passage vectors kept encrypted in the catalog (table part_vectors), so an unlock does
@@ -135,10 +138,7 @@ class Routing:
     def describe(self) -> str:
         setting = str(self.live.settings.values.embedding_model or "").strip()
         if not setting:
-            return (
-                "words alone (BM25); set an embedding model for meaning too: "
-                "galahad models get embeddinggemma --use"
-            )
+            return WORDS_ALONE
         return f"words and meaning: BM25 fused with {Path(setting).name} (hybrid)"
 
     @property
