@@ -139,6 +139,38 @@ def test_the_turns_kept_apart_are_chosen_by_bytes_too(make_fake_core: CoreFactor
     assert core.audit().problems == []
 
 
+def test_the_system_prompt_changed_later_is_a_branch_from_the_start(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    first = core.send(None, "Count to two.", system_prompt="Be brief.", max_tokens=12)
+    conversation = first.conversation_id
+    for text in ("Count to three.", "Count to four."):
+        _say(core, conversation, text)
+    core.set_conversation_sampling(conversation, 0.0, 9)
+    before = [(m.role, m.text) for m in core.messages(conversation)]
+    digest = _digest(core, conversation)
+    branch = core.branch_with_system_prompt(conversation, "Answer in French.")
+    new = branch.conversation_id
+    assert new != conversation and branch.kind == "system prompt"
+    assert core.conversation_system_prompt(new) == "Answer in French."
+    assert [(m.role, m.text) for m in core.messages(new)] == before  # every turn, read again
+    assert branch.reread_tokens > 0 and branch.context_tokens > branch.reread_tokens
+    assert core.conversation_sampling(new) == {"temperature": 0.0, "max_tokens": 9}
+    assert core.conversation(new).title.startswith("↳ new system prompt")
+    opening = core.engine.detokenize(core.vault.chain_tokens(core.head_block(new))[:40])
+    assert "Answer in French." in opening  # the stored memory starts with the new words
+    # The original is as it was, byte for byte.
+    assert core.conversation_system_prompt(conversation) == "Be brief."
+    assert [(m.role, m.text) for m in core.messages(conversation)] == before
+    assert _digest(core, conversation) == digest
+    core.reload_engine()
+    again = core.resume(new)
+    assert again.recomputed_tokens == 0 and again.proof.verdict == "exact"
+    assert _say(core, new, "Count to five.")  # and it goes on
+    assert core.audit().problems == []
+
+
 def test_documents_in_parts_are_routed_and_forgotten_with_their_log(
     make_fake_core: CoreFactory,
 ) -> None:

@@ -612,3 +612,41 @@ def test_a_document_without_room_for_its_memory_is_asked_about_before_it_is_read
     with qtbot.waitSignal(win.deposit_finished, timeout=WAIT_MS) as read:
         win.deposit(big)
     assert read.args[0].name == "big.txt" and len(asked) == 2
+
+
+def test_the_system_prompt_is_changed_in_a_new_branch_that_says_what_it_re_reads(
+    qtbot: Any, make_window: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from galahad_desktop.ui.dialogs import ConversationDialog
+
+    win = make_window()
+    for text in ("Hello", "Tell me more"):
+        win.chat.input.setPlainText(text)
+        with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+            win.send()
+        qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+    original = win.conversation_id
+    seen: list[ConversationDialog] = []
+
+    def change_words(dialog: ConversationDialog) -> int:
+        seen.append(dialog)
+        assert dialog.system.isReadOnly() and dialog.branch_button.isVisibleTo(dialog)
+        dialog.branch_button.click()  # said before: what it costs
+        assert not dialog.system.isReadOnly() and "re-reads" in dialog.note.text()
+        dialog.system.setPlainText("Answer like a pirate.")
+        return 1
+
+    monkeypatch.setattr(ConversationDialog, "exec", change_words)
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        win.open_conversation_settings()
+    qtbot.waitUntil(lambda: win.conversation_id not in (None, original), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: len(win.chat.messages) == 4, timeout=WAIT_MS)
+    assert [m.text for m in win.chat.messages][::2] == ["Hello", "Tell me more"]
+    assert int(seen[0].note.text().split()[3].replace(",", "")) > 0  # its tokens, counted
+    got: list[str] = []
+    win.bridge.run(
+        lambda core, _job: core.conversation_system_prompt(str(win.conversation_id)),
+        on_done=got.append,
+    )
+    qtbot.waitUntil(lambda: bool(got), timeout=WAIT_MS)
+    assert got == ["Answer like a pirate."]

@@ -521,23 +521,21 @@ class Galahad(StoreFacade):
         """None when the next message fits; else what the user can choose."""
         return self.continuation.check(conversation_id, text)
 
-    def continue_with_summary(
-        self,
-        conversation_id: str,
-        job: Job = NO_JOB,
-    ) -> Continued:
+    def continue_with_summary(self, conversation_id: str, job: Job = NO_JOB) -> Continued:
         """A full conversation continued in a new one that starts from a summary of it."""
         return self.continuation.with_summary(conversation_id, self.sampling(conversation_id), job)
 
-    def continue_with_recent(
-        self,
-        conversation_id: str,
-        text: str,
-        job: Job = NO_JOB,
-    ) -> Continued:
+    def continue_with_recent(self, conversation_id: str, text: str, job: Job = NO_JOB) -> Continued:
         """A full conversation continued in a new one that grafts or re-reads only its
         recent turns."""
         return self.continuation.with_recent(conversation_id, text, job)
+
+    def branch_with_system_prompt(
+        self, conversation_id: str, words: str, job: Job = NO_JOB
+    ) -> Continued:
+        """The conversation again from its start under other system words, in a new branch
+        (every turn re-read: the words come first); the original stays."""
+        return self.continuation.with_system_prompt(conversation_id, words, job)
 
     # -- documents -----------------------------------------------------------------------
     def deposit(

@@ -494,7 +494,8 @@ class ConversationDialog(QDialog):
     or the user's own words; set before its first message, since it is the conversation's
     first tokens), and its creativity and longest reply over the app's settings. Each
     shows the value that applies (the app's until this conversation sets its own), and its
-    arrows start from it."""
+    arrows start from it. Once the conversation has begun, other system words make a new
+    branch from its start (every turn read again), as the dialog says before."""
 
     def __init__(
         self,
@@ -503,6 +504,7 @@ class ConversationDialog(QDialog):
         sampling: dict[str, Any],
         started: bool,
         defaults: dict[str, Any],
+        context_tokens: int = 0,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("This conversation")
@@ -521,9 +523,9 @@ class ConversationDialog(QDialog):
         self.system.setFixedHeight(120)
         self.system.textChanged.connect(self._system_edited)
         self._filling_preset = False
-        note = QLabel(
-            "Locked: the system prompt is the conversation's first words, so it is set "
-            "before the first message. Start a new chat to use another."
+        self.note = note = QLabel(
+            "Locked: the system prompt is the conversation's first words, so this "
+            "conversation keeps it. Other words start a new branch from the beginning."
             if started
             else "Kept encrypted with the conversation."
         )
@@ -531,6 +533,17 @@ class ConversationDialog(QDialog):
         theme.set_role(note, "muted")
         self.preset.setEnabled(not started)
         self.system.setReadOnly(started)  # still selectable and copyable, visibly locked
+        self.original_system = system_prompt.strip()
+        self.branching = False
+        self.branch_button = QPushButton("Change it in a new branch…")
+        self.branch_button.setVisible(started)
+        theme.describe(
+            self.branch_button,
+            "Change the system prompt in a new branch",
+            f"A new conversation from the start with other words; re-reads {context_tokens:,} "
+            "tokens",
+        )
+        self.branch_button.clicked.connect(lambda: self._unlock(context_tokens))
         if started:
             self.system.setToolTip("Locked: set before the conversation's first message")
         self.temperature = QDoubleSpinBox()
@@ -557,6 +570,7 @@ class ConversationDialog(QDialog):
         form.addRow("System prompt (locked)" if started else "System prompt", self.preset)
         form.addRow("", self.system)
         form.addRow("", note)
+        form.addRow("", self.branch_button)
         form.addRow("Creativity", self.temperature)
         form.addRow("", self.temperature_follows)
         form.addRow("Longest reply", self.max_tokens)
@@ -586,6 +600,24 @@ class ConversationDialog(QDialog):
         follows.setChecked(own is None)
         box.setEnabled(own is not None)
         return follows
+
+    def _unlock(self, context_tokens: int) -> None:
+        """Other words for a conversation under way: said what it costs, then editable."""
+        self.branching = True
+        self.branch_button.setVisible(False)
+        self.system.setReadOnly(False)
+        self.system.setToolTip("Your own words, kept encrypted")
+        self.preset.setEnabled(True)
+        self.note.setText(
+            f"Changing it re-reads {context_tokens:,} tokens: a new branch starts with these "
+            "words and reads this conversation's turns again. This conversation stays as it is."
+        )
+        self.system.setFocus()
+
+    def new_branch_words(self) -> str | None:
+        """The system words for a new branch, when the person asked for one and changed them."""
+        words = self.system.toPlainText().strip()
+        return words if self.branching and words != self.original_system else None
 
     def _preset_chosen(self, index: int) -> None:
         name = self.preset.itemData(index)

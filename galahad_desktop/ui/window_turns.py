@@ -78,6 +78,7 @@ class TurnActions:
         def set_context(self, used: int, n_ctx: int) -> None: ...
         def refresh_lists(self) -> None: ...
         def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None: ...
+        def open_conversation(self, conversation_id: str) -> None: ...
         def _conversation_open(self, opened: OpenedConversation) -> None: ...
 
     # -- what runs and what waits ---------------------------------------------------------
@@ -339,19 +340,20 @@ class TurnActions:
         conversation_id = self.conversation_id
         new_chat = self.new_chat_settings
 
-        def read(core: Galahad, _job: Job) -> tuple[str, dict[str, Any], bool, dict[str, Any]]:
+        def read(core: Galahad, _job: Job) -> tuple[str, dict[str, Any], bool, dict[str, Any], int]:
             app = core.sampling()  # the settings over the model's recommendation
             defaults = {"temperature": app.temperature, "max_tokens": app.max_tokens}
             if conversation_id is None:  # a new chat: what was chosen for it so far
                 system, temperature, max_tokens = new_chat
                 own = {"temperature": temperature, "max_tokens": max_tokens}
                 chosen = {k: v for k, v in own.items() if v is not None}
-                return system, chosen, False, defaults
+                return system, chosen, False, defaults, 0
             return (
                 core.conversation_system_prompt(conversation_id),
                 core.conversation_sampling(conversation_id),
                 bool(core.messages(conversation_id)),
                 defaults,
+                core.conversation(conversation_id).n_tokens,  # what a new branch re-reads
             )
 
         self.bridge.run(
@@ -370,14 +372,19 @@ class TurnActions:
         sampling: dict[str, Any],
         started: bool,
         defaults: dict[str, Any],
+        context_tokens: int,
     ) -> None:
-        dialog = dialog_type(self, system, sampling, started, defaults)
+        dialog = dialog_type(self, system, sampling, started, defaults, context_tokens)
         if not dialog.exec():
             return
         system, temperature, max_tokens = dialog.values()
         if conversation_id is None:
             self.new_chat_settings = (system, temperature, max_tokens)
             self.set_status("Saved for this new chat ✓ (kept with it from its first message)")
+            return
+        words = dialog.new_branch_words()
+        if words is not None:
+            self._branch_with_system_prompt(conversation_id, words, temperature, max_tokens)
             return
         self.bridge.run(
             lambda core, _job: core.set_conversation_sampling(
@@ -386,6 +393,33 @@ class TurnActions:
             on_done=lambda _own: self.set_status("This conversation's settings saved ✓"),
             on_error=self.show_error,
             label="Saving this conversation's settings",
+        )
+
+    def _branch_with_system_prompt(
+        self, conversation_id: str, words: str, temperature: float | None, max_tokens: int | None
+    ) -> None:
+        """A new branch from the start under other system words; it opens when read."""
+
+        def branch(core: Galahad, job: Job) -> Any:
+            made = core.branch_with_system_prompt(conversation_id, words, job)
+            core.set_conversation_sampling(made.conversation_id, temperature, max_tokens)
+            return made
+
+        def done(made: Any) -> None:
+            self.open_conversation(made.conversation_id)
+            self.set_status(
+                f"A new branch with the new system prompt: {made.reread_tokens:,} tokens read "
+                "again; the original conversation is unchanged."
+            )
+
+        self.set_status("Reading the conversation again with the new system prompt…")
+        self.bridge.run(
+            branch,
+            on_done=done,
+            on_error=self.show_error,
+            on_progress=self._reread_progress,
+            label="Reading the conversation again with the new system prompt",
+            changes={CONVERSATIONS},
         )
 
     # -- regenerate and versions -------------------------------------------------------------

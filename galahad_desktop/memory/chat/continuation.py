@@ -207,6 +207,31 @@ class Continuation(TurnRoom):
         new_id_ = self._start(conv, pairs, conv["document_id"], job)
         return Continued(new_id_, "recent", cost, kept, "", len(self.live.engine.tokens))
 
+    def with_system_prompt(self, conversation_id: str, words: str, job: Job = NO_JOB) -> Continued:
+        """The conversation again from its start under other system words, as a new branch
+        (the original stays as it is). The words come first, so every turn is read again:
+        what the window says before ("changing it re-reads N tokens")."""
+        check_text(words, "The system prompt")
+        conv = self.conversations.row(conversation_id)
+        sized = self._pairs(conv)
+        pictures = [u.removeprefix(PICTURE) for u, _r, _s in sized if u.startswith(PICTURE)]
+        if pictures:
+            raise InputError(
+                f"This conversation holds the picture '{pictures[0]}', which a new branch cannot "
+                "carry over yet; start a new chat with the new system prompt instead."
+            )
+        engine = self.live.engine
+        cost = sum(size for _u, _r, size in sized)
+        if len(engine.turns.start(words)) + cost + self.reply_room() > engine.n_ctx:
+            raise InputError(
+                f"This conversation ({cost:,} tokens) does not fit the context again with the "
+                "new system prompt; continue it from a summary, then change the new one's."
+            )
+        title = "↳ new system prompt — " + (self.conversations.title(conv) or "Conversation")
+        pairs = [(u, r) for u, r, _size in sized]
+        new_id_ = self._start(conv, pairs, conv["document_id"], job, words.strip(), title)
+        return Continued(new_id_, "system prompt", cost, 2 * len(pairs), "", len(engine.tokens))
+
     # -- the new conversation -----------------------------------------------------------
     def _start(
         self,
@@ -214,14 +239,18 @@ class Continuation(TurnRoom):
         pairs: list[tuple[str, str]],
         document_id: str | None,
         job: Job,
+        system: str | None = None,
+        title: str | None = None,
     ) -> str:
-        """A new conversation holding `pairs` as prefilled turns (one checkpoint)."""
+        """A new conversation holding `pairs` as prefilled turns (one checkpoint), under the
+        source's system prompt unless `system` gives other words."""
         conversations, live = self.conversations, self.live
         engine = live.engine
         turns = engine.turns
-        title = (conversations.title(conv) or "Conversation") + " (continued)"
+        title = title or (conversations.title(conv) or "Conversation") + " (continued)"
         own = conversations.system_text(conv) if conv.get("system_enc") else None
-        new = conversations.create(document_id, title, own or conv.get("system_prompt"))
+        prompt = system if system is not None else own or conv.get("system_prompt")
+        new = conversations.create(document_id, title, prompt)
         with self.vault.transaction():  # it keeps what the person chose for the source
             self.vault.records.update("conversations", new, own_choices(conv))
             self.vault.records.reseal("conversations", new)
@@ -232,13 +261,15 @@ class Continuation(TurnRoom):
         user_start = len(engine.tokens) - len(turns.probe)
         tokens: list[int] = []
         ranges: list[tuple[str, str, int, int, int]] = []
-        for user, reply in pairs:
+        words = conversations.system_text(row)
+        for index, (user, reply) in enumerate(pairs):
             at = user_start + len(tokens)
             if user.startswith('Document "'):
                 piece = turns.document_turn(user, reply, opening=False)
                 ranges.append((user, reply, at, at + len(piece), at + len(piece)))
             else:
-                head = turns.user_turn(user)
+                # A format without a system turn (Gemma 3) holds the words in the first one.
+                head = turns.user_turn(turns.user_text(user, words, first=index == 0))
                 piece = head + engine.encode_text(reply) + turns.model_close
                 ranges.append((user, reply, at, at + len(head), at + len(piece)))
             tokens += piece + turns.probe
