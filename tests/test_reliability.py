@@ -205,6 +205,30 @@ def test_a_schema_2_catalog_gains_the_passage_vectors_table(make_fake_core: Core
     assert upgraded.messages(conversation)[0].text == "Hello there."
 
 
+def test_a_schema_7_catalog_learns_how_replies_end_and_its_seals_still_hold(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    engine: Any = core.engine
+    engine.script = [*b"Hi.", engine.ids["<end_of_turn>"]]  # a reply that ends on its own
+    conversation = _chat(core, "Hello there.")
+    core.close()
+    _edit(
+        core.data_dir,
+        ("ALTER TABLE messages DROP COLUMN stop", ()),
+        ("ALTER TABLE reply_versions DROP COLUMN stop", ()),
+        ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (b"7",)),
+    )
+    upgraded = make_fake_core()
+    assert upgraded.vault.catalog.meta_get("schema_version") == str(SCHEMA_VERSION).encode()
+    assert upgraded.audit().problems == []  # the seals made before still hold
+    assert upgraded.messages(conversation)[-1].stop == ""
+    upgraded.close()
+    # How a reply ended is sealed with its conversation: an edit of it is caught.
+    _edit(core.data_dir, ("UPDATE messages SET stop = 'cancelled' WHERE role = 'model'", ()))
+    assert make_fake_core().audit().problems
+
+
 def test_a_dropped_table_is_refused_and_not_recreated(make_fake_core: CoreFactory) -> None:
     core = make_fake_core()
     core.verified_add("What is 37 * 12 + 5?", "37 * 12 + 5 = 449.")

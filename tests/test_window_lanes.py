@@ -151,8 +151,8 @@ def test_stop_on_a_waiting_turn_gives_the_message_back(qtbot: Any, make_window: 
     assert _wait_stored(qtbot, win) == []  # no conversation, no empty reply
 
 
-def test_stop_ends_a_streaming_reply_and_marks_it(qtbot: Any, make_window: Any) -> None:
-    win = make_window(max_tokens=2000)
+def _slow_long_reply(qtbot: Any, win: MainWindow) -> None:
+    """The fake model's next reply: long, a token every 5 ms (time to press Stop)."""
     done: list[Any] = []
 
     def slow_and_long(core: Galahad, _job: Job) -> None:
@@ -163,6 +163,11 @@ def test_stop_ends_a_streaming_reply_and_marks_it(qtbot: Any, make_window: Any) 
 
     win.bridge.run(slow_and_long, on_done=done.append)
     qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+
+
+def test_stop_ends_a_streaming_reply_and_marks_it(qtbot: Any, make_window: Any) -> None:
+    win = make_window(max_tokens=2000)
+    _slow_long_reply(qtbot, win)
     win.chat.input.setPlainText("Write a long story")
     with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
         win.send()
@@ -548,6 +553,7 @@ def test_the_window_reopens_the_last_conversation(
     qtbot.waitUntil(lambda: len(win.chat.messages) == 4, timeout=WAIT_MS)
     assert win.chat.messages[2].text == "And their nests?"
     assert win.sidebar.current == newer and win.sidebar.conversation_list.selectedItems()
+    assert win.focusWidget() is win.chat.input  # what is typed at start is the next message
 
 
 def test_the_conversation_dialog_opens_on_the_app_s_effective_values(
@@ -633,6 +639,7 @@ def test_the_system_prompt_is_changed_in_a_new_branch_that_says_what_it_re_reads
         assert dialog.system.isReadOnly() and dialog.branch_button.isVisibleTo(dialog)
         dialog.branch_button.click()  # said before: what it costs
         assert not dialog.system.isReadOnly() and "re-reads" in dialog.note.text()
+        assert "locked" not in dialog.system_label.text()
         dialog.system.setPlainText("Answer like a pirate.")
         return 1
 
@@ -650,3 +657,60 @@ def test_the_system_prompt_is_changed_in_a_new_branch_that_says_what_it_re_reads
     )
     qtbot.waitUntil(lambda: bool(got), timeout=WAIT_MS)
     assert got == ["Answer like a pirate."]
+
+
+def test_a_continuation_is_listed_and_marked_even_when_its_message_then_fails(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window(n_ctx=512, max_tokens=8)
+    win.prompts.context_full = lambda _full: "summary"
+    for turn in range(40):
+        win.chat.input.setPlainText(f"Turn {turn}: tell me about the castle walls and towers.")
+        with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+            win.send()
+        qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+        if win.context_used > 300:
+            break
+    long_message = "The towers are tall. " * 23  # fits an empty context, not one with a summary
+    win.chat.input.setPlainText(long_message.strip())
+    win.send()
+    qtbot.waitUntil(
+        lambda: any("(continued)" in c.title for c in win.sidebar.conversations), timeout=WAIT_MS
+    )
+    qtbot.waitUntil(lambda: win.generating is None and win.bridge.pending() == 0, timeout=WAIT_MS)
+    continued = next(c for c in win.sidebar.conversations if "(continued)" in c.title)
+    assert win.conversation_id == continued.id and win.sidebar.current == continued.id
+    assert win.chat.input.toPlainText() == long_message.strip()  # the message is kept
+
+
+def test_how_a_reply_ended_stays_on_its_card_when_paged_and_reopened(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window(max_tokens=2000)
+    _slow_long_reply(qtbot, win)
+    win.chat.input.setPlainText("Write a long story")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+        qtbot.waitUntil(lambda: bool(win.chat.messages[-1].text), timeout=WAIT_MS)
+        win.stop()
+    qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+
+    def short(core: Galahad, _job: Job) -> None:
+        engine: Any = core.engine
+        engine.script = [*b"The end.", engine.ids["<end_of_turn>"]]
+
+    done: list[Any] = []
+    win.bridge.run(short, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.regenerate()
+    qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
+    assert "stopped" not in win.chat.messages[-1].note  # the new version ended on its own
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        win.page_version(-1)  # back to the stopped one: it still says so
+    assert win.chat.messages[-1].version == 1 and win.chat.messages[-1].note == "stopped"
+    conversation = str(win.conversation_id)
+    win.new_chat()
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        win.open_conversation(conversation)  # and when the conversation is opened again
+    assert win.chat.messages[-1].note == "stopped"

@@ -205,6 +205,7 @@ class Message:
     seed: int | None = None  # a model reply's sampler seed (None: not recorded)
     version: int = 1  # which of the reply's versions this is (Regenerate keeps them)
     versions: int = 1
+    stop: str = ""  # how a reply ended when not at its own end ("cancelled", "length", …)
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ class ReplyVersion:
     created_at: float
     current: bool  # the conversation continues from this one
     restorable: bool  # its own block is kept: choosing it grafts, 0 tokens re-read
+    stop: str = ""  # how it ended when not at its own end ("cancelled", "length", …)
 
 
 @dataclass(frozen=True)

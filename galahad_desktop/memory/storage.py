@@ -98,13 +98,15 @@ class Storage:
         return done
 
     # -- before a document is read --------------------------------------------------------
-    def check_fits(self, name: str, tokens: int) -> None:
-        """Refuse a document of `tokens` tokens before it is read when its memory would not
-        fit: not in the disk budget once everything that may give its memory back has, or
-        not on the disk. Nothing is read or stored; the person may read it anyway."""
-        estimate = self.estimate(tokens)
-        if estimate is None:
+    def check_fits(self, name: str, parts: list[int]) -> None:
+        """Refuse a document of `parts` (each part's tokens: each is its own block) before
+        it is read when its memory would not fit: not in the disk budget once everything
+        that may give its memory back has, or not on the disk. Nothing is read or stored;
+        the person may read it anyway."""
+        estimates = [self.estimate(tokens) for tokens in parts]
+        if not estimates or estimates[0] is None:
             return  # nothing of this model is stored yet to measure it by
+        estimate, tokens = sum(e or 0 for e in estimates), sum(parts)
         chosen = self.live.settings.values.disk_budget
         used, budget, _rule = budget_for(self.vault.data_dir, chosen)
         items = self._items(self._protected(None))
@@ -140,14 +142,16 @@ class Storage:
                 for r in self.vault.records.blocks()
                 if r["fingerprint"] == engine.fingerprint and not given_back(r)
             ]
-            if not rows:
+            for row in sorted(rows, key=file_bytes)[:3]:  # the smallest that holds every layer
+                stored = self.vault.read_block(row["id"])
+                sections = kvstate.parse(stored.payload, stored.size).sections
+                del stored
+                if sections and all(s.layers for s in sections):
+                    per_cell = [s.cell_bytes + s.meta.itemsize for s in sections]  # K, V, pos
+                    rates = self._cell_bytes[engine.fingerprint] = (per_cell[0], sum(per_cell[1:]))
+                    break
+            if rates is None:
                 return None
-            stored = self.vault.read_block(min(rows, key=file_bytes)["id"])
-            sections = kvstate.parse(stored.payload, stored.size).sections
-            per_cell = [s.cell_bytes + s.meta.itemsize for s in sections]  # K, V, position
-            rates = (per_cell[0], sum(per_cell[1:]))
-            del stored
-            self._cell_bytes[engine.fingerprint] = rates
         window = engine.model_info().window or tokens
         ledger = 4  # the block also holds its tokens (int32 each)
         return tokens * (rates[0] + ledger) + min(tokens, window) * rates[1]

@@ -567,7 +567,8 @@ class ConversationDialog(QDialog):
             f"{int(defaults['max_tokens']):,} tokens",
         )
         form = QFormLayout()
-        form.addRow("System prompt (locked)" if started else "System prompt", self.preset)
+        self.system_label = QLabel("System prompt (locked)" if started else "System prompt")
+        form.addRow(self.system_label, self.preset)
         form.addRow("", self.system)
         form.addRow("", note)
         form.addRow("", self.branch_button)
@@ -606,6 +607,9 @@ class ConversationDialog(QDialog):
         self.branching = True
         self.branch_button.setVisible(False)
         self.system.setReadOnly(False)
+        self.system.style().unpolish(self.system)  # the locked look follows readOnly
+        self.system.style().polish(self.system)
+        self.system_label.setText("System prompt (a new branch)")
         self.system.setToolTip("Your own words, kept encrypted")
         self.preset.setEnabled(True)
         self.note.setText(

@@ -54,7 +54,7 @@ from galahad_desktop.ui.welcome import Welcome
 from galahad_desktop.ui.window_documents import DocumentActions
 from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
-from galahad_desktop.ui.window_turns import TurnActions
+from galahad_desktop.ui.window_turns import STOP_NOTES, TurnActions
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS, CoreBridge, Request
 
 
@@ -100,6 +100,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.n_ctx = 0  # 0 until the model is open
         self.context_used = 0  # tokens the open conversation's context holds (may pass n_ctx)
         self.reopened = False  # the last conversation is opened once, when the list first comes
+        self.focus_on_open = False  # reopened at start: what is typed is the next message
         self.last_graft: GraftReport | None = None  # the last restore's report (its proof)
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
@@ -438,6 +439,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             own = [c for c in conversations if c.origin != "api" and not c.damaged]
             if own and self.conversation_id is None and self.turn_cancel is None:
                 self.open_conversation(max(own, key=lambda c: c.updated_at).id)
+                self.focus_on_open = not self.sidebar.search.text()
 
     def _conversations_failed(self, message: str, kind: str = "") -> None:
         listing = self.sidebar.conversation_list
@@ -509,16 +511,9 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.sidebar.current = self.conversation_id
         self.library_action.setChecked(opened.library_enabled)
         roles = [m.role for m in opened.messages]
-        self.chat.set_documents(
-            [
-                *(
-                    d.name
-                    for d in self.sidebar.documents
-                    if opened.summary.document_id and d.id == opened.summary.document_id
-                ),
-                *(m.text for m in opened.messages if m.role == "document"),
-            ]
-        )
+        doc = opened.summary.document_id
+        held = [d.name for d in self.sidebar.documents if doc and d.id == doc]
+        self.chat.set_documents(held + [m.text for m in opened.messages if m.role == "document"])
         self.chat.set_messages(
             [
                 ShownMessage(
@@ -530,6 +525,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
                     sound=m.sound,
                     version=m.version,
                     versions=m.versions,
+                    note=STOP_NOTES.get(m.stop, ""),
                 )
                 for i, m in enumerate(opened.messages)
             ]
@@ -541,6 +537,9 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.chat.thinking_box.setChecked(opened.summary.thinking)
         self.chat.thinking_box.setEnabled(False)
         self.pages.setCurrentWidget(self.chat)
+        if self.focus_on_open:  # once the chat page shows (a hidden box takes no focus)
+            self.focus_on_open = False
+            self.chat.input.setFocus()
         self.set_context(opened.context_tokens, opened.n_ctx)
         status = graft_status(opened.graft)
         if opened.other_model:

@@ -111,7 +111,7 @@ class DocumentActions:
             if kind == "WontFitError":
                 self._work_over()
                 title = "Not enough room for its memory"
-                if self.prompts.choose(title, message, [READ_ANYWAY, "Cancel"]) == READ_ANYWAY:
+                if self.prompts.choose(title, message, [READ_ANYWAY]) == READ_ANYWAY:
                     self.deposit(path, open_chat, anyway=True)
                 return
             self._work_failed(message, kind)

@@ -224,6 +224,7 @@ class TurnActions:
         )
         self.conversation_id = continued.conversation_id
         self.set_context(continued.context_tokens, self.n_ctx)
+        self.refresh_lists()  # the new conversation is listed and marked, whatever comes next
 
         def shown(messages: list[Any]) -> None:
             self.chat.set_messages(
@@ -372,7 +373,7 @@ class TurnActions:
         sampling: dict[str, Any],
         started: bool,
         defaults: dict[str, Any],
-        context_tokens: int,
+        context_tokens: int = 0,  # what a new branch under other system words re-reads
     ) -> None:
         dialog = dialog_type(self, system, sampling, started, defaults, context_tokens)
         if not dialog.exec():
@@ -458,7 +459,9 @@ class TurnActions:
                 chosen.thoughts,
                 number,
             )
-            message.note = "" if chosen.current else "an earlier version (not continued)"
+            ended = STOP_NOTES.get(chosen.stop, "")  # "stopped", "cut at …": kept per version
+            earlier = "" if chosen.current else "an earlier version (not continued)"
+            message.note = " · ".join(n for n in (ended, earlier) if n)
             self.chat.redraw()
 
         self.bridge.run(

@@ -21,11 +21,11 @@ import sqlite_utils
 from galahad_desktop.errors import IntegrityError
 from galahad_desktop.system.files import create_private_file
 
-SCHEMA_VERSION = 7  # 2: messages bound to their place, every record sealed; 3: part vectors;
+SCHEMA_VERSION = 8  # 2: messages bound to their place, every record sealed; 3: part vectors;
 # 4: pictures (a part's or a message's picture, encrypted); 5: reply versions, seeds,
 # a conversation's own system prompt and sampling, shared system prompts; 6: conversations
 # made through the local API server and its prefix index; 7: the disk budget (blocks given
-# back, last use, kept items)
+# back, last use, kept items); 8: how a reply ended (stopped, cut at the length limit)
 
 _TABLES: dict[str, tuple[dict[str, Any], str]] = {
     "meta": ({"key": str, "value": bytes}, "key"),
@@ -107,6 +107,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "tok_end": int,
             "block_id": str,
             "seed": int,  # the sampler's seed for a model reply (None before schema 5)
+            "stop": str,  # how a reply ended when not at its own end (None: at its end)
             "created_at": float,
         },
         "id",
@@ -123,6 +124,7 @@ _TABLES: dict[str, tuple[dict[str, Any], str]] = {
             "tok_end": int,
             "block_id": str,
             "seed": int,
+            "stop": str,
             "text_enc": bytes,
             "thought_enc": bytes,
             "seal": bytes,

@@ -184,6 +184,7 @@ class MessageRow(TypedDict):
     block_id: str | None  # the checkpoint stored after it, while kept
     created_at: float
     seed: NotRequired[int | None]  # a model reply's sampler seed (schema 5)
+    stop: NotRequired[str | None]  # how a reply ended, when not at its end (schema 8)
     text_enc: NotRequired[bytes]
     thought_enc: NotRequired[bytes | None]
     content_enc: NotRequired[bytes | None]
@@ -200,6 +201,7 @@ class VersionRow(TypedDict):
     tok_end: int
     block_id: str | None  # the block it ended in, while it is the last reply
     seed: int | None
+    stop: NotRequired[str | None]
     created_at: float
     text_enc: NotRequired[bytes]
     thought_enc: NotRequired[bytes | None]

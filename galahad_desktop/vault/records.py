@@ -297,6 +297,8 @@ class Records:
             # A picture is part of the transcript (added only where there is one, so the
             # digests of conversations without pictures are what they always were).
             extra = [hashlib.sha256(picture).hexdigest()] if isinstance(picture, bytes) else []
+            if m.get("stop") is not None:  # how a reply ended, likewise only where recorded
+                extra.append(f"stop:{_plain(m['stop'])}")
             digest.update(json.dumps([*place, cipher, *extra]).encode())
         return digest.hexdigest()
 
@@ -327,6 +329,8 @@ class Records:
             values["picture"] = hashlib.sha256(row["image_enc"]).hexdigest()
         elif table == "documents":
             values["parts"] = self.part_list(str(row["id"]))
+        elif table == "reply_versions" and row.get("stop") is not None:
+            values["stop"] = _plain(row.get("stop"))  # sealed where recorded (schema 8)
         return json.dumps(values, sort_keys=True)
 
     def seal_value(self, table: Table, row: Mapping[str, Any]) -> bytes:

@@ -227,7 +227,8 @@ class Continuation(TurnRoom):
                 f"This conversation ({cost:,} tokens) does not fit the context again with the "
                 "new system prompt; continue it from a summary, then change the new one's."
             )
-        title = "↳ new system prompt — " + (self.conversations.title(conv) or "Conversation")
+        source = (self.conversations.title(conv) or "Conversation").removeprefix("↳ ")
+        title = f"↳ new system prompt — {source}"
         pairs = [(u, r) for u, r, _size in sized]
         new_id_ = self._start(conv, pairs, conv["document_id"], job, words.strip(), title)
         return Continued(new_id_, "system prompt", cost, 2 * len(pairs), "", len(engine.tokens))

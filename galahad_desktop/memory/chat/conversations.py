@@ -177,6 +177,7 @@ class Conversations:
                     kept if sound else None,
                     r.get("seed"),
                     *places.get(r["seq"], (1, 1)),
+                    str(r.get("stop") or ""),
                 )
             )
         return out

@@ -121,8 +121,8 @@ class LiveContext:
         # Called before a block of N bytes is written for an owner (the disk budget makes
         # room: memory/storage.py); set by the façade.
         self.room_for: Callable[[int, str], object] | None = None
-        # Called before a document of N tokens is read (refuses one that would not fit).
-        self.fits: Callable[[str, int], None] | None = None
+        # Called before a document's parts (their tokens) are read: refuses what won't fit.
+        self.fits: Callable[[str, list[int]], None] | None = None
 
     # -- the engine ----------------------------------------------------------------------
     @property

@@ -42,6 +42,9 @@ from galahad_desktop.vault.names import BlockRow, ConversationRow, MessageRow, V
 from galahad_desktop.vault.vault import new_id
 
 P = ParamSpec("P")
+# How a reply ended, kept with it where that is not its own end (shown on its card again
+# when the conversation is reopened or its versions are paged).
+KEPT_STOPS = ("cancelled", "length", "context_full", "device_lost")
 
 
 def on_another_device_if_lost(
@@ -355,6 +358,7 @@ class ConversationTurns:
             thoughts=generation.thought,
             seed=generation.seed,
             keep_version=keep_version,
+            stop=generation.stop_reason if generation.stop_reason in KEPT_STOPS else None,
         )
         counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
         return TurnResult(
@@ -491,6 +495,7 @@ class ConversationTurns:
         picture: Media | None = None,
         seed: int | None = None,
         keep_version: MessageRow | None = None,
+        stop: str | None = None,
     ) -> None:
         """One transaction: the turn's block row, its two messages, the sealed new head (and,
         for a regenerated reply, the replaced reply kept as an earlier version)."""
@@ -528,6 +533,7 @@ class ConversationTurns:
                         "tok_end": tok_end,
                         "block_id": block_id,
                         "seed": seed if offset == 1 else None,
+                        "stop": stop if offset == 1 else None,
                         "created_at": now,
                     },
                     message,

@@ -53,7 +53,7 @@ class Versions:
             raise InputError(f"Message {seq} is not a reply of this conversation.")
         records = self.records
         last = rows[-1]["seq"] == seq
-        found: list[tuple[float, str, str, int | None, bool, bool]] = [
+        found: list[tuple[float, str, str, int | None, bool, bool, str]] = [
             (
                 v["created_at"],
                 records.decrypt("reply_versions", "text_enc", v),
@@ -61,6 +61,7 @@ class Versions:
                 v.get("seed"),
                 False,
                 last and bool(v["block_id"]) and records.block(str(v["block_id"])) is not None,
+                str(v.get("stop") or ""),
             )
             for v in self.rows(conversation_id)
             if v["seq"] == seq
@@ -75,12 +76,15 @@ class Versions:
                 current.get("seed"),
                 True,
                 True,
+                str(current.get("stop") or ""),
             )
         )
         found.sort(key=lambda item: item[0])
         return [
-            ReplyVersion(n, text, thoughts, seed, at, is_current, restorable)
-            for n, (at, text, thoughts, seed, is_current, restorable) in enumerate(found, start=1)
+            ReplyVersion(n, text, thoughts, seed, at, is_current, restorable, stop)
+            for n, (at, text, thoughts, seed, is_current, restorable, stop) in enumerate(
+                found, start=1
+            )
         ]
 
     def keep(self, reply: MessageRow) -> None:
@@ -96,6 +100,7 @@ class Versions:
                 "tok_end": reply["tok_end"],
                 "block_id": reply["block_id"],
                 "seed": reply.get("seed"),
+                "stop": reply.get("stop"),
                 "created_at": reply["created_at"],
             },
             records.decrypt("messages", "text_enc", reply),
@@ -137,6 +142,7 @@ class Versions:
                     "tok_end": target["tok_end"],
                     "block_id": block["id"],
                     "seed": target.get("seed"),
+                    "stop": target.get("stop"),
                     "created_at": target["created_at"],
                 },
                 chosen.text,

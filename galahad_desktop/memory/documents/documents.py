@@ -389,7 +389,7 @@ class Documents(MediaTurns, TurnRoom):
             )
         plan = self.plan_parts(name, text)
         if self.live.fits is not None and not anyway:  # before anything is read
-            self.live.fits(name, sum(part.tokens for part in plan))
+            self.live.fits(name, [part.tokens for part in plan])
 
         def ledger(number: int) -> tuple[list[int], list[Media]]:
             part = plan[number - 1]
