@@ -12,7 +12,6 @@ from galahad_desktop.cli.common import (
     command_job,
     sampling_of,
 )
-from galahad_desktop.errors import WontFitError
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
@@ -21,11 +20,8 @@ GATED_EXIT = 9  # the router was not sure: candidates listed, nothing answered
 
 
 def cmd_deposit(core: Galahad, out: Output, args: argparse.Namespace) -> int:
-    try:
-        with command_job(out, "reading") as job:
-            result = core.deposit(args.file, job, anyway=args.anyway)
-    except WontFitError as refused:  # the command's own way to go ahead
-        raise WontFitError(f"{refused} To read it anyway: galahad deposit --anyway FILE.") from None
+    with command_job(out, "reading") as job:
+        result = core.deposit(args.file, job, anyway=args.anyway)
     out.result(
         result,
         f"Stored document {result.document_id} '{result.name}': "

@@ -127,7 +127,8 @@ class Storage:
                 f"Reading '{name}' ({tokens:,} tokens) would keep about {human_size(estimate)} "
                 f"of memory on disk, more than {' and '.join(over)}. Nothing was read. Raise "
                 "'Disk space for memory' in Settings, forget what you no longer need, or read "
-                "it anyway (its memory then goes past the budget)."
+                "it anyway (its memory then goes past the budget).",
+                command="galahad deposit --anyway FILE",  # the window asks instead
             )
 
     def estimate(self, tokens: int) -> int | None:
