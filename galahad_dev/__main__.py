@@ -33,7 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="development benchmarks")
     bench.add_argument(
         "kind",
-        choices=["resume", "deposit", "kv-quality", "persist", "pickle", "plot", "storage"],
+        choices=[
+            "resume",
+            "deposit",
+            "kv-quality",
+            "persist",
+            "pickle",
+            "plot",
+            "storage",
+            "grammar",
+        ],
     )
     bench.add_argument(
         "--sizes",
@@ -223,6 +232,15 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
                 shapes, args.doc, args.turns, args.reps, default_model_path(), log, kv_types
             )
             return "bench-storage", result, table(result)
+        if args.kind == "grammar":
+            from galahad_desktop.paths import default_model_path
+            from galahad_dev.bench_grammar import bench_grammar, table
+            from galahad_dev.gemma4_model import build
+
+            embedded = default_model_path()
+            models = {"Gemma 3 270M": embedded, "Gemma 4 test model": build(embedded)}
+            result = bench_grammar(models, args.reps, 160)
+            return "bench-grammar", result, table(result)
         sizes = parse_sizes(args.sizes)
         if args.kind in ("resume", "deposit", "kv-quality"):
             return measure(args, sizes, overrides)

@@ -39,8 +39,10 @@ from galahad_desktop.engine.llama_api import (
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
+from galahad_desktop.engine.tool_format import MARKER_TEXTS
 from galahad_desktop.engine.values import EngineConfig, Placement
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_dev.gbnf import Grammar, Matcher, Stack
 
 WINDOW = 32
 ROW = 16  # bytes per K (and V) row
@@ -51,9 +53,13 @@ F16 = 1  # the ggml type the rows are labelled with
 FLAVOURS: dict[str, tuple[TurnFormat, list[str], list[str]]] = {
     # (turn format, control tokens, user-defined tokens)
     "gemma3": (GEMMA3_TURNS, ["<start_of_turn>", "<end_of_turn>"], ["<start_of_image>"]),
-    "gemma4": (GEMMA4_TURNS, ["<|turn>", "<turn|>", "<|think|>"], ["<|channel>", "<channel|>"]),
+    "gemma4": (
+        GEMMA4_TURNS,
+        ["<|turn>", "<turn|>", "<|think|>", "<|tool>", "<tool|>"],
+        ["<|channel>", "<channel|>", *MARKER_TEXTS[2:]],  # and the tool call markers
+    ),
 }
-END_OF_GENERATION = ("<eos>", "<end_of_turn>", "<turn|>")
+END_OF_GENERATION = ("<eos>", "<end_of_turn>", "<turn|>", "<|tool_response>")
 
 _PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}  # specials -> one regex for them
 
@@ -349,9 +355,49 @@ class FakeEngine(ContextEngine):
             window=WINDOW,
         )
 
+    def _constraint(self, grammar: str) -> FakeGrammar:
+        return FakeGrammar(self.model, grammar)
+
     def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
         """The real reply loop; the `script` tokens come first."""
-        return decode_reply(self, self.stop_rules, params, job, iter(list(self.script)))
+        constraint = self._constraint(params.grammar) if params.grammar else None
+        return decode_reply(self, self.stop_rules, params, job, iter(list(self.script)), constraint)
+
+
+class FakeGrammar:
+    """The same GBNF the real engine gives llama.cpp, matched in Python on the fake's byte
+    vocabulary (galahad_dev/gbnf.py): the constraint the one reply loop applies."""
+
+    def __init__(self, model: FakeModel, grammar: str) -> None:
+        self.model = model
+        self.matcher = Matcher(Grammar.parse(grammar))
+
+    def _after(self, token: int) -> frozenset[Stack]:
+        if token >= BYTES:
+            text = self.model.specials[token - BYTES]
+            return self.matcher.after(
+                token, text.encode() if text in self.model.user_defined else None
+            )
+        return self.matcher.after(token, bytes([token]))
+
+    def allows(self, token: int) -> bool:
+        if self.model.is_end_of_generation(token):
+            return self.matcher.complete
+        return bool(self._after(token))
+
+    def restrict(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        out = np.full(len(logits), -np.inf, dtype=np.float32)
+        for token in ids:
+            if self.allows(int(token)):
+                out[token] = logits[token]
+        return out
+
+    def accept(self, token: int) -> None:
+        if not self.model.is_end_of_generation(token):
+            self.matcher.stacks = self._after(token)
+
+    def close(self) -> None:
+        pass
 
 
 def fake_factory(flavour: str = "gemma3") -> Callable[[EngineConfig, Path | None], ChatEngine]:

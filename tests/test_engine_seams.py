@@ -28,6 +28,7 @@ FAKE_OWN = {
     "_turn_format",
     "model_info",
     "generate",
+    "_constraint",  # the same GBNF matched in Python (llama.cpp's sampler needs its vocab)
 }
 # What the llama.cpp engine adds: opening, identity, the f16 reader, its state files, freeing.
 REAL_OWN = {
@@ -43,6 +44,7 @@ REAL_OWN = {
     "_read_in_f16",
     "close",
     "_stop_calls",
+    "_constraint",  # llama.cpp's grammar sampler
 }
 
 

@@ -241,7 +241,11 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
     (b"[1, 2]", None),
     (json.dumps({"messages": "hi"}).encode(), "messages"),
     (json.dumps({"messages": []}).encode(), "messages"),
-    (json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), "messages[0].role"),
+    (
+        json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(),
+        "messages[0].tool_call_id",
+    ),
+    (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), "messages[0].role"),
     (
         json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
         "messages[0].content",
@@ -255,7 +259,7 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
     (json.dumps({"messages": [user("a")], "stop": [1]}).encode(), "stop"),
     (json.dumps({"messages": [user("a")], "stream": "yes"}).encode(), "stream"),
     (json.dumps({"messages": [user("a")], "n": 2}).encode(), "n"),
-    (json.dumps({"messages": [user("a")], "tools": [{"type": "function"}]}).encode(), "tools"),
+    (json.dumps({"messages": [user("a")], "tools": [{"type": "function"}]}).encode(), "tools[0]"),
     (
         json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
         "messages[0].content[0]",

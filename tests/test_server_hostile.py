@@ -147,8 +147,14 @@ HOSTILE_BODIES: list[tuple[bytes, str | None]] = [
     (json.dumps({"messages": [user("a")], "presence_penalty": 1}).encode(), "presence_penalty"),
     (json.dumps({"messages": [user("a")], "top_logprobs": 3}).encode(), "top_logprobs"),
     (
-        json.dumps({"messages": [user("a")], "response_format": {"type": "json_object"}}).encode(),
+        json.dumps({"messages": [user("a")], "response_format": {"type": "xml"}}).encode(),
         "response_format",
+    ),
+    (
+        json.dumps(
+            {"messages": [user("a")], "response_format": {"type": "json_schema", "json_schema": 3}}
+        ).encode(),
+        "response_format.json_schema.schema",
     ),
     (json.dumps({"messages": [user("a")], "modalities": ["text", "audio"]}).encode(), "modalities"),
     (

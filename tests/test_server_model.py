@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 
@@ -110,6 +111,7 @@ def test_serve_remembers_the_history_across_a_restart(
     cached = restored.usage.prompt_tokens_details.cached_tokens
     assert cached >= usage.prompt_tokens + usage.completion_tokens  # the history, grafted
     assert restored.usage.prompt_tokens - cached < 40  # only the new message was read
+    _json_replies_validate_and_are_remembered(again)
     again.stop()
     # The same history sent to a server that never saw it is read in full: same reply.
     _a_fresh_server_reads_it_all_and_says_the_same(tmp_path, servers, history, restored)
@@ -119,6 +121,34 @@ def test_serve_remembers_the_history_across_a_restart(
     assert rotated != server.key and rotated.startswith("gk-")
     listed = json.loads(run_cli("--json", "list", data_dir=data).stdout)
     assert any(c.get("origin") == "api" for c in listed["conversations"])
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+
+
+def _json_replies_validate_and_are_remembered(server: Server) -> None:
+    """`response_format` json_schema on the real model, held by llama.cpp's grammar: the
+    reply validates, and a follow-up finds it stored like any reply."""
+    asked = [{"role": "user", "content": "Name a large city and its population."}]
+    answer = server.client.chat.completions.create(
+        model="gemma",
+        messages=asked,
+        max_tokens=96,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}},
+    )
+    text = answer.choices[0].message.content or ""
+    assert answer.choices[0].finish_reason == "stop", text
+    jsonschema.validate(json.loads(text), CITY)
+    follow = server.chat(
+        [*asked, {"role": "assistant", "content": text}, {"role": "user", "content": "Thanks."}]
+    )
+    assert follow.usage.prompt_tokens_details.cached_tokens >= answer.usage.prompt_tokens
 
 
 def test_a_system_prompt_and_a_pasted_document_are_read_once_by_the_server(

@@ -30,7 +30,7 @@ from galahad_desktop.engine.chat_format import (
     TurnFormat,
     derive_turn_format,
 )
-from galahad_desktop.engine.decoding import Generation, decode_reply, is_tag
+from galahad_desktop.engine.decoding import Constraint, Generation, decode_reply, is_tag
 from galahad_desktop.engine.llama_api import (
     DIRECT,
     KV_TYPES,
@@ -46,6 +46,7 @@ from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.protocol import ChatEngine, check_state_fits
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot, log_softmax_at
+from galahad_desktop.engine.tool_format import ToolMarkers
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.engine.values import (
     GEMMA_SAMPLING,
@@ -99,7 +100,13 @@ class ContextEngine(ABC):
         self.guard = MarkupGuard([self._special_text(t) for t in user_defined])
         self.turn_format = self._turn_format()
         self.turns = Turns(self, self.turn_format)
-        self.stop_rules = self.turns.stop_rules(self.is_end_of_generation, markup)
+        # Gemma 4's tool markers by id (None: the vocabulary has no tool syntax, Gemma 3).
+        self.tool_markers = ToolMarkers.find(
+            lambda text: found[0] if len(found := self.encode_template(text)) == 1 else None
+        )
+        self.stop_rules = self.turns.stop_rules(
+            self.is_end_of_generation, markup, self.tool_markers
+        )
         self.tokens: list[int] = []
         self.fingerprint_details = self._fingerprint_details()
         self.fingerprint = fp.runtime_fingerprint(self.fingerprint_details.as_dict())
@@ -126,6 +133,10 @@ class ContextEngine(ABC):
 
     def _read_in_f16(self, tokens: Sequence[int], job: Job) -> float:
         raise ModelError("This engine has no f16 reader.")
+
+    @abstractmethod
+    def _constraint(self, grammar: str) -> Constraint:
+        """The model's grammar sampler for `grammar` (GBNF)."""
 
     # -- identity ------------------------------------------------------------------------
     def _fingerprint_details(self) -> RuntimeDetails:
@@ -318,8 +329,10 @@ class ContextEngine(ABC):
         return elapsed
 
     def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
-        """Sample a reply (decoding.decode_reply: the stop rules, the thought channel)."""
-        return decode_reply(self, self.stop_rules, params, job)
+        """Sample a reply (decoding.decode_reply: the stop rules, the thought channel, the
+        grammar the parameters name)."""
+        constraint = self._constraint(params.grammar) if params.grammar else None
+        return decode_reply(self, self.stop_rules, params, job, constraint=constraint)
 
     # -- what decode_reply needs of the model
     def accept(self, token: int) -> None:

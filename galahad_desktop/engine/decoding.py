@@ -71,6 +71,8 @@ class StopRules:
     thought_open: int | None = None
     thought_close: int | None = None
     reserve: int = 0  # context left free to close the turn and open the next one
+    call_open: int | None = None  # a tool call's markers: its text is not the answer
+    call_close: int | None = None
 
     def ends_reply(self, token: int) -> bool:
         return token in self.turn_markers or self.end_of_generation(token)
@@ -97,6 +99,23 @@ class Decoder(Protocol):
     def accept(self, token: int) -> None: ...
     def token_bytes(self, token: int) -> bytes: ...
     def room(self) -> int: ...
+
+
+class Constraint(Protocol):
+    """A grammar the reply must follow (llama.cpp's grammar sampler on the real engine, the
+    same GBNF matched in Python on the fake). Tokens are checked as they are sampled; only
+    when the sampled one is refused are the allowed ones found and sampled from (_restrict;
+    as llama.cpp's common sampler does: most tokens pass, so a constrained token mostly
+    costs one check, not a pass over the vocabulary). End of generation is allowed once the
+    grammar is complete, and then only it."""
+
+    def allows(self, token: int) -> bool: ...
+    def restrict(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """`logits` with every token but the allowed ones among `ids` at -inf."""
+        ...
+
+    def accept(self, token: int) -> None: ...
+    def close(self) -> None: ...
 
 
 class _StopMatcher:
@@ -172,13 +191,15 @@ def decode_reply(
     params: SamplingParams,
     job: Job,
     scripted: Iterator[int] | None = None,
+    constraint: Constraint | None = None,
 ) -> Generation:
     """Sample a reply token by token until a stop rule, max_tokens, cancel or a full
     context. The stop token itself is not evaluated: the caller closes the turn with the
     canonical closing tokens. `scripted` tokens (tests) come before sampled ones. The
     pace (tokens so far, tokens/s) goes to `job.pace` as the reply streams. A device server
     lost mid-reply ends it with what was evaluated so far ("device_lost"); the token whose
-    evaluation failed was never streamed."""
+    evaluation failed was never streamed. `constraint`: a grammar every token must follow
+    (scripted ones too); closed here."""
     seed = fresh_seed() if params.seed is None else params.seed
     sampler = Sampler(params, seed)
     stream = _Stream(job, StopTexts(params.stop))
@@ -189,10 +210,13 @@ def decode_reply(
     start = time.perf_counter()
     try:
         stop_reason = _sample(
-            model, rules, params, job, scripted, sampler, stream, generated, answer
+            model, rules, params, job, scripted, sampler, stream, generated, answer, constraint
         )
     except DeviceLostError as lost:
         stop_reason, problem = "device_lost", str(lost)
+    finally:
+        if constraint is not None:
+            constraint.close()
     stream.finish()
     elapsed = time.perf_counter() - start
     return Generation(
@@ -218,10 +242,12 @@ def _sample(
     stream: _Stream,
     generated: list[int],
     answer: list[int],
+    constraint: Constraint | None = None,
 ) -> StopReason:
     """The loop itself: fills `generated` and `answer`, returns why it stopped."""
     stop_reason: StopReason = "length"
     start = time.perf_counter()
+    in_call = False  # inside a tool call: read back from its tokens, never streamed
     for _ in range(params.max_tokens):
         if job.cancelled:
             stop_reason = "cancelled"
@@ -230,11 +256,20 @@ def _sample(
             stop_reason = "context_full"
             break
         token = next(scripted, None) if scripted is not None else None
-        if token is None:
-            token = sampler.sample(model.last_logits())
+        if token is None or constraint is not None:
+            logits = model.last_logits()
+            token = sampler.sample(logits) if token is None else token
+            if constraint is not None and not constraint.allows(token):
+                masked = _restrict(constraint, logits, params)
+                if not np.isfinite(masked).any():  # nothing may follow: the grammar is stuck
+                    stop_reason = "end"
+                    break
+                token = sampler.sample(masked)
         if rules.ends_reply(token):
             stop_reason = "end"
             break
+        if constraint is not None:
+            constraint.accept(token)
         model.accept(token)
         generated.append(token)
         elapsed = time.perf_counter() - start
@@ -244,13 +279,46 @@ def _sample(
             continue
         if not stream.in_thought:
             answer.append(token)  # evaluated as the model chose it, shown or not
-        if token in rules.hidden:
+        if token in (rules.call_open, rules.call_close):
+            in_call = token == rules.call_open
+        if token in rules.hidden or in_call:
             continue
         stream.feed(model.token_bytes(token))
         if stream.held.hit:
             stop_reason = "stop_text"
             break
     return stop_reason
+
+
+FIRST_CANDIDATES = 1024
+
+
+def _restrict(constraint: Constraint, logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The logits the grammar allows. The most likely FIRST_CANDIDATES are checked first,
+    and the vocabulary (262,144 tokens on Gemma) only when a token outside them could be
+    chosen: never when greedy and one of them is allowed, nor when top_k of them are, nor
+    when the most that tokens outside them could weigh leaves the top_p cut where it is.
+    The sampler picks from exactly what it would have picked from."""
+    greedy = params.temperature <= 0.0
+    need = 1 if greedy else max(params.top_k, 1)
+    if not 0 < FIRST_CANDIDATES < len(logits) or params.top_k <= 0:
+        return constraint.restrict(logits, np.arange(len(logits)))
+    ids = np.argpartition(logits, -FIRST_CANDIDATES)[-FIRST_CANDIDATES:]
+    masked = constraint.restrict(logits, ids)
+    allowed = np.sort(masked[np.isfinite(masked)])[::-1].astype(np.float64)
+    if len(allowed) >= need:
+        return masked
+    if len(allowed) and not greedy and 0.0 < params.top_p < 1.0:
+        scaled = allowed / params.temperature
+        mass = np.cumsum(np.exp(scaled - scaled[0]))
+        # Every token outside weighs at most as much as the least likely one checked.
+        floor = float(logits[ids].min()) / params.temperature - scaled[0]
+        outside = (need - len(allowed)) * float(np.exp(floor))
+        cut_here = int(np.searchsorted(mass / mass[-1], params.top_p)) + 1
+        cut_with_outside = int(np.searchsorted(mass / (mass[-1] + outside), params.top_p)) + 1
+        if cut_with_outside <= len(allowed) and cut_here == cut_with_outside:
+            return masked
+    return constraint.restrict(logits, np.arange(len(logits)))
 
 
 class _Stream:

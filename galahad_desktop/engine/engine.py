@@ -27,7 +27,12 @@ from galahad_desktop.engine.context_engine import (
 )
 from galahad_desktop.engine.llama_api import KV_TYPES
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
-from galahad_desktop.engine.native import ContextSettings, NativeContext, NativeModel
+from galahad_desktop.engine.native import (
+    ContextSettings,
+    GrammarSampler,
+    NativeContext,
+    NativeModel,
+)
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.reader import F16Reader
 from galahad_desktop.engine.values import Counters, EngineConfig, Placement
@@ -151,6 +156,9 @@ class Engine(ContextEngine):
 
     def model_info(self) -> ModelInfo:
         return gguf.describe(self.model, self.config.model_path, self.config.embedded)
+
+    def _constraint(self, grammar: str) -> GrammarSampler:
+        return GrammarSampler(self.model, grammar)
 
     # -- llama.cpp's own state files (the benchmark's baseline) ---------------------------
     def save_sequence_file(self, tokens: list[int], path: Path) -> tuple[float, int]:

@@ -16,12 +16,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from galahad_desktop.engine.llama_api import DIRECT, BufferFor, ModelFacts, NativeCalls
-from galahad_desktop.errors import ModelError
+from galahad_desktop.errors import InputError, ModelError
 
 ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
 
@@ -144,6 +145,50 @@ class NativeModel:
         if self.handle is not None:
             self._calls.release(llama_cpp.llama_model_free, self.handle)
             self.handle = None
+
+
+class GrammarSampler:
+    """llama.cpp's grammar sampler on a model's vocabulary: the real engine's constraint
+    (decoding.Constraint). One token is checked through a one-entry array; the whole
+    vocabulary only when the sampled token was refused."""
+
+    _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+    def __init__(self, model: NativeModel, grammar: str) -> None:
+        self.sampler = llama_cpp.llama_sampler_init_grammar(
+            model.vocab, grammar.encode("utf-8"), b"root"
+        )
+        if not self.sampler:  # e.g. a schema's pattern the converter wrote but llama.cpp refuses
+            raise InputError("llama.cpp could not read the grammar made from the reply's schema.")
+        self.one = (llama_cpp.llama_token_data * 1)()
+        self.all = np.zeros(model.facts.n_vocab, dtype=self._TOKEN_DATA)
+
+    def _apply(self, data: Any, size: int) -> None:  # a pointer to llama_token_data
+        array = llama_cpp.llama_token_data_array(data=data, size=size, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self.sampler, ctypes.byref(array))
+
+    def allows(self, token: int) -> bool:
+        entry = self.one[0]
+        entry.id, entry.logit, entry.p = token, 0.0, 0.0  # type: ignore[assignment]
+        self._apply(ctypes.cast(self.one, ctypes.POINTER(llama_cpp.llama_token_data)), 1)
+        return bool(np.isfinite(self.one[0].logit))
+
+    def restrict(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        data = self.all[: len(ids)]
+        data["id"], data["logit"] = ids, logits[ids]
+        pointer = data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        self._apply(pointer, len(ids))
+        out = np.full(len(logits), -np.inf, dtype=np.float32)
+        out[data["id"]] = data["logit"]  # a sampler may reorder the array: by id
+        return out
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self.sampler, token)
+
+    def close(self) -> None:
+        if self.sampler:
+            llama_cpp.llama_sampler_free(self.sampler)
+            self.sampler = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None  # None: a fresh seed for every generation
     stop: tuple[str, ...] = ()  # texts that end the reply (not shown): an API client's `stop`
+    grammar: str = ""  # GBNF the reply must follow (engine/grammar.py); "" for none
 
 
 class Sampler:

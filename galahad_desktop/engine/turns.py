@@ -13,6 +13,7 @@ from typing import Protocol
 
 from galahad_desktop.engine.chat_format import TurnFormat
 from galahad_desktop.engine.decoding import StopRules, turn_markers
+from galahad_desktop.engine.tool_format import ToolMarkers
 from galahad_desktop.errors import InputError
 
 
@@ -43,10 +44,14 @@ class Turns:
                 self.thought_open, self.thought_close = empty[0], empty[-1]
 
     def stop_rules(
-        self, end_of_generation: Callable[[int], bool], markup: frozenset[int]
+        self,
+        end_of_generation: Callable[[int], bool],
+        markup: frozenset[int],
+        tools: ToolMarkers | None = None,
     ) -> StopRules:
         """How a reply ends in this format: at an end-of-generation token or at any markup
-        token that opens or closes a turn; other markup is never shown."""
+        token that opens or closes a turn; other markup is never shown, nor is a tool call's
+        text."""
         markers = turn_markers(
             [self.user_open, self.user_close, self.model_open, self.model_close], markup
         )
@@ -59,6 +64,8 @@ class Turns:
             self.thought_close,
             # Room to close the turn and open the next one (the proof's probe).
             len(self.model_close) + len(self.model_open) + len(self.probe) + 1,
+            tools.call_open if tools else None,
+            tools.call_close if tools else None,
         )
 
     @property

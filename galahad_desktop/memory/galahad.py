@@ -30,7 +30,7 @@ from galahad_desktop.memory.chat.continuation import Continuation
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext, Rendered
 from galahad_desktop.memory.chat.search import Search
-from galahad_desktop.memory.chat.stateless import StatelessChats, shape
+from galahad_desktop.memory.chat.stateless import PLAIN_REPLY, StatelessChats, reply_grammar, shape
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
 from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.documents.documents import Documents
@@ -55,6 +55,7 @@ from galahad_desktop.memory.results import (
     ModelFile,
     OpenedConversation,
     PartSummary,
+    ReplyShape,
     ReplyVersion,
     SearchHit,
     TurnResult,
@@ -670,13 +671,16 @@ class Galahad(StoreFacade):
         messages: Sequence[ChatMessage],
         job: Job = NO_JOB,
         stop: Sequence[str] = (),
+        reply: ReplyShape = PLAIN_REPLY,
         **sampling: Any,
     ) -> ChatCompletion:
-        """One OpenAI-style chat request: the history found stored is grafted (proof
-        checked) and only what is new is read; the reply is stored as the next turn.
-        `sampling`: temperature, top_p, max_tokens, seed (through the settings' checks)."""
+        """One OpenAI-style chat request: the stored history is grafted (proof checked), only
+        what is new is read, the reply (held to `reply` by grammar) is stored as the next
+        turn. `sampling`: temperature, top_p, max_tokens, seed (the settings' checks)."""
         request = shape(messages)
-        params = dataclasses.replace(self.sampling(None, **sampling), stop=tuple(stop))
+        params = dataclasses.replace(
+            self.sampling(None, **sampling), stop=tuple(stop), grammar=reply_grammar(reply)
+        )
         completion = self.stateless.complete(request, params, job)
         self.usage.record_turn(completion.turn)
         return completion

@@ -597,16 +597,49 @@ NO_GRAFT_PROOF = NO_PROOF
 __all__ = ["Counters", "ModelInfo", "Progress"]
 
 
-ChatRole = Literal["system", "user", "assistant"]
+ChatRole = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function the model called: its arguments as the JSON object it wrote."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function a client offers the model (OpenAI's `tools` entry)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON schema of the arguments
+
+
+@dataclass(frozen=True)
+class ReplyShape:
+    """What a reply must be: free text, JSON (to a schema, or any object), or a call of
+    the offered tools. `tool_choice`: auto, none, required, or a tool's name."""
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
+    parallel_calls: bool = True
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message of an API client's chat request (OpenAI's roles)."""
+    """One message of an API client's chat request (OpenAI's roles). An assistant message
+    may hold the calls it made; a tool message answers the call `call_id`."""
 
     role: ChatRole
     text: str
     pictures: tuple[tuple[str, bytes], ...] = ()  # (type: png|jpeg|webp|gif, the file's bytes)
+    calls: tuple[ToolCall, ...] = ()
+    call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -618,7 +651,7 @@ class ChatCompletion:
 
     conversation_id: str
     text: str
-    finish_reason: Literal["stop", "length", "cancelled"]
+    finish_reason: Literal["stop", "length", "cancelled", "tool_calls"]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -626,3 +659,4 @@ class ChatCompletion:
     matched_turns: int  # the request's earlier turns found stored (0: a new history)
     seed: int | None
     turn: TurnResult
+    calls: tuple[ToolCall, ...] = ()  # the tools the reply called (finish_reason tool_calls)

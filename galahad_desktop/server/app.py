@@ -166,7 +166,7 @@ class GalahadApi:
         future = self.lane.submit(
             "API chat",
             lambda core: core.complete_chat(
-                args.messages, Job(cancel=cancel), args.stop, **args.sampling
+                args.messages, Job(cancel=cancel), args.stop, args.reply, **args.sampling
             ),
             cancel,
         )
@@ -195,7 +195,9 @@ class GalahadApi:
         job = Job(on_text=lambda piece: put("text", piece), cancel=cancel)
         future = self.lane.submit(
             "API chat",
-            lambda core: core.complete_chat(args.messages, job, args.stop, **args.sampling),
+            lambda core: core.complete_chat(
+                args.messages, job, args.stop, args.reply, **args.sampling
+            ),
             cancel,
         )
         future.add_done_callback(lambda f: put("done", f))
@@ -220,6 +222,9 @@ class GalahadApi:
                             yield event(_core_error(error).body())
                         break
                     result: ChatCompletion = value.result()
+                    if result.calls:  # parsed once the reply has ended: sent whole
+                        calls = protocol.tool_calls(result.calls, streamed=True)
+                        yield event(protocol.chunk(ident, model, {"tool_calls": calls}))
                     yield event(protocol.chunk(ident, model, {}, result.finish_reason))
                     if args.include_usage:
                         yield event(

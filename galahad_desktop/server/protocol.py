@@ -3,15 +3,17 @@
 Every problem with a request is an `ApiError` naming the field, in OpenAI's error shape
 (`{"error": {"message", "type", "param", "code"}}`) with the status OpenAI uses. Fields
 OpenAI defines that change nothing here (`user`, `metadata`, `store`…) are accepted and
-ignored; ones that would change the reply and are not supported (`n` > 1, tools, logprobs,
-logit_bias, penalties, a JSON response format) are refused by name rather than silently
-ignored, and so is a field of the wrong type.
+ignored; ones that would change the reply and are not supported (`n` > 1, logprobs,
+logit_bias, penalties, audio output, the legacy `functions`) are refused by name rather than
+silently ignored, and so is a field of the wrong type. `tools`, `tool_choice` and
+`response_format` are read into a ReplyShape (the core holds the reply to it by grammar).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import re
 import secrets
@@ -19,7 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from galahad_desktop.memory.results import ChatCompletion, ChatMessage, ChatRole
+from galahad_desktop.memory.results import (
+    ChatCompletion,
+    ChatMessage,
+    ChatRole,
+    ReplyShape,
+    Tool,
+    ToolCall,
+)
 
 MAX_STOP = 4  # OpenAI's own limit
 MAX_STOP_CHARS = 1_000  # per stop text: held back while a reply streams
@@ -28,12 +37,12 @@ ROLE_NAMES: dict[str, ChatRole] = {
     "developer": "system",  # OpenAI's newer name for the system role
     "user": "user",
     "assistant": "assistant",
+    "tool": "tool",
 }
+MAX_TOOLS = 128
 # Fields that would change the reply, with the value that changes nothing (accepted).
 UNSUPPORTED: dict[str, object] = {
-    "tools": [],
-    "functions": [],
-    "tool_choice": "none",
+    "functions": [],  # the legacy form of `tools`
     "function_call": "none",
     "logprobs": False,
     "top_logprobs": 0,
@@ -83,6 +92,7 @@ class ChatArgs:
     include_usage: bool = False
     stop: tuple[str, ...] = ()
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, max_tokens, seed
+    reply: ReplyShape = field(default_factory=ReplyShape)
 
 
 def _number(payload: dict[str, Any], name: str, low: float, high: float) -> float | None:
@@ -177,19 +187,58 @@ def _messages(value: Any) -> tuple[ChatMessage, ...]:
             raise ApiError(
                 400,
                 f"{where}.role is {role!r}; it must be one of: system, developer, user, "
-                "assistant (tool messages are not supported).",
+                "assistant, tool.",
                 f"{where}.role",
             )
+        calls = _calls(item.get("tool_calls"), where) if role == "assistant" else ()
         content = item.get("content")
-        if content is None:
+        if content is None and not calls:
             raise ApiError(400, f"{where}.content is missing.", f"{where}.content")
-        text, pictures = _content(content, f"{where}.content")
+        text, pictures = _content("" if content is None else content, f"{where}.content")
         if pictures and ROLE_NAMES[role] != "user":
             raise ApiError(
                 400, f"{where}: only user messages can hold pictures.", f"{where}.content"
             )
-        messages.append(ChatMessage(ROLE_NAMES[role], text, pictures))
+        call_id = item.get("tool_call_id", "") if role == "tool" else ""
+        if role == "tool" and (not isinstance(call_id, str) or not call_id):
+            raise ApiError(
+                400, f"{where}.tool_call_id must name the call it answers.", f"{where}.tool_call_id"
+            )
+        messages.append(ChatMessage(ROLE_NAMES[role], text, pictures, calls, call_id))
     return tuple(messages)
+
+
+def _calls(value: Any, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls`: each a function call whose arguments are a
+    JSON object written as a string (as OpenAI sends them)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where}.tool_calls must be a list.", f"{where}.tool_calls")
+    calls = []
+    for number, call in enumerate(value):
+        at = f"{where}.tool_calls[{number}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ApiError(400, f"{at} must be a function call.", at)
+        ident, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if not isinstance(ident, str) or not isinstance(name, str) or not name:
+            raise ApiError(400, f"{at} needs an 'id' and a 'function.name'.", at)
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except (ValueError, RecursionError):
+                raise ApiError(
+                    400, f"{at}.function.arguments is not valid JSON.", f"{at}.function.arguments"
+                ) from None
+        if not isinstance(arguments, dict):
+            raise ApiError(
+                400,
+                f"{at}.function.arguments must be a JSON object.",
+                f"{at}.function.arguments",
+            )
+        calls.append(ToolCall(ident, name, arguments))
+    return tuple(calls)
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -221,13 +270,84 @@ def _refuse_unsupported(payload: dict[str, Any]) -> None:
     modalities = payload.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise ApiError(400, "'modalities' can only be [\"text\"] here.", "modalities")
-    response_format = payload.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
+
+
+def _response_format(value: Any) -> tuple[dict[str, Any] | None, bool]:
+    """(the JSON schema, any JSON object) a `response_format` asks for."""
+    if value is None:
+        return None, False
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None, False
+    if kind == "json_object":
+        return None, True
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(
+                400,
+                "'response_format.json_schema.schema' must be a JSON schema object.",
+                "response_format.json_schema.schema",
+            )
+        return schema, False
+    raise ApiError(
+        400,
+        "'response_format.type' must be text, json_object or json_schema.",
+        "response_format",
+    )
+
+
+def _tools(payload: dict[str, Any]) -> tuple[tuple[Tool, ...], str, bool]:
+    """(the tools offered, tool_choice, parallel_tool_calls)."""
+    value = payload.get("tools")
+    if value is not None and not isinstance(value, list):
+        raise ApiError(400, "'tools' must be a list of function tools.", "tools")
+    tools: list[Tool] = []
+    for number, item in enumerate(value or []):
+        at = f"tools[{number}]"
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or item.get("type") != "function":
+            raise ApiError(400, f"{at} must be {{'type': 'function', 'function': {{…}}}}.", at)
+        name, description = function.get("name"), function.get("description", "")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, f"{at}.function.name must be a non-empty string.", at)
+        if not isinstance(description, str) or not isinstance(parameters, dict):
+            raise ApiError(
+                400, f"{at}.function: description must be a string, parameters an object.", at
+            )
+        tools.append(Tool(name, description, parameters))
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(400, f"'tools' can hold at most {MAX_TOOLS} functions.", "tools")
+    if len({t.name for t in tools}) != len(tools):
+        raise ApiError(400, "Two tools in 'tools' have the same name.", "tools")
+    choice = payload.get("tool_choice", "auto" if tools else "none")
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(named, str):
+            raise ApiError(
+                400,
+                "'tool_choice' must be auto, none, required or "
+                "{'type': 'function', 'function': {'name': …}}.",
+                "tool_choice",
+            )
+        if named not in {t.name for t in tools}:
+            raise ApiError(
+                400, f"'tool_choice' names {named!r}, which is not in 'tools'.", "tool_choice"
+            )
+        choice = "=" + named
+    elif choice not in ("auto", "none", "required"):
         raise ApiError(
-            400,
-            '\'response_format\' other than {"type": "text"} is not supported by this server.',
-            "response_format",
+            400, "'tool_choice' must be auto, none, required or a function.", "tool_choice"
         )
+    if choice == "required" and not tools:
+        raise ApiError(400, "'tool_choice' is required but 'tools' is empty.", "tool_choice")
+    parallel = payload.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be true or false.", "parallel_tool_calls")
+    return tuple(tools), str(choice), parallel
 
 
 def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
@@ -267,12 +387,29 @@ def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
     if sampling["top_p"] == 0.0:
         sampling["top_p"] = None  # OpenAI treats 0 as "the most likely token": greedy below
         sampling["temperature"] = 0.0
+    schema, json_object = _response_format(payload.get("response_format"))
+    tools, choice, parallel = _tools(payload)
+    if tools and choice != "none":  # read and checked; running them is not built yet
+        raise ApiError(
+            400,
+            "Tool calls are not supported by this server yet: send the request without "
+            "'tools' (or with tool_choice 'none').",
+            "tools",
+            "tools_not_supported",
+        )
+    if (schema is not None or json_object) and choice not in ("auto", "none"):
+        raise ApiError(
+            400,
+            "A reply cannot be both a required tool call and 'response_format' JSON.",
+            "response_format",
+        )
     return ChatArgs(
         _messages(payload.get("messages")),
         stream,
         include_usage,
         _stop(payload.get("stop")),
         {k: v for k, v in sampling.items() if v is not None},
+        ReplyShape(schema, json_object, tools, choice, parallel),
     )
 
 
@@ -289,6 +426,23 @@ def usage(done: ChatCompletion) -> dict[str, Any]:
     }
 
 
+def tool_calls(calls: tuple[ToolCall, ...], streamed: bool = False) -> list[dict[str, Any]]:
+    """The calls as OpenAI writes them: arguments as a JSON string (a streamed delta also
+    carries each call's index)."""
+    return [
+        {
+            **({"index": number} if streamed else {}),
+            "id": call.id,
+            "type": "function",
+            "function": {
+                "name": call.name,
+                "arguments": json.dumps(call.arguments, ensure_ascii=False),
+            },
+        }
+        for number, call in enumerate(calls)
+    ]
+
+
 def completion_body(ident: str, model: str, done: ChatCompletion) -> dict[str, Any]:
     return {
         "id": ident,
@@ -300,9 +454,10 @@ def completion_body(ident: str, model: str, done: ChatCompletion) -> dict[str, A
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": done.text,
+                    "content": done.text if done.text or not done.calls else None,
                     "refusal": None,  # the spec's field (nullable): this server never refuses
                     "annotations": [],
+                    **({"tool_calls": tool_calls(done.calls)} if done.calls else {}),
                 },
                 "finish_reason": done.finish_reason,
                 "logprobs": None,

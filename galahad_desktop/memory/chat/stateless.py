@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from galahad_desktop.engine.grammar import json_grammar
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
@@ -27,7 +28,7 @@ from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.system_prompt import CUSTOM, MAX_SYSTEM_CHARS
 from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
-from galahad_desktop.memory.results import ChatCompletion, ChatMessage, TurnResult
+from galahad_desktop.memory.results import ChatCompletion, ChatMessage, ReplyShape, TurnResult
 from galahad_desktop.vault.vault import new_id
 
 API_ORIGIN = "api"
@@ -35,6 +36,20 @@ TAG_PURPOSE = "api-history"
 TAG_VERSION = 2
 AddPicture = Callable[[str, str, bytes, Job], TurnResult]
 FINISH = {"end": "stop", "stop_text": "stop", "length": "length", "context_full": "length"}
+PLAIN_REPLY = ReplyShape()
+NO_TOOLS_YET = (
+    "Tool calls are not supported by this server yet: send the request without 'tools' "
+    "(or with tool_choice 'none')."
+)
+
+
+def reply_grammar(reply: ReplyShape) -> str:
+    """The grammar (GBNF) a reply is held to: "" for free text."""
+    if reply.tools and reply.tool_choice != "none":
+        raise InputError(NO_TOOLS_YET)
+    if reply.json_schema is not None:
+        return json_grammar(reply.json_schema, "'response_format.json_schema.schema'")
+    return json_grammar(None) if reply.json_object else ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,8 @@ def shape(messages: Sequence[ChatMessage]) -> ChatShape:
     turns: list[tuple[str, UserTurn]] = []
     for number, message in enumerate(messages[index:], start=index):
         check_text(message.text, f"messages[{number}].content")
+        if message.role == "tool" or message.calls:
+            raise InputError(f"messages[{number}]: {NO_TOOLS_YET}")
         if message.role == "system":
             raise InputError(
                 f"messages[{number}] is a system message after the conversation started; "
