@@ -20,9 +20,9 @@ class Served:
         self.core = core
         self.lane = ThreadLane(core)
         self.key = self.lane.call(lambda c: c.api_key())
-        self.server = LocalServer(
-            self.lane, ServerIdentity("fake-model", lambda: self.key), port=0, limits=limits
-        )
+        n_ctx = self.lane.call(lambda c: c.info().n_ctx)
+        identity = ServerIdentity("fake-model", lambda: self.key, context_length=n_ctx)
+        self.server = LocalServer(self.lane, identity, port=0, limits=limits)
         self.address: Address = self.server.start()
         self.client = openai.OpenAI(base_url=self.address.base_url, api_key=self.key)
 

@@ -24,9 +24,8 @@ from galahad_desktop.engine.tool_format import (
     results,
     to_tokens,
 )
-from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.memory.results import ChatMessage, ReplyShape, Tool
+from galahad_desktop.memory.results import ChatMessage, ReplyShape
 from galahad_dev.gbnf import Grammar, Matcher
 from tests.served import Served
 
@@ -147,19 +146,6 @@ def test_the_server_answers_response_format_through_the_openai_client(
     assert len(served.core.list_conversations()) == before  # refused: nothing stored
 
 
-def test_the_core_refuses_tool_turns_it_cannot_store_yet(
-    make_fake_core: Callable[..., Galahad],
-) -> None:
-    core = make_fake_core("gemma4")
-    with pytest.raises(InputError, match="not supported by this server yet"):
-        core.complete_chat(
-            [ChatMessage("user", "x")],
-            reply=ReplyShape(tools=(Tool("f", "", WEATHER),), tool_choice="required"),
-        )
-    with pytest.raises(InputError, match="messages\\[1\\]"):
-        core.complete_chat([ChatMessage("user", "x"), ChatMessage("tool", "sunny", call_id="c1")])
-
-
 # -- Gemma 4's calls -----------------------------------------------------------------------
 def test_a_forced_tool_call_parses_from_token_ids_and_validates(
     make_fake_core: Callable[..., Galahad],
@@ -266,3 +252,13 @@ def test_the_first_candidates_choose_what_the_whole_vocabulary_would() -> None:
                 assert picks[0] == picks[1]
                 shortcuts += int(np.isfinite(fast).sum() < np.isfinite(whole).sum())
     assert shortcuts >= 100  # the shortcut was taken (by top_k, greedy and the top_p cut)
+
+
+def test_health_and_the_model_s_context_length(serve: Callable[..., Served]) -> None:
+    served = serve()
+    status, body, _ = served.raw("GET", "/health", key="")
+    assert (status, body) == (200, {"status": "ok"})  # no key needed, nothing told
+    (listed,) = served.client.models.list().data
+    assert listed.model_extra == {"context_length": served.core.info().n_ctx}
+    status, body, _ = served.raw("POST", "/health", key="")
+    assert status == 405 and body["error"]["message"]

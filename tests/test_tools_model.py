@@ -26,6 +26,11 @@ from galahad_desktop.engine.tool_format import (
     to_tokens,
 )
 from galahad_desktop.engine.values import EngineConfig
+from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.results import ChatMessage, ReplyShape, Tool, ToolCall
+from galahad_desktop.vault.keys import MemoryKeyStore
+from tests.helpers import TEST_OVERRIDES
+from tests.served import Served
 
 pytestmark = pytest.mark.model
 
@@ -173,3 +178,76 @@ def test_the_grammar_makes_the_test_model_call_a_tool_and_write_json(engine: Eng
     )
     assert generation.stop_reason == "end"
     jsonschema.validate(json.loads(generation.text), parameters)
+
+
+def test_a_tool_loop_on_the_gemma_4_test_model_through_the_openai_client(
+    gemma4_path: Path, tmp_path: Path, keystore: MemoryKeyStore
+) -> None:
+    """The grammar forces a call on a random-weight Gemma 4: call, result, answer; after a
+    restart the history is grafted (proof exact) and only the new message is read."""
+    data = tmp_path / "data"
+
+    def core() -> Galahad:
+        return Galahad(data, model_path=gemma4_path, keystore=keystore, overrides=TEST_OVERRIDES)
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY_ONLY}}]
+    ask = {"role": "user", "content": "Weather in Paris?"}
+    served = Served(core())
+    try:
+        called = served.client.chat.completions.create(
+            model="gemma",
+            messages=[ask],  # type: ignore[list-item]
+            tools=tools,  # type: ignore[arg-type]
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0.7,
+            seed=2,
+        )
+        assert called.choices[0].finish_reason == "tool_calls"
+        (call,) = called.choices[0].message.tool_calls or []
+        jsonschema.validate(json.loads(call.function.arguments), CITY_ONLY)
+        history: list[Any] = [ask, called.choices[0].message.model_dump(exclude_none=True)]
+        history.append({"role": "tool", "tool_call_id": call.id, "content": "sunny"})
+        answered = served.client.chat.completions.create(
+            model="gemma", messages=history, tools=tools, max_tokens=8, temperature=0
+        )
+        assert answered.usage and answered.usage.prompt_tokens_details
+        assert answered.usage.prompt_tokens_details.cached_tokens >= (
+            called.usage.prompt_tokens + called.usage.completion_tokens  # type: ignore[union-attr]
+        )
+    finally:
+        served.close()
+        served.core.close()
+    history.append({"role": "assistant", "content": answered.choices[0].message.content or ""})
+    history.append({"role": "user", "content": "Thanks."})
+    again = Served(core())
+    try:
+        later = again.core.complete_chat(
+            [_message(m) for m in history],
+            reply=ReplyShape(tools=(Tool("get_weather", "", CITY_ONLY),)),
+            max_tokens=4,
+            temperature=0,
+        )
+        assert later.turn.graft is not None and later.turn.graft.proof.verdict == "exact"
+        assert later.cached_tokens >= answered.usage.prompt_tokens
+        assert later.read_tokens < 20
+    finally:
+        again.close()
+        again.core.close()
+
+
+CITY_ONLY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+
+
+def _message(item: dict[str, Any]) -> ChatMessage:
+    calls = tuple(
+        ToolCall(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in item.get("tool_calls", [])
+    )
+    return ChatMessage(
+        item["role"], item.get("content") or "", calls=calls, call_id=item.get("tool_call_id", "")
+    )

@@ -30,8 +30,9 @@ def cmd_serve(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     lane = ThreadLane(core)
     try:
         key = lane.call(lambda c: c.api_key())
-        model = lane.call(lambda c: c.info().model.name)
-        server = LocalServer(lane, ServerIdentity(model, lambda: key), host, args.port)
+        info = lane.call(lambda c: c.info())
+        identity = ServerIdentity(info.model.name, lambda: key, context_length=info.n_ctx)
+        server = LocalServer(lane, identity, host, args.port)
         quiet_uvicorn()
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
@@ -47,7 +48,7 @@ def cmd_serve(core: Galahad, out: Output, args: argparse.Namespace) -> int:
                 print(json.dumps({"base_url": address.base_url, "api_key": key}), flush=True)
             else:
                 out.info(
-                    f"Serving {model} at {address.base_url} (OpenAI-compatible). "
+                    f"Serving {info.model.name} at {address.base_url} (OpenAI-compatible). "
                     f"API key: {key}\nCtrl+C stops."
                 )
 

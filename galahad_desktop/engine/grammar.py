@@ -26,6 +26,14 @@ SCHEMA_TYPES = ("object", "array", "string", "number", "integer", "boolean", "nu
 class GrammarError(InputError):
     """A schema no grammar can be made from (the message names what is wrong)."""
 
+    param = "response_format"
+
+
+class ToolSchemaError(GrammarError):
+    """A tool's parameter schema no call grammar can be made from."""
+
+    param = "tools"
+
 
 def json_grammar(schema: Mapping[str, Any] | None, where: str = "the JSON schema") -> str:
     """GBNF for a JSON value that follows `schema` (None: any JSON object). Structure,
@@ -63,7 +71,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
 def check_tool_name(name: Any, where: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise InputError(
+        raise ToolSchemaError(
             f"{where} must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or '_'."
         )
     return name
@@ -102,7 +110,7 @@ class _CallGrammar:
         self.depth += 1
         try:
             if self.depth > 12:
-                raise GrammarError(f"{where} is nested too deeply.")
+                raise ToolSchemaError(f"{where} is nested too deeply.")
             return self._value(schema, name, where)
         finally:
             self.depth -= 1
@@ -111,21 +119,21 @@ class _CallGrammar:
         if schema is True or schema == {}:
             return "g-any"
         if not isinstance(schema, dict):
-            raise GrammarError(f"{where} must be a JSON schema object.")
+            raise ToolSchemaError(f"{where} must be a JSON schema object.")
         if "$ref" in schema:
-            raise GrammarError(f"{where} uses $ref, which tool parameters cannot use here.")
+            raise ToolSchemaError(f"{where} uses $ref, which tool parameters cannot use here.")
         if "const" in schema:
             return self.add(name, self._constant(schema["const"], where))
         if "enum" in schema:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
-                raise GrammarError(f"{where}.enum must be a non-empty list.")
+                raise ToolSchemaError(f"{where}.enum must be a non-empty list.")
             return self.add(name, " | ".join(self._constant(v, where) for v in values))
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 options = schema[key]
                 if not isinstance(options, list) or not options:
-                    raise GrammarError(f"{where}.{key} must be a non-empty list.")
+                    raise ToolSchemaError(f"{where}.{key} must be a non-empty list.")
                 parts = [
                     self.value(o, f"{name}-{i}", f"{where}.{key}[{i}]")
                     for i, o in enumerate(options)
@@ -138,7 +146,7 @@ class _CallGrammar:
         if kind is None:
             return "g-any"
         if kind not in SCHEMA_TYPES:
-            raise GrammarError(f"{where}.type is {kind!r}; one of {', '.join(SCHEMA_TYPES)}.")
+            raise ToolSchemaError(f"{where}.type is {kind!r}; one of {', '.join(SCHEMA_TYPES)}.")
         if kind == "object":
             return self.object(schema, name, where)
         if kind == "array":
@@ -151,16 +159,18 @@ class _CallGrammar:
     def object(self, schema: Mapping[str, Any], name: str, where: str) -> str:
         properties = schema.get("properties", {})
         if not isinstance(properties, dict):
-            raise GrammarError(f"{where}.properties must be an object.")
+            raise ToolSchemaError(f"{where}.properties must be an object.")
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise GrammarError(f"{where}.required must be a list of names.")
+            raise ToolSchemaError(f"{where}.required must be a list of names.")
         if not properties:
             return "g-any-obj"
         pairs: list[tuple[str, bool]] = []
         for key in sorted(properties):  # Gemma 4 writes keys sorted, as its template does
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$", key):
-                raise GrammarError(f"{where}.properties has a name Gemma 4 cannot write: {key!r}.")
+                raise ToolSchemaError(
+                    f"{where}.properties has a name Gemma 4 cannot write: {key!r}."
+                )
             rule = self.value(properties[key], f"{name}-{key}", f"{where}.properties.{key}")
             self.add(f"{name}-{key}-kv", f"{_literal(key + ':')} {rule}")
             pairs.append((f"{name}-{key}-kv", key in required))
@@ -189,7 +199,7 @@ class _CallGrammar:
             )
         if isinstance(value, bool) or value is None or isinstance(value, int | float):
             return _literal(json.dumps(value))
-        raise GrammarError(
+        raise ToolSchemaError(
             f"{where}: only strings, numbers, true, false and null can be constants."
         )
 

@@ -16,6 +16,7 @@ from galahad_desktop.engine.decoding import Generation
 from galahad_desktop.engine.modelinfo import ModelInfo
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.scoring import Snapshot
+from galahad_desktop.engine.tool_format import ToolMarkers
 from galahad_desktop.engine.turns import Turns
 from galahad_desktop.engine.values import (
     EngineConfig,
@@ -43,6 +44,7 @@ class ChatEngine(Protocol):
     gpu_layers: int
     model_sha256: str
     decoded_tokens: int  # counted at the decode call itself
+    tool_markers: ToolMarkers | None  # Gemma 4's tool syntax by id (None: no tools)
 
     @property
     def backend(self) -> str: ...

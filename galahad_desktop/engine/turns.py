@@ -8,7 +8,7 @@ document text never is, and never yields a markup token (see markup.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from galahad_desktop.engine.chat_format import TurnFormat
@@ -77,18 +77,22 @@ class Turns:
     def supports_thinking(self) -> bool:
         return self.format.supports_thinking and self.thought_open is not None
 
-    def start(self, system: str = "", thinking: bool = False) -> list[int]:
+    def start(
+        self, system: str = "", thinking: bool = False, declared: Sequence[int] = ()
+    ) -> list[int]:
         """A conversation's first tokens: BOS, the native system turn (when the format has
-        one and there is a system prompt or thinking), and the first user turn's opening."""
+        one and there is a system prompt, thinking or tools: `declared`, their declarations'
+        tokens, after the words as Gemma 4's template puts them), and the first user turn's
+        opening."""
         if thinking and not self.supports_thinking:
             raise InputError("This model has no thinking mode.")
         fmt = self.format
         tokens = self.tok.bos()
-        if fmt.system_open is not None and (system.strip() or thinking):
+        if fmt.system_open is not None and (system.strip() or thinking or declared):
             tokens += self.tok.encode_template(fmt.system_open)
             if thinking and fmt.thinking_marker:
                 tokens += self.tok.encode_template(fmt.thinking_marker)
-            tokens += self.tok.encode_text(system.strip())
+            tokens += self.tok.encode_text(system.strip()) + list(declared)
             tokens += self.tok.encode_template(fmt.system_close)
         return tokens + self.user_open
 

@@ -30,7 +30,7 @@ from galahad_desktop.memory.chat.continuation import Continuation
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext, Rendered
 from galahad_desktop.memory.chat.search import Search
-from galahad_desktop.memory.chat.stateless import PLAIN_REPLY, StatelessChats, reply_grammar, shape
+from galahad_desktop.memory.chat.stateless import PLAIN_REPLY, StatelessChats
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
 from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.documents.documents import Documents
@@ -677,11 +677,8 @@ class Galahad(StoreFacade):
         """One OpenAI-style chat request: the stored history is grafted (proof checked), only
         what is new is read, the reply (held to `reply` by grammar) is stored as the next
         turn. `sampling`: temperature, top_p, max_tokens, seed (the settings' checks)."""
-        request = shape(messages)
-        params = dataclasses.replace(
-            self.sampling(None, **sampling), stop=tuple(stop), grammar=reply_grammar(reply)
-        )
-        completion = self.stateless.complete(request, params, job)
+        params = dataclasses.replace(self.sampling(None, **sampling), stop=tuple(stop))
+        completion = self.stateless.complete(messages, params, job, reply)
         self.usage.record_turn(completion.turn)
         return completion
 

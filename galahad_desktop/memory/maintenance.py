@@ -9,6 +9,12 @@ from galahad_desktop.engine.vision import holds_pictures
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import GIVEN_BACK, LiveContext, Rendered, engine_answer
+from galahad_desktop.memory.chat.tool_turns import (
+    call_tokens,
+    declared,
+    result_tokens,
+    results_from_json,
+)
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.results import ForgetResult, KeyStatus, RotateResult, VerifyResult
 from galahad_desktop.memory.retrieval.routing import Routing
@@ -141,16 +147,20 @@ class Maintenance:
         pictures = list(pictures or [])
         system = self.conversations.system_text(conv)
         thinking = bool(conv.get("thinking")) and turns.supports_thinking
+        tools = self.conversations.system_tools(conv)
         if document_tokens is not None:
             tokens = list(document_tokens) + turns.probe
         else:
-            tokens = turns.start(system, thinking)
+            tokens = turns.start(
+                system, thinking, declared(self.live.engine, tools) if tools else ()
+            )
+        probe = len(turns.probe)  # held past the last message (0: its model turn goes on)
         ranges: list[tuple[int, int]] = []
         messages = self.conversations.messages(conv["id"])
         rows = self.conversations.message_rows(conv["id"])
         for index in range(0, len(messages) - 1, 2):
             user, reply = messages[index], messages[index + 1]
-            user_start = len(tokens) - len(turns.probe)
+            user_start = len(tokens) - probe
             if user.role == "document" and user.sound is not None:
                 parts = Sound.from_wav(user.sound).parts()
                 tokens += self.documents.memo_ledger(user.text, parts, len(pictures), opening=False)
@@ -176,12 +186,18 @@ class Maintenance:
                 tokens += turns.probe
                 continue
             first = index == 0 and document_tokens is None
-            tokens += turns.user_turn(turns.user_text(user.text, system, first), thinking)
+            engine = self.live.engine
+            if user.role == "tool":  # results given back inside the model turn that called
+                tokens += result_tokens(engine, results_from_json(user.text))
+            else:
+                tokens += turns.user_turn(turns.user_text(user.text, system, first), thinking)
             reply_start = len(tokens)
-            tokens += engine_answer(self.live.engine, reply.text) + turns.model_close
+            tokens += engine_answer(engine, reply.text)
+            tokens += call_tokens(engine, reply.calls) if reply.calls else turns.model_close
             ranges += [(user_start, reply_start), (reply_start, len(tokens))]
-            tokens += turns.probe
-        return tokens[: len(tokens) - len(turns.probe)], ranges, pictures
+            probe = 0 if reply.calls else len(turns.probe)
+            tokens += turns.probe[:probe]
+        return tokens[: len(tokens) - probe], ranges, pictures
 
     def kind_of(self, item_id: str) -> str:
         records = self.vault.records

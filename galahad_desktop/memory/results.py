@@ -28,7 +28,7 @@ from galahad_desktop.memory.retrieval.router import RouteDecision
 LibraryMode = Literal["none", "recurrence", "transfer"]
 # How a turn ended: as its reply did, or answered from the library, or a document added.
 TurnStop = StopReason | Literal["verified", "document"]
-MessageRole = Literal["user", "model", "document"]
+MessageRole = Literal["user", "model", "document", "tool"]  # tool: results given back
 VerifyVerdict = Literal["exact", "close", "diverged", "skipped"]
 FullChoice = Literal["stop", "summary", "recent"]
 
@@ -206,6 +206,7 @@ class Message:
     version: int = 1  # which of the reply's versions this is (Regenerate keeps them)
     versions: int = 1
     stop: str = ""  # how a reply ended when not at its own end ("cancelled", "length", …)
+    calls: tuple[ToolCall, ...] = ()  # the tools a model reply called (an API client's)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class ServerIdentity:
     model: str  # the id /v1/models lists (the model file's name)
     key: Callable[[], str]  # the bearer key now (rotating it takes effect at once)
     created: int = 0
+    context_length: int = 0  # the loaded context's tokens (0: not known)
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -66,8 +67,8 @@ def _core_error(exc: BaseException) -> ApiError:
     """A failure in the core, as OpenAI's clients expect it (never a traceback)."""
     if isinstance(exc, ContextFullError) or (isinstance(exc, InputError) and "context" in str(exc)):
         return ApiError(400, str(exc), "messages", "context_length_exceeded")
-    if isinstance(exc, InputError):
-        return ApiError(400, str(exc))
+    if isinstance(exc, InputError):  # a refusal that names its field says which
+        return ApiError(400, str(exc), getattr(exc, "param", None))
     if isinstance(exc, GalahadError):
         return ApiError(500, str(exc), kind="server_error", code=type(exc).__name__)
     return ApiError(
@@ -150,10 +151,19 @@ class GalahadApi:
                         "object": "model",
                         "created": self.identity.created,
                         "owned_by": "galahad",
+                        **(
+                            {"context_length": self.identity.context_length}
+                            if self.identity.context_length
+                            else {}
+                        ),
                     }
                 ],
             }
         )
+
+    async def health(self, request: Request) -> Response:
+        """Whether the server answers (no key needed: it says nothing else)."""
+        return JSONResponse({"status": "ok"})
 
     async def chat(self, request: Request) -> Response:
         self.authenticate(request)
@@ -313,6 +323,7 @@ def build_app(
         return _error(ApiError(405, f"{request.method} is not allowed on {request.url.path}."))
 
     routes = [
+        Route("/health", guarded(api.health), methods=["GET"]),
         Route("/v1/models", guarded(api.models), methods=["GET"]),
         Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
     ]

@@ -389,14 +389,6 @@ def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
         sampling["temperature"] = 0.0
     schema, json_object = _response_format(payload.get("response_format"))
     tools, choice, parallel = _tools(payload)
-    if tools and choice != "none":  # read and checked; running them is not built yet
-        raise ApiError(
-            400,
-            "Tool calls are not supported by this server yet: send the request without "
-            "'tools' (or with tool_choice 'none').",
-            "tools",
-            "tools_not_supported",
-        )
     if (schema is not None or json_object) and choice not in ("auto", "none"):
         raise ApiError(
             400,

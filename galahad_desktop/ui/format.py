@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import date, datetime, timedelta
 
@@ -10,6 +11,7 @@ from galahad_desktop.memory.results import (
     DepositResult,
     GraftReport,
     MemoryStats,
+    Message,
     TurnResult,
 )
 
@@ -215,3 +217,30 @@ def deposit_note(result: DepositResult) -> str:
         f"Stored '{result.name}': {result.tokens:,} tokens read in {seconds:.1f} s · "
         f"{human_bytes(result.block_bytes)}"
     )
+
+
+def message_text(message: Message) -> str:
+    """A message as the window shows it: a program's tool results and calls (API
+    conversations) in words, not as the JSON they are kept in."""
+    if message.role == "tool":
+        try:
+            answered = json.loads(message.text)
+            return "\n".join(f"↳ {r['name']} returned: {r['content']}" for r in answered)
+        except (ValueError, KeyError, TypeError):
+            return message.text
+    if not message.calls:
+        return message.text
+    made = ", ".join(
+        f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in message.calls
+    )
+    return f"{message.text}\n\nCalled {made}".strip()
+
+
+def shown_roles(messages: list[Message]) -> list[str]:
+    """How each message is shown: the app's own words after a document and a program's
+    tool results are notes, not turns."""
+    roles = [m.role for m in messages]
+    return [
+        "note" if r == "tool" or (r == "model" and i and roles[i - 1] == "document") else r
+        for i, r in enumerate(roles)
+    ]

@@ -45,7 +45,7 @@ from galahad_desktop.memory.results import (
 from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
-from galahad_desktop.ui.format import graft_status, resume_note
+from galahad_desktop.ui.format import graft_status, message_text, resume_note, shown_roles
 from galahad_desktop.ui.message_keys import TypingToMessageBox
 from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.server_panel import ServerHost, ServerPanel
@@ -510,15 +510,15 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.conversation_id = opened.summary.id
         self.sidebar.current = self.conversation_id
         self.library_action.setChecked(opened.library_enabled)
-        roles = [m.role for m in opened.messages]
+        roles = shown_roles(opened.messages)
         doc = opened.summary.document_id
         held = [d.name for d in self.sidebar.documents if doc and d.id == doc]
         self.chat.set_documents(held + [m.text for m in opened.messages if m.role == "document"])
         self.chat.set_messages(
             [
                 ShownMessage(
-                    "note" if m.role == "model" and i and roles[i - 1] == "document" else m.role,
-                    m.text,
+                    roles[i],
+                    message_text(m),
                     m.thoughts,
                     created_at=m.created_at,
                     picture=m.picture,

@@ -105,6 +105,7 @@ class ServerHost:
         self.server: LocalServer | None = None
         self.key = ""
         self.model = ""
+        self.context_length = 0
 
     @property
     def address(self) -> str:
@@ -115,7 +116,10 @@ class ServerHost:
         from galahad_desktop.server.running import LocalServer  # uvicorn: only when asked
 
         self.server = LocalServer(
-            self.lane, ServerIdentity(self.model, lambda: self.key), "127.0.0.1", port
+            self.lane,
+            ServerIdentity(self.model, lambda: self.key, context_length=self.context_length),
+            "127.0.0.1",
+            port,
         )
         self.server.start()
         return self.address
@@ -203,11 +207,12 @@ class ServerPanel(QDialog):
             self.key.setText(self.host.key)
 
     def _fetch_key(self, rotate: bool, then: Any = None) -> None:
-        def work(core: Any, _job: Any) -> tuple[str, str]:
-            return core.api_key(rotate=rotate), core.info().model.name
+        def work(core: Any, _job: Any) -> tuple[str, str, int]:
+            info = core.info()
+            return core.api_key(rotate=rotate), info.model.name, info.n_ctx
 
-        def done(found: tuple[str, str]) -> None:
-            self.host.key, self.host.model = found
+        def done(found: tuple[str, str, int]) -> None:
+            self.host.key, self.host.model, self.host.context_length = found
             self._show()
             if then is not None:
                 then()

@@ -46,6 +46,7 @@ STOP_NOTES = {
     "length": "cut at the reply length limit",
     "context_full": "stopped: the conversation is full",
     "device_lost": "cut: the device server went away",
+    "tool_calls": "called a tool (a program's conversation)",
 }
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from galahad_desktop.errors import IntegrityError
 
 BlockKind = Literal["conversation", "document", "verified", "prompt"]
-MessageRole = Literal["user", "model", "document"]
+MessageRole = Literal["user", "model", "document", "tool"]  # tool: results given back
 
 
 # The catalog's tables (vault/catalog.py declares their columns; a test keeps the two equal).

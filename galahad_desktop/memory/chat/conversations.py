@@ -11,6 +11,7 @@ exactly the tokens an uninterrupted one does.
 from __future__ import annotations
 
 import base64
+import json
 import time
 from typing import Any
 
@@ -25,12 +26,17 @@ from galahad_desktop.errors import (
 )
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.chat.shared_prompts import SharedPrompts
-from galahad_desktop.memory.chat.system_prompt import set_system_prompt, system_text
+from galahad_desktop.memory.chat.system_prompt import (
+    set_system_prompt,
+    system_text,
+    system_tools,
+)
 from galahad_desktop.memory.chat.versions import Versions
 from galahad_desktop.memory.results import (
     ConversationMemory,
     ConversationSummary,
     Message,
+    ToolCall,
 )
 from galahad_desktop.vault.names import (
     ConversationRow,
@@ -178,9 +184,17 @@ class Conversations:
                     r.get("seed"),
                     *places.get(r["seq"], (1, 1)),
                     str(r.get("stop") or ""),
+                    self.calls(r),
                 )
             )
         return out
+
+    def calls(self, row: MessageRow) -> tuple[ToolCall, ...]:
+        """The tool calls a model reply made (kept, encrypted, as its content)."""
+        if row["role"] != "model" or not row.get("content_enc"):
+            return ()
+        made = json.loads(self.records.decrypt("messages", "content_enc", row))
+        return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in made)
 
     def message_pictures(self, conversation_id: str, end: int | None = None) -> list[Media]:
         """The pictures and sounds put into a conversation before ledger position `end`, in
@@ -291,3 +305,6 @@ class Conversations:
 
     def system_text(self, conv: ConversationRow) -> str:
         return system_text(self.records, conv)
+
+    def system_tools(self, conv: ConversationRow) -> list[dict[str, Any]]:
+        return system_tools(self.records, conv)

@@ -12,23 +12,54 @@ turns no stored conversation holds are read once and stored, so they are never r
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from galahad_desktop.engine.decoding import Generation
 from galahad_desktop.engine.grammar import json_grammar
+from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.errors import InputError, check_text
+from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.api_shape import (
+    ChatShape,
+    Reply,
+    UserTurn,
+    calls_key,
+    shape,
+    tag_key,
+)
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext
-from galahad_desktop.memory.chat.system_prompt import CUSTOM, MAX_SYSTEM_CHARS
-from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
-from galahad_desktop.memory.results import ChatCompletion, ChatMessage, ReplyShape, TurnResult
+from galahad_desktop.memory.chat.system_prompt import system_value
+from galahad_desktop.memory.chat.tool_turns import (
+    CALLED,
+    call_tokens,
+    calls_json,
+    grammar,
+    markers_of,
+    read_reply,
+    result_tokens,
+    results_json,
+    tool_records,
+)
+from galahad_desktop.memory.chat.turning import KEPT_STOPS, ConversationTurns, TurnRoom
+from galahad_desktop.memory.results import (
+    ChatCompletion,
+    ChatMessage,
+    GraftReport,
+    ReplyShape,
+    Tool,
+    ToolCall,
+    TurnResult,
+)
+from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.vault import new_id
 
 API_ORIGIN = "api"
@@ -37,90 +68,14 @@ TAG_VERSION = 2
 AddPicture = Callable[[str, str, bytes, Job], TurnResult]
 FINISH = {"end": "stop", "stop_text": "stop", "length": "length", "context_full": "length"}
 PLAIN_REPLY = ReplyShape()
-NO_TOOLS_YET = (
-    "Tool calls are not supported by this server yet: send the request without 'tools' "
-    "(or with tool_choice 'none')."
-)
 
 
 def reply_grammar(reply: ReplyShape) -> str:
-    """The grammar (GBNF) a reply is held to: "" for free text."""
-    if reply.tools and reply.tool_choice != "none":
-        raise InputError(NO_TOOLS_YET)
+    """The JSON grammar (GBNF) a reply is held to: "" for free text (a call's grammar is
+    the engine's: tool_turns.grammar)."""
     if reply.json_schema is not None:
         return json_grammar(reply.json_schema, "'response_format.json_schema.schema'")
     return json_grammar(None) if reply.json_object else ""
-
-
-@dataclass(frozen=True)
-class UserTurn:
-    """A user message of a request: its text and the pictures it holds (type, bytes)."""
-
-    text: str
-    pictures: tuple[tuple[str, bytes], ...] = ()
-
-    @property
-    def digests(self) -> list[str]:
-        return [hashlib.sha256(data).hexdigest() for _kind, data in self.pictures]
-
-    @property
-    def picture_names(self) -> list[str]:
-        """Each picture's name in the conversation (its digest: the same bytes, the same
-        name, so a history resent with its pictures is found again)."""
-        return [
-            f"picture-{digest[:12]}.{kind}"
-            for digest, (kind, _data) in zip(self.digests, self.pictures, strict=True)
-        ]
-
-
-@dataclass(frozen=True)
-class ChatShape:
-    """A request as turns: the system prompt, the earlier (user, reply) pairs, the new
-    user message."""
-
-    system: str
-    pairs: tuple[tuple[UserTurn, str], ...]
-    question: UserTurn
-
-
-def shape(messages: Sequence[ChatMessage]) -> ChatShape:
-    """Check a request's messages and put them in turns. System messages are taken at the
-    start only; consecutive messages of one role are joined (as one turn)."""
-    if not messages:
-        raise InputError("'messages' is empty: a chat request needs at least one message.")
-    system_parts: list[str] = []
-    index = 0
-    while index < len(messages) and messages[index].role == "system":
-        system_parts.append(messages[index].text)
-        index += 1
-    turns: list[tuple[str, UserTurn]] = []
-    for number, message in enumerate(messages[index:], start=index):
-        check_text(message.text, f"messages[{number}].content")
-        if message.role == "tool" or message.calls:
-            raise InputError(f"messages[{number}]: {NO_TOOLS_YET}")
-        if message.role == "system":
-            raise InputError(
-                f"messages[{number}] is a system message after the conversation started; "
-                "system messages are taken at the start only."
-            )
-        said = UserTurn(message.text, message.pictures)
-        if turns and turns[-1][0] == message.role:
-            before = turns[-1][1]
-            said = UserTurn(before.text + "\n\n" + said.text, before.pictures + said.pictures)
-            turns[-1] = (message.role, said)
-        else:
-            turns.append((message.role, said))
-    if not turns or turns[-1][0] != "user":
-        raise InputError("The last message must be the user's (there is nothing to answer).")
-    if turns[0][0] != "user":
-        raise InputError("The conversation must start with a user message (after any system).")
-    if not turns[-1][1].text.strip():
-        raise InputError("The last user message has no text (a picture needs a question).")
-    system = "\n\n".join(system_parts).strip()
-    if len(system) > MAX_SYSTEM_CHARS:
-        raise InputError(f"A system prompt can be at most {MAX_SYSTEM_CHARS:,} characters.")
-    pairs = tuple((turns[i][1], turns[i + 1][1].text) for i in range(0, len(turns) - 1, 2))
-    return ChatShape(check_text(system, "The system prompt"), pairs, turns[-1][1])
 
 
 @dataclass(frozen=True)
@@ -145,16 +100,15 @@ class StatelessChats(TurnRoom):
         self.forget = forget  # a conversation this request made, when the request fails
         self.add_picture = add_picture  # a picture read into a conversation as its turn
 
-    def tag(self, system: str, pairs: Sequence[tuple[UserTurn, str]]) -> str:
-        turns = [[user.text, user.digests, reply] for user, reply in pairs]
-        key = json.dumps([TAG_VERSION, system, turns], ensure_ascii=False)
+    def tag(self, request: ChatShape, turns: int) -> str:
+        key = tag_key(TAG_VERSION, request, turns, tool_records(request.tools))
         return self.records.lookup_tag(key, TAG_PURPOSE)
 
     # -- finding the stored history ------------------------------------------------------
     def find(self, request: ChatShape) -> Found | None:
         """The stored conversation holding the longest run of the request's turns."""
         for turns in range(len(request.pairs), 0, -1):
-            tag = self.tag(request.system, request.pairs[:turns])
+            tag = self.tag(request, turns)
             rows = self.records.select("api_prefixes", "created_at desc", lookup=tag)
             for row in rows:
                 self.records.check("api_prefixes", row)
@@ -170,15 +124,24 @@ class StatelessChats(TurnRoom):
             return False
         if self.conversations.system_text(conv) != request.system:
             return False
-        said = [(m.role, m.text) for m in self.conversations.messages(conversation_id)[:seq]]
-        wanted: list[tuple[str, str | None]] = []
+        if self.conversations.system_tools(conv) != tool_records(request.tools):
+            return False
+        said = [
+            (m.role, m.text, calls_key(m.calls))
+            for m in self.conversations.messages(conversation_id)[:seq]
+        ]
+        wanted: list[tuple[str, str | None, list[list[Any]]]] = []
         for user, reply in request.pairs[:turns]:
             for name in user.picture_names:  # a picture's turn: the app's acknowledgement
-                wanted += [("document", name), ("model", None)]
-            wanted += [("user", user.text), ("model", reply)]
+                wanted += [("document", name, []), ("model", None, [])]
+            if user.results:
+                wanted.append(("tool", results_json(user.results), []))
+            else:
+                wanted.append(("user", user.text, []))
+            wanted.append(("model", reply.text, calls_key(reply.calls)))
         return len(said) == len(wanted) and all(
-            role == want_role and (want is None or text == want)
-            for (role, text), (want_role, want) in zip(said, wanted, strict=True)
+            role == want_role and (want is None or text == want) and calls == want_calls
+            for (role, text, calls), (want_role, want, want_calls) in zip(said, wanted, strict=True)
         )
 
     # -- one request ---------------------------------------------------------------------
@@ -187,8 +150,10 @@ class StatelessChats(TurnRoom):
         in tokens, with two markers a turn (fewer than any chat format adds). Without this a
         long history was read turn by turn until the context filled, minutes later."""
         engine = self.live.engine
-        texts = [request.system, request.question.text]
-        texts += [text for user, reply in request.pairs for text in (user.text, reply)]
+        turns = [*request.pairs, (request.question, Reply(""))]
+        texts = [request.system, *(r[1] for user, _ in turns for r in user.results)]
+        texts += [json.dumps(c.arguments) for _, reply in turns for c in reply.calls]
+        texts += [text for user, reply in turns for text in (user.text, reply.text)]
         needed = sum(len(engine.encode_text(text)) for text in texts if text) + 2 * len(texts)
         if needed + self.turns.reply_room() > engine.n_ctx:
             raise InputError(
@@ -198,16 +163,36 @@ class StatelessChats(TurnRoom):
             )
 
     def complete(
-        self, request: ChatShape, params: SamplingParams, job: Job = NO_JOB
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        job: Job = NO_JOB,
+        reply: ReplyShape = PLAIN_REPLY,
     ) -> ChatCompletion:
+        """One request: its messages put in turns (tools offered unless tool_choice is
+        none), the reply held to its grammar (JSON, or a call that must be made)."""
+        request = shape(messages, reply.tools if reply.tool_choice != "none" else ())
+        params = dataclasses.replace(params, grammar=reply_grammar(reply))
+        uses_tools = bool(request.tools) or any(
+            u.results or r.calls for u, r in (*request.pairs, (request.question, Reply("")))
+        )
+        if uses_tools:
+            # Refused before anything is read or stored: Gemma 3 (no tool syntax), tools
+            # that cannot be declared or whose call grammar cannot be made.
+            markers_of(self.live.engine)
+            tool_records(request.tools)
+            params = dataclasses.replace(
+                params, grammar=params.grammar or grammar(self.live.engine, reply)
+            )
         self.check_fits(request)
         found = self.find(request)
         counters = Counters()
         made: str | None = None
         held = 0  # the history already in the context (this process answered it last)
+        calls: tuple[ToolCall, ...] = ()
         try:
             if found is None:
-                conversation_id = made = self._create(request.system)
+                conversation_id = made = self._create(request.system, request.tools)
                 turns = 0
             else:
                 conversation_id, turns = found.conversation_id, found.turns
@@ -216,14 +201,16 @@ class StatelessChats(TurnRoom):
                     conversation_id = made = self._fork(conversation_id, found.seq, counters, job)
                 elif self.live.holds(conversation_id, conv["head_block_id"]):
                     held = len(self.live.engine.tokens)
-            for user, reply in request.pairs[turns:]:
+            for user, earlier in request.pairs[turns:]:
                 self._read_pictures(conversation_id, user, counters, job)
-                self._read_pair(conversation_id, user.text, reply, counters, job)
+                self._read_pair(conversation_id, user, earlier, counters, job)
                 turns += 1
-                self._index(conversation_id, request.system, request.pairs[:turns])
+                self._index(conversation_id, request, turns)
             self._read_pictures(conversation_id, request.question, counters, job)
-            question = request.question.text
-            result = self.turns.send(conversation_id, question, params, job)
+            if uses_tools:
+                result, calls = self._answer(conversation_id, request, params, job)
+            else:
+                result = self.turns.send(conversation_id, request.question.text, params, job)
         except BaseException:
             # What the context holds is no longer any stored turn (a read stopped part way).
             self.live.drop()
@@ -231,11 +218,13 @@ class StatelessChats(TurnRoom):
                 self.forget(made)
             raise
         if result.stop_reason != "cancelled":
-            self._index(
-                conversation_id, request.system, (*request.pairs, (request.question, result.reply))
+            answered = dataclasses.replace(
+                request, pairs=(*request.pairs, (request.question, Reply(result.reply, calls)))
             )
+            self._index(conversation_id, answered, len(answered.pairs))
         counters.restored_tokens += held
-        return self._completion(result, counters, found.turns if found else 0)
+        done = self._completion(result, counters, found.turns if found else 0)
+        return dataclasses.replace(done, calls=calls, finish_reason="tool_calls") if calls else done
 
     def _completion(self, result: TurnResult, before: Counters, matched: int) -> ChatCompletion:
         rows = self.conversations.message_rows(result.conversation_id)
@@ -257,14 +246,16 @@ class StatelessChats(TurnRoom):
             result,
         )
 
-    def _create(self, system: str) -> str:
-        """A new API conversation, its system prompt the request's own words (no preset)."""
+    def _create(self, system: str, tools: Sequence[Tool] = ()) -> str:
+        """A new API conversation, its system prompt the request's own words (no preset),
+        and the tools it offers."""
         conversation_id = self.conversations.create(system_prompt="none", thinking=False)
         changes: dict[str, object] = {"origin": API_ORIGIN}
-        if system:
+        if system or tools:
             row = self.conversations.row(conversation_id)
-            changes["system_prompt"] = CUSTOM
-            changes["system_enc"] = self.records.encrypt("conversations", "system_enc", row, system)
+            kind, text = system_value(system, tool_records(tools))
+            changes["system_prompt"] = kind
+            changes["system_enc"] = self.records.encrypt("conversations", "system_enc", row, text)
         with self.vault.transaction():
             self.records.update("conversations", conversation_id, changes)
             self.records.reseal("conversations", conversation_id)
@@ -292,50 +283,147 @@ class StatelessChats(TurnRoom):
             counters.new_tokens += done.counters.new_tokens
 
     def _read_pair(
-        self, conversation_id: str, user: str, reply: str, counters: Counters, job: Job
+        self, conversation_id: str, user: UserTurn, reply: Reply, counters: Counters, job: Job
     ) -> None:
         """Read one earlier turn the client sent (its reply as written, nothing generated)
         and store it as the conversation's next link."""
-        if not user.strip():
+        if not user.results and not user.text.strip():
             raise InputError("An earlier user message is empty.")
-        conversations = self.conversations
-        conv = conversations.row(conversation_id)
-        self.turns.ensure_live(conv, counters, job)
-        engine = self.live.engine
-        seq = conv["n_messages"] or 0
-        first = seq == 0 and not conv["document_id"]
-        prompt = engine.turns.user_text(user, conversations.system_text(conv), first)
-        user_tokens = engine.turns.user_turn(prompt, False)
-        reply_tokens = engine.encode_text(reply) + engine.model_close()
-        needed = len(user_tokens) + len(reply_tokens)
-        if needed + self.turns.reply_room() > engine.room():
+        conv = self.conversations.row(conversation_id)
+        engine, role, said, user_start, _graft = self._read_prompt(conv, user, counters, job)
+        reply_tokens = engine.encode_text(reply.text)
+        reply_tokens += call_tokens(engine, reply.calls) if reply.calls else engine.model_close()
+        if len(reply_tokens) + self.turns.reply_room() > engine.room():
             raise InputError(
                 f"The messages need more than the model's {engine.n_ctx:,}-token context "
                 "(context_length_exceeded); send a shorter history."
             )
-        user_start = len(engine.tokens) - len(engine.probe_tokens)
-        self.turns.read_user_turn(conv, first, prompt, user_tokens, counters, job)
         reply_start = len(engine.tokens)
         counters.prefill_ms += engine.evaluate(reply_tokens, job)
         counters.new_tokens += len(reply_tokens)
-        reply_end = len(engine.tokens)
+        self._commit(conv, counters, role, said, reply.text, reply.calls, user_start, reply_start)
+
+    def _read_prompt(
+        self, conv: ConversationRow, user: UserTurn, counters: Counters, job: Job
+    ) -> tuple[ChatEngine, str, str, int, GraftReport | None]:
+        """Read a turn's prompt into the live context: the user's message, or the results
+        of the tools the reply before it called (inside that reply's model turn, so the
+        context holds no probe there). Returns (engine, role, the message's text, where the
+        turn starts, what was grafted)."""
+        open_turn = self._open_turn(conv)
+        if bool(user.results) != open_turn:
+            raise InputError(
+                "Tool results must answer the reply that called the tools, and only they can."
+            )
+        graft = self.turns.ensure_live(conv, counters, job, open_turn=open_turn)
+        engine = self.live.engine
+        if user.results:
+            tokens = result_tokens(engine, user.results)
+            prompt, role, start = results_json(user.results), "tool", len(engine.tokens)
+            if len(tokens) + self.turns.reply_room() > engine.room():
+                raise InputError(
+                    f"The tool results need more than the model's {engine.n_ctx:,}-token "
+                    "context (context_length_exceeded); send shorter results."
+                )
+            counters.prefill_ms += engine.evaluate(tokens, job)
+            counters.new_tokens += len(tokens)
+            return engine, role, prompt, start, graft
+        seq = conv["n_messages"] or 0
+        first = seq == 0 and not conv["document_id"]
+        prompt = engine.turns.user_text(user.text, self.conversations.system_text(conv), first)
+        tokens = engine.turns.user_turn(prompt, False)
+        if len(tokens) + self.turns.reply_room() > engine.room():
+            raise InputError(
+                f"The messages need more than the model's {engine.n_ctx:,}-token context "
+                "(context_length_exceeded); send a shorter history."
+            )
+        start = len(engine.tokens) - len(engine.probe_tokens)
+        shared = self.turns.read_user_turn(conv, first, prompt, tokens, counters, job)
+        return engine, "user", user.text, start, graft or shared
+
+    def _open_turn(self, conv: ConversationRow) -> bool:
+        """Whether the conversation's last reply called tools (its model turn goes on)."""
+        rows = self.conversations.message_rows(conv["id"])
+        return bool(rows) and rows[-1].get("stop") == CALLED
+
+    def _answer(
+        self, conversation_id: str, request: ChatShape, params: SamplingParams, job: Job
+    ) -> tuple[TurnResult, tuple[ToolCall, ...]]:
+        """Answer a prompt where tools are offered or given back: the reply is generated,
+        its calls read from their token ids; a reply that called tools leaves its model turn
+        open (its block ends inside the turn), any other closes it."""
+        conv = self.conversations.row(conversation_id)
+        counters = Counters()
+        engine, role, said, user_start, graft = self._read_prompt(
+            conv, request.question, counters, job
+        )
+        reply_start = len(engine.tokens)
+        generation = engine.generate(params, job).check_device()
+        counters.generated_tokens += len(generation.tokens)
+        counters.generate_ms += generation.elapsed_ms
+        text, calls = read_reply(engine, generation, request.tools)
+        if not calls:
+            close = engine.model_close()
+            engine.evaluate(close)
+            counters.new_tokens += len(close)
+        self._commit(
+            conv,
+            counters,
+            role,
+            said,
+            text,
+            calls,
+            user_start,
+            reply_start,
+            generation,
+            generation.stop_reason,
+        )
+        result = self.stored_turn(conversation_id, text, generation.stop_reason, counters, graft)
+        return dataclasses.replace(
+            result, seed=generation.seed, tokens_per_s=generation.tokens_per_s
+        ), calls
+
+    def _commit(
+        self,
+        conv: ConversationRow,
+        counters: Counters,
+        role: str,
+        said: str,
+        reply: str,
+        calls: Sequence[ToolCall],
+        user_start: int,
+        reply_start: int,
+        generation: Generation | None = None,
+        stop: str | None = None,
+    ) -> None:
+        """Store the turn the context now holds as the conversation's next link (its block
+        ends inside the model turn when the reply called tools)."""
         row, _record = self.live.persist(
             "conversation",
-            conversation_id,
+            conv["id"],
             self.turns.live_parent(conv, conv["head_block_id"]),
-            self.live.next_generation(conversation_id),
+            self.live.next_generation(conv["id"]),
             counters,
+            mid_turn=bool(calls),
         )
         self.turns.commit_turn(
-            conv, row, seq, user, reply, (user_start, reply_start, reply_end), []
+            conv,
+            row,
+            conv["n_messages"] or 0,
+            said,
+            reply,
+            (user_start, reply_start, len(self.live.engine.tokens)),
+            [],
+            roles=(role, "model"),
+            seed=generation.seed if generation else None,
+            stop=CALLED if calls else (stop if stop in KEPT_STOPS else None),
+            reply_content=calls_json(calls) if calls else "",
         )
 
-    def _index(
-        self, conversation_id: str, system: str, pairs: Sequence[tuple[UserTurn, str]]
-    ) -> None:
+    def _index(self, conversation_id: str, request: ChatShape, turns: int) -> None:
         """Remember where this history ends in the conversation (its tag, sealed)."""
         seq = self.conversations.row(conversation_id)["n_messages"]
-        tag = self.tag(system, pairs)
+        tag = self.tag(request, turns)
         if any(
             r["conversation_id"] == conversation_id and r["seq"] == seq
             for r in self.records.select("api_prefixes", lookup=tag)

@@ -7,6 +7,7 @@ are private, so they are encrypted (system_enc) and bound into the conversation'
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from galahad_desktop.errors import InputError, check_text
@@ -17,6 +18,9 @@ from galahad_desktop.vault.vault import Vault
 
 MAX_SYSTEM_CHARS = 20_000
 CUSTOM = "custom"  # the system_prompt column of a conversation with its own words
+# ... and of an API conversation whose client offered tools: system_enc then holds
+# {"system": words, "tools": [{"name", "description", "parameters"}]} (JSON, encrypted).
+WITH_TOOLS = "custom+tools"
 
 
 def set_system_prompt(records: Records, row: dict[str, Any], system_prompt: str) -> None:
@@ -37,8 +41,26 @@ def set_system_prompt(records: Records, row: dict[str, Any], system_prompt: str)
 def system_text(records: Records, conv: ConversationRow) -> str:
     """The words a conversation's system turn holds."""
     if conv.get("system_enc"):
-        return records.decrypt("conversations", "system_enc", conv)
+        words = records.decrypt("conversations", "system_enc", conv)
+        if conv.get("system_prompt") == WITH_TOOLS:
+            return str(json.loads(words)["system"])
+        return words
     return SYSTEM_PROMPTS.get(conv.get("system_prompt") or "none", "")
+
+
+def system_tools(records: Records, conv: ConversationRow) -> list[dict[str, Any]]:
+    """The tools an API client offered in the conversation's system turn ([] for none)."""
+    if conv.get("system_prompt") != WITH_TOOLS or not conv.get("system_enc"):
+        return []
+    tools = json.loads(records.decrypt("conversations", "system_enc", conv))["tools"]
+    return list(tools)
+
+
+def system_value(system: str, tools: list[dict[str, Any]]) -> tuple[str, str]:
+    """(system_prompt column, the text to encrypt into system_enc) for a system turn."""
+    if not tools:
+        return CUSTOM, system
+    return WITH_TOOLS, json.dumps({"system": system, "tools": tools}, ensure_ascii=False)
 
 
 def set_sampling(

@@ -37,6 +37,7 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
+from galahad_desktop.memory.chat.tool_turns import declared
 from galahad_desktop.memory.results import GraftReport, TurnResult, TurnStop
 from galahad_desktop.vault.names import BlockRow, ConversationRow, MessageRow, VersionRow
 from galahad_desktop.vault.vault import new_id
@@ -101,15 +102,17 @@ class ConversationTurns:
         counters: Counters,
         job: Job = NO_JOB,
         seal_checked: bool = False,
+        open_turn: bool = False,
     ) -> GraftReport | None:
-        """Make the context hold this conversation's head plus the probe."""
+        """Make the context hold this conversation's head plus the probe (`open_turn`: its
+        last reply called tools and the model turn goes on: no probe)."""
         live = self.live
         if not seal_checked:
             self.records.check("conversations", conv)
         if conv["head_block_id"]:
             if live.holds(conv["id"], conv["head_block_id"]):
                 return None
-            return live.graft(conv["head_block_id"], conv["id"], counters, job)
+            return live.graft(conv["head_block_id"], conv["id"], counters, job, open_turn)
         if conv["document_id"]:
             doc = self.conversations.document_row(conv["document_id"])
             self.records.check("documents", doc)
@@ -119,6 +122,11 @@ class ConversationTurns:
         if live.holds(conv["id"], None):
             return None
         words, thinking = self.conversations.system_text(conv), bool(conv.get("thinking"))
+        tools = self.conversations.system_tools(conv)
+        if tools:  # declared in the system turn: read for this conversation alone
+            opening = self.engine.turns.start(words, thinking, declared(self.engine, tools))
+            live.start(conv["id"], opening, counters)
+            return None
         opening = self.engine.turns.start(words, thinking)
         shared, report = self.conversations.shared.open(words, thinking, opening, counters, job)
         if shared:  # the system prompt's block: grafted, or read once for all
@@ -140,7 +148,8 @@ class ConversationTurns:
         system prompt, a pasted document) is grafted when stored (its report), and kept
         when not."""
         held, report = 0, None
-        if first_turn:
+        # A shared prefix was read without tools in its system turn: not for one with them.
+        if first_turn and not self.conversations.system_tools(conv):
             words, thinking = self.conversations.system_text(conv), bool(conv.get("thinking"))
             held, report = self.conversations.shared.open_heads(
                 words, thinking, prompt, user_tokens, counters, job
@@ -173,6 +182,12 @@ class ConversationTurns:
         """
         check_text(text, "The message")
         conv = self.conversations.row(conversation_id)
+        rows = self.conversations.message_rows(conversation_id)
+        if rows and rows[-1].get("stop") == "tool_calls":  # its model turn is still open
+            raise InputError(
+                "This conversation is waiting for the result of a tool a program asked for "
+                "through the local server; it goes on there. Branch it to write here."
+            )
         counters = Counters()
         graft = self.ensure_live(conv, counters, job)
         return self.turn(
@@ -496,9 +511,11 @@ class ConversationTurns:
         seed: int | None = None,
         keep_version: MessageRow | None = None,
         stop: str | None = None,
+        reply_content: str = "",
     ) -> None:
         """One transaction: the turn's block row, its two messages, the sealed new head (and,
-        for a regenerated reply, the replaced reply kept as an earlier version)."""
+        for a regenerated reply, the replaced reply kept as an earlier version).
+        `reply_content`: the reply's tool calls (JSON), kept encrypted as its content."""
         user_start, reply_start, reply_end = boundaries
         crashpoint("persist-before-commit")
         records = self.records
@@ -538,7 +555,7 @@ class ConversationTurns:
                     },
                     message,
                     thought,
-                    content if offset == 0 else "",
+                    content if offset == 0 else reply_content,
                     picture_text if offset == 0 else "",
                 )
             changes: dict[str, Any] = {
