@@ -93,6 +93,9 @@ class RunningServer:
         self._drain.join(5)
 
 
+_TOOL = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+
+
 def _chat(messages: list[dict[str, str]], **extra: Any) -> bytes:
     return json.dumps({"messages": messages, "max_tokens": 4, **extra}).encode()
 
@@ -249,6 +252,33 @@ def _refusals(h: Harness, server: RunningServer) -> None:
             "refusal",
         ),
         ("tools: 0", _chat([_user("a")], tools=0), None, [400], "refusal"),
+        (
+            "tools on a model without tool syntax",
+            _chat([_user("a")], tools=_TOOL),
+            None,
+            [400],
+            "refusal",
+        ),
+        (
+            "a tool result no call asked for",
+            _chat([_user("a"), {"role": "tool", "tool_call_id": "x", "content": "r"}]),
+            None,
+            [400],
+            "refusal",
+        ),
+        (
+            "an unusable JSON schema",
+            _chat(
+                [_user("a")],
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "teapot"}},
+                },
+            ),
+            None,
+            [400],
+            "refusal",
+        ),
         (
             'include_usage: "no"',
             _chat([_user("a")], stream=True, stream_options={"include_usage": "no"}),
