@@ -179,6 +179,7 @@ def test_a_closed_pipe_ends_the_command_quietly(store: tuple[Path, str]) -> None
         assert proc.returncode in (0, 3, 141)
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_the_destination_matrix_changes_nothing_and_writes_only_where_allowed() -> None:
     """Export, backup and restore against every kind of place (docs/reliability.md has the
     table): no internal error, the data directory intact after every cell."""

@@ -79,6 +79,7 @@ def hostile_files(folder: Path) -> dict[str, tuple[Path, str]]:
 
 
 # -- fast tier: the limited child's checks ------------------------------------------------
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_a_picture_is_checked_and_scaled_in_the_child(tmp_path: Path) -> None:
     big = photo(tmp_path / "big.png", (3000, 1000))
     [picture] = read_pictures_bounded(big)

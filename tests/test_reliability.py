@@ -354,6 +354,7 @@ def test_a_whole_directory_put_back_is_refused_until_restored(
     assert _transcript(make_fake_core, conversation) == at_copy
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_backup_rotation_and_restore_end_to_end(
     make_fake_core: CoreFactory, memory_keys: MemoryKeyStore, tmp_path: Path
 ) -> None:
@@ -432,6 +433,7 @@ def test_a_keyring_entry_of_the_wrong_length_is_refused(tmp_path: Path) -> None:
         Vault(tmp_path / "d", keys)
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_a_keyring_that_does_not_answer_times_out_and_releases_the_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -643,6 +645,7 @@ def test_crash_trials_refuse_to_run_outside_a_throwaway_keyring(
         hardening.crash_trials(1, seed=0, log=lambda _m: None)
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_terminal_escapes_in_names_are_never_printed_raw(tmp_path: Path) -> None:
     import subprocess
     import sys

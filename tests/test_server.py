@@ -317,6 +317,7 @@ def test_bad_requests_are_400_and_change_nothing(serve: Callable[..., Served]) -
     assert served.lane.call(lambda c: c.list_conversations()) == []
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_limits_answer_in_openais_terms(serve: Callable[..., Served]) -> None:
     served = serve(limits=Limits(max_body_bytes=2_000, body_timeout_s=0.5, queue_limit=1))
     big = json.dumps({"messages": [user("x" * 5_000)]}).encode()
@@ -344,6 +345,7 @@ def test_limits_answer_in_openais_terms(serve: Callable[..., Served]) -> None:
         release.set()
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_a_client_that_leaves_cancels_its_request(serve: Callable[..., Served]) -> None:
     served = serve()
     release = threading.Event()

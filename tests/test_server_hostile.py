@@ -55,6 +55,7 @@ def _body(answer: bytes) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_slow_connections_without_the_key_never_lock_out_a_client_with_it(
     serve: Callable[..., Served],
 ) -> None:
@@ -100,6 +101,7 @@ def test_a_body_that_trickles_after_a_refusal_does_not_hold_the_connection(
     assert _status(answer) == 401 and _body(answer)["error"]["code"] == "invalid_api_key"
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_overload_is_a_429_with_retry_after_never_a_bare_503(
     serve: Callable[..., Served],
 ) -> None:

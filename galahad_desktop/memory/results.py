@@ -622,7 +622,7 @@ class Tool:
 @dataclass(frozen=True)
 class ReplyShape:
     """What a reply must be: free text, JSON (to a schema, or any object), or a call of
-    the offered tools. `tool_choice`: auto, none, required, or a tool's name."""
+    the offered tools. `tool_choice`: auto, none, required, or "=NAME" for that tool."""
 
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
