@@ -294,3 +294,36 @@ def test_typed_markers_in_results_and_arguments_stay_text(
     assert held.count(markers.call_open) == 1 and held.count(markers.response_open) == 1
     # The system turn (declarations), the user's, the model's, the next one's: 4, none typed.
     assert held.count(markers.response_close) == 1 and held.count(engine.ids["<|turn>"]) == 4
+
+
+def test_a_tool_history_that_parts_continues_in_a_copy_with_its_tools(
+    make_fake_core: Callable[..., Galahad],
+) -> None:
+    """A client that gives another result to the same call (it retried the tool): the
+    history leaves the stored one after the call, so it continues in a copy grafted from the
+    checkpoint inside the model turn; the copy keeps the tools and the original is unchanged."""
+    core = make_fake_core("gemma4")
+    tools = (Tool("get_weather", "", PARAMETERS),)
+    ask = ChatMessage("user", "Weather in Paris?")
+    called = core.complete_chat(
+        [ask], reply=ReplyShape(tools=tools, tool_choice="required"), max_tokens=300, seed=2
+    )
+    said = ChatMessage("assistant", called.text, calls=called.calls)
+    answered = [ChatMessage("tool", "sunny", call_id=c.id) for c in called.calls]
+    first = core.complete_chat([ask, said, *answered], reply=ReplyShape(tools=tools), max_tokens=6)
+    before = [(m.role, m.text) for m in core.messages(first.conversation_id)]
+    other = [ChatMessage("tool", "rain", call_id=c.id) for c in called.calls]
+    again = core.complete_chat([ask, said, *other], reply=ReplyShape(tools=tools), max_tokens=6)
+    assert again.conversation_id != first.conversation_id
+    assert again.matched_turns == 1 and again.cached_tokens >= called.prompt_tokens
+    assert [(m.role, m.text) for m in core.messages(first.conversation_id)] == before
+    copied = core.messages(again.conversation_id)
+    assert [m.role for m in copied] == ["user", "model", "tool", "model"]
+    assert json.loads(copied[2].text)[0]["content"] == "rain" and copied[1].calls
+    # The copy is found again with its tools (its system turn kept them).
+    later = core.complete_chat(
+        [ask, said, *other, ChatMessage("assistant", again.text), ChatMessage("user", "And?")],
+        reply=ReplyShape(tools=tools),
+        max_tokens=4,
+    )
+    assert later.conversation_id == again.conversation_id and later.matched_turns == 2

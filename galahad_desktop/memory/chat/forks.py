@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from galahad_desktop.memory.chat.system_prompt import system_text
 from galahad_desktop.vault.names import ConversationRow, MessageRow
 from galahad_desktop.vault.vault import Vault, new_id
 
@@ -51,9 +50,12 @@ def copy_conversation(
             "created_at": now,
             "updated_at": now,
         }
-        if conv.get("system_enc"):
+        if conv.get("system_enc"):  # as kept: the words, or the words and the tools offered
             copy["system_enc"] = records.encrypt(
-                "conversations", "system_enc", copy, system_text(records, conv)
+                "conversations",
+                "system_enc",
+                copy,
+                records.decrypt("conversations", "system_enc", conv),
             )
         copy["title_enc"] = records.encrypt("conversations", "title_enc", copy, title)
         records.insert("conversations", copy)
