@@ -86,7 +86,7 @@ def _opened(data: Path, conversation: str) -> dict[str, object]:
 
 @pytest.mark.parametrize(
     ("crash", "finished"),
-    [("restore-swapping", False), ("restore-moved-aside", True)],
+    [("restore-swapping", False), ("restore-moved-aside", True), ("restore-accepting", True)],
 )
 def test_a_restore_killed_midway_is_rolled_back_or_finished_at_the_next_start(
     tmp_path: Path, crash: str, finished: bool

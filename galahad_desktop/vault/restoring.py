@@ -236,6 +236,10 @@ def recover_restore(data_dir: Path) -> tuple[str | None, bool]:
         _remove_journal(journal)  # not one this code wrote: nothing is removed on its word
         return None, False
     moved = aside is not None and aside.exists()
+    kept = f" The directory it replaced is kept at {aside}." if aside else ""
+    finished = f"A restore from {backup_dir} was interrupted and has been finished.{kept}"
+    if stage == "accepting" and data_dir.is_dir():
+        return finished, True  # in place, not yet opened as the current generation
     if stage == "copying" or (stage == "swapping" and not moved and data_dir.exists()):
         # Killed before anything was swapped: the data directory is as it was.
         shutil.rmtree(tmp, ignore_errors=True)
@@ -256,11 +260,20 @@ def recover_restore(data_dir: Path) -> tuple[str | None, bool]:
         os.replace(tmp, data_dir)
         fsync_dir(data_dir.parent)
     if data_dir.is_dir():
-        _remove_journal(journal)
-        kept = f" The directory it replaced is kept at {aside}." if aside else ""
-        return f"A restore from {backup_dir} was interrupted and has been finished.{kept}", True
+        # Kept until the restored copy has been opened as the current generation
+        # (`accepted`): a start killed before that must still know it is to be accepted.
+        _write_journal(journal, {**entry, "stage": "accepting"})
+        return finished, True
     _remove_journal(journal)
     return None, False
+
+
+def accepted(data_dir: Path) -> None:
+    """The restored copy was opened as the current generation: its journal can go."""
+    journal = _journal_path(data_dir)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(journal.read_text("utf-8")).get("stage") == "accepting":
+            _remove_journal(journal)
 
 
 # -- retired keys ------------------------------------------------------------------------

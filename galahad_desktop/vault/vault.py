@@ -84,9 +84,10 @@ class Vault:
         self.recovered: list[str] = list(recovered)
         if not inspect_only:
             note, finished = restoring.recover_restore(Path(data_dir))
-            if note:
+            if note and note not in self.recovered:  # the app's start may have said it
                 self.recovered.append(note)
             accept_older = accept_older or finished
+            crashpoint("restore-accepting")  # a restored copy's first open, before it counts
         made = _missing_paths(Path(data_dir))
         self.data_dir = ensure_private_dir(Path(data_dir))
         self.blocks_dir = ensure_private_dir(self.data_dir / "blocks")
@@ -122,6 +123,7 @@ class Vault:
                 else custody.open_generation(self, accept_older)
             )
             if not inspect_only:
+                restoring.accepted(self.data_dir)  # a restored copy now counts as current
                 self.recovered += custody.recover_backups(self)
         except BaseException:
             if hasattr(self, "catalog"):
