@@ -45,7 +45,7 @@ fast=$((SECONDS - started))
 echo "test.sh: the fast tier took ${fast} s (limit 30 s)"
 # The window's model tests run once, on the real X server below (the fast tier has already
 # run its other tests offscreen).
-window_tests=(tests/test_gui.py tests/test_ui_look.py)
+window_tests=(tests/test_gui.py tests/test_ui_look.py tests/test_window_mcp.py)
 run_pytest -m model -n 0 -p no:cacheprovider --durations=25 "${window_tests[@]/#/--ignore=}"
 echo "test.sh: the window tests again, on a real X server with a window manager"
 run_pytest --x -n 0 -p no:cacheprovider "${window_tests[@]}"

@@ -294,7 +294,7 @@ def test_settings_are_grouped_explained_and_checked_as_typed(qtbot, window: Main
     qtbot.addWidget(dialog)
     dialog.show()
     qtbot.waitUntil(lambda: "n_batch" in dialog.editors, timeout=WAIT_MS)
-    assert [dialog.tabs.tabText(i) for i in range(dialog.tabs.count())] == list(GROUPS)
+    assert [dialog.tabs.tabText(i) for i in range(dialog.tabs.count())] == [*GROUPS, "Tools"]
     performance = dialog.sections["Performance"]
     assert dialog.editors["n_gpu_layers"].isVisibleTo(dialog) is False  # another tab
     dialog.tabs.setCurrentIndex(list(GROUPS).index("Performance"))

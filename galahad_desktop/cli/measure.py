@@ -51,6 +51,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
         finally:
             second.close()
         pictures = _picture_reader_works(Path(tmp))
+    mcp_sdk = Galahad.tools_sdk()  # the window's MCP tools: the SDK loads in this build
     ok = (
         report.proof.verdict == "exact"
         and report.recomputed_tokens == 0
@@ -59,6 +60,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
         and links == 2
         and routed.answered
         and pictures
+        and bool(mcp_sdk)
     )
     out.result(
         {
@@ -73,6 +75,7 @@ def self_test(args: argparse.Namespace, out: Output) -> int:
             "chain_proof": chained.proof.verdict,
             "routed": routed.answered,
             "picture_reader": pictures,
+            "mcp_sdk": mcp_sdk,
             "backend": backend,
             "system_info": system_info,
             "device": placement.device if placement else "CPU",

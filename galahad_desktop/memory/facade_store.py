@@ -7,13 +7,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from galahad_desktop.errors import InputError
 from galahad_desktop.memory.maintenance import Maintenance
 from galahad_desktop.memory.results import (
     ForgetResult,
     GiveBackResult,
     KeyStatus,
     MemoryStats,
+    Message,
     RotateResult,
     StorageReport,
     StoredItem,
@@ -37,6 +40,10 @@ class StoreFacade:
     storage_room: Storage
     settings: Settings
 
+    if TYPE_CHECKING:  # Galahad's
+
+        def messages(self, conversation_id: str) -> list[Message]: ...
+
     # -- the verified library ------------------------------------------------------------
     def verified_check(self, question: str, answer: str) -> Verdict | None:
         """Check an answer with the verifier that can (None when none can)."""
@@ -53,6 +60,14 @@ class StoreFacade:
     def verified_remove(self, entry_id: str) -> None:
         """Delete a verified answer."""
         self.library.remove(entry_id)
+
+    def mark_verified(self, conversation_id: str) -> Entry:
+        """Store the conversation's last question and answer as verified (a checkable answer
+        must pass its check; any other is stored on the user's word)."""
+        messages = self.messages(conversation_id)
+        if len(messages) < 2 or messages[-1].role != "model" or messages[-2].role != "user":
+            raise InputError("There is no answer to mark as verified yet.")
+        return self.library.add(messages[-2].text, messages[-1].text, user_verified=True)
 
     def set_library(self, conversation_id: str, enabled: bool) -> None:
         """Turn the verified-answer library on or off for a conversation."""

@@ -33,8 +33,10 @@ from galahad_desktop.memory.chat.search import Search
 from galahad_desktop.memory.chat.stateless import PLAIN_REPLY, StatelessChats
 from galahad_desktop.memory.chat.system_prompt import own_sampling, set_sampling
 from galahad_desktop.memory.chat.turning import ConversationTurns
+from galahad_desktop.memory.chat.window_tools import WindowTools
 from galahad_desktop.memory.documents.documents import Documents
 from galahad_desktop.memory.facade_store import StoreFacade
+from galahad_desktop.memory.facade_tools import ToolFacade
 from galahad_desktop.memory.maintenance import Maintenance
 from galahad_desktop.memory.model_files import ModelDownloads, ModelShelf, engine_config, same_file
 from galahad_desktop.memory.results import (
@@ -63,9 +65,10 @@ from galahad_desktop.memory.results import (
 from galahad_desktop.memory.retrieval.router import RouteDecision
 from galahad_desktop.memory.retrieval.routing import Routing, RoutingLogEntry
 from galahad_desktop.memory.storage import Storage
+from galahad_desktop.memory.tool_servers import ToolServers
 from galahad_desktop.memory.transfer.transfer import Transfer
 from galahad_desktop.memory.usage import Usage
-from galahad_desktop.memory.verified.library import Entry, VerifiedLibrary
+from galahad_desktop.memory.verified.library import VerifiedLibrary
 from galahad_desktop.models import catalog as model_catalog
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.paths import default_model_path
@@ -95,7 +98,7 @@ class RoomSources:
         return self.core.maintenance.pictures_for(row)
 
 
-class Galahad(StoreFacade):
+class Galahad(StoreFacade, ToolFacade):
     """One data directory and one engine. Not thread-safe: one thread owns it."""
 
     @staticmethod
@@ -162,6 +165,8 @@ class Galahad(StoreFacade):
             self.maintenance.forget,
             self.documents.add_sent_picture,
         )
+        self.window_tools = WindowTools(self.stateless)
+        self.tool_servers_room = ToolServers(self.vault)
         self.finder = Search(self.conversations)
         self.storage_room = Storage(self.live, self.conversations, self.documents)
         self.live.room_for = self.storage_room.make_room
@@ -304,11 +309,7 @@ class Galahad(StoreFacade):
         return model_catalog.recommend(n_ctx)
 
     def download_model(
-        self,
-        repo: str,
-        filename: str,
-        job: Job = NO_JOB,
-        use: bool = False,
+        self, repo: str, filename: str, job: Job = NO_JOB, use: bool = False
     ) -> Downloaded:
         """Download a GGUF from the Hub into the models folder (resumable, SHA-256 checked);
         `use` switches to it."""
@@ -318,10 +319,7 @@ class Galahad(StoreFacade):
         return done
 
     def get_gemma4(
-        self,
-        size: str | None = None,
-        job: Job = NO_JOB,
-        use: bool = True,
+        self, size: str | None = None, job: Job = NO_JOB, use: bool = True
     ) -> Downloaded:
         """Download the Gemma 4 size chosen (default: the one recommended for this machine)."""
         chosen = self.shelf.gemma4_for(size)
@@ -402,27 +400,38 @@ class Galahad(StoreFacade):
         system_prompt: str | None = None,
         temperature: float | None = None,
         max_tokens: int | None = None,
+        tools: Sequence[str] = (),
     ) -> TurnResult:
-        """One turn, through the verified-answer library when the conversation uses it (the
-        window and the command take this same path). Without a conversation, a new one is
-        made with this first turn: a turn that fails leaves no conversation behind."""
-        if conversation_id is not None:
-            params = params or self.sampling(conversation_id)
-            result = self.library.ask(conversation_id, text, params, job)
+        """One turn, through the verified-answer library when the conversation uses it, or
+        offering its tools (the window and the command take this same path). Without a
+        conversation, a new one is made with this first turn (offering the tools of the MCP
+        servers named): a turn that fails leaves no conversation behind."""
+        if conversation_id is None:
+            check_text(text, "The message")
+            if not text.strip():
+                raise InputError("The message is empty.")
+            conversation_id = self.conversations.create(
+                system_prompt=system_prompt, thinking=thinking
+            )
+            try:
+                if temperature is not None or max_tokens is not None:
+                    set_sampling(self.vault, conversation_id, temperature, max_tokens)
+                if tools:
+                    self.use_tools(conversation_id, tools, job)
+                result = self._turn(conversation_id, text, params, job)
+            except BaseException:
+                self.maintenance.forget(conversation_id)
+                raise
             return self._after_turn(result, compact)
-        check_text(text, "The message")
-        if not text.strip():
-            raise InputError("The message is empty.")
-        created = self.conversations.create(system_prompt=system_prompt, thinking=thinking)
-        try:
-            if temperature is not None or max_tokens is not None:
-                set_sampling(self.vault, created, temperature, max_tokens)
-            params = params or self.sampling(created)
-            result = self.library.ask(created, text, params, job)
-        except BaseException:
-            self.maintenance.forget(created)
-            raise
-        return self._after_turn(result, compact)
+        return self._after_turn(self._turn(conversation_id, text, params, job), compact)
+
+    def _turn(
+        self, conversation_id: str, text: str, params: SamplingParams | None, job: Job
+    ) -> TurnResult:
+        params = params or self.sampling(conversation_id)
+        if self.window_tools.runs_tools(conversation_id):
+            return self.window_tools.send(conversation_id, text, params, job)
+        return self.library.ask(conversation_id, text, params, job)
 
     def set_conversation_sampling(
         self, conversation_id: str, temperature: float | None, max_tokens: int | None
@@ -656,14 +665,6 @@ class Galahad(StoreFacade):
     def citation(self, part_id: str) -> str:
         """The words of a stored document part (what an answer cites)."""
         return self.routing.citation(part_id)
-
-    def mark_verified(self, conversation_id: str) -> Entry:
-        """Store the conversation's last question and answer as verified (a checkable answer
-        must pass its check; any other is stored on the user's word)."""
-        messages = self.messages(conversation_id)
-        if len(messages) < 2 or messages[-1].role != "model" or messages[-2].role != "user":
-            raise InputError("There is no answer to mark as verified yet.")
-        return self.library.add(messages[-2].text, messages[-1].text, user_verified=True)
 
     # -- the local API server --------------------------------------------------------------
     def complete_chat(

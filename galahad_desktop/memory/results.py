@@ -119,6 +119,7 @@ class TurnResult:
     seed: int | None = None  # the sampler's seed (with it, the reply can be reproduced)
     versions: int = 1  # the reply's versions, this one included (Regenerate keeps them)
     notice: str = ""  # what went wrong on the way, said to the user (a device server lost)
+    calls: tuple[ToolCall, ...] = ()  # the tools the reply called (its turn waits for them)
 
     def describe(self) -> str:
         """The status line after a turn: what the graft did, what the turn cost."""
@@ -661,3 +662,35 @@ class ChatCompletion:
     seed: int | None
     turn: TurnResult
     calls: tuple[ToolCall, ...] = ()  # the tools the reply called (finish_reason tool_calls)
+
+
+@dataclass(frozen=True)
+class ToolServerInfo:
+    """An MCP server the window's chats may use (its command line or URL)."""
+
+    name: str
+    target: str
+    timeout_s: float
+    always: tuple[str, ...]  # its tools the user allowed to run without asking
+
+
+@dataclass(frozen=True)
+class ConversationTool:
+    """A tool a conversation offers the model: the name the model calls, where it runs."""
+
+    name: str
+    server: str
+    tool: str
+    description: str
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """A call the window ran (or did not): what goes back to the model as its result."""
+
+    call_id: str
+    name: str
+    text: str
+    is_error: bool = False
+    elapsed_ms: float = 0.0
+    ran: bool = True  # False: denied, stopped or not reached

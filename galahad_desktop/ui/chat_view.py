@@ -123,6 +123,7 @@ class ChatView(QWidget):
         self.focus_index = -1
         self.show_times = False
         self.busy = False
+        self.tools_on = False  # the open chat offers tools (set by the window)
         self._html: dict[int, tuple[tuple[object, ...], str]] = {}  # index -> (key, html)
         self._shown: list[str] = []  # each turn's HTML as the document holds it
         self.thumbnails = Thumbnails()
@@ -193,6 +194,13 @@ class ChatView(QWidget):
         self.conversation_button.setToolTip(
             "This conversation: its system prompt, creativity and longest reply"
         )
+        self.tools_button = QToolButton()
+        self.tools_button.setText("Tools")
+        self.tools_button.setAccessibleName("Tools")
+        self.tools_button.setToolTip("The MCP tools a new chat may call (Settings → Tools)")
+        self.tools_menu = QMenu(self.tools_button)
+        self.tools_button.setMenu(self.tools_menu)
+        self.tools_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.thinking_box = QCheckBox("Think first")
         self.thinking_box.setToolTip(
             "Let the model think before answering (Gemma 4). Set when a conversation starts; "
@@ -205,6 +213,7 @@ class ChatView(QWidget):
         buttons.addWidget(self.attach_button)
         buttons.addWidget(self.conversation_button)
         buttons.addStretch(1)
+        buttons.addWidget(self.tools_button)
         buttons.addWidget(self.thinking_box)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
@@ -251,6 +260,8 @@ class ChatView(QWidget):
             self.verify_button,
         ):
             widget.setEnabled(not busy)
+        for widget in (self.regenerate_button, self.edit_button):
+            widget.setEnabled(not busy and not self.tools_on)
 
     # -- the transcript ------------------------------------------------------------------
     def set_documents(self, names: list[str]) -> None:
@@ -285,9 +296,11 @@ class ChatView(QWidget):
         """The links in a turn's header: what can be done with it now."""
         message = self.messages[index]
         if message.role == "user":
-            return ("copy", "edit")
+            return ("copy",) if self.tools_on else ("copy", "edit")
         if message.role != "model" or not message.text:
             return ()
+        if self.tools_on:  # a chat with tools: its turns are not regenerated nor branched
+            return ("copy",)
         last = index == len(self.messages) - 1
         if self.busy and last:
             return ()

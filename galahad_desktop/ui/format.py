@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 
 from galahad_desktop.memory.results import (
@@ -12,6 +13,7 @@ from galahad_desktop.memory.results import (
     GraftReport,
     MemoryStats,
     Message,
+    ToolCall,
     TurnResult,
 )
 
@@ -219,28 +221,53 @@ def deposit_note(result: DepositResult) -> str:
     )
 
 
-def message_text(message: Message) -> str:
-    """A message as the window shows it: a program's tool results and calls (API
-    conversations) in words, not as the JSON they are kept in."""
+def calls_text(calls: Sequence[ToolCall]) -> str:
+    """The calls a reply made, as the window shows them."""
+    made = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in calls)
+    return f"Called {made}" if made else ""
+
+
+def message_text(message: Message, before: Message | None = None) -> str:
+    """A message as the window shows it: tool results and calls in words, not as the JSON
+    they are kept in (a tool message's card shows the calls it answers, `before`; its
+    results fold below), a turn closed at a stopped call as a note."""
     if message.role == "tool":
+        if before is not None and before.calls:
+            return ", ".join(
+                f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in before.calls
+            )
         try:
-            answered = json.loads(message.text)
-            return "\n".join(f"↳ {r['name']} returned: {r['content']}" for r in answered)
+            return ", ".join(f"↳ {r['name']}" for r in json.loads(message.text))
         except (ValueError, KeyError, TypeError):
             return message.text
+    if message.role == "model" and not message.text and before and before.role == "tool":
+        return "The turn ended here: the calls above were stopped."
     if not message.calls:
         return message.text
-    made = ", ".join(
-        f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in message.calls
-    )
-    return f"{message.text}\n\nCalled {made}".strip()
+    return f"{message.text}\n\n{calls_text(message.calls)}".strip()
+
+
+def message_thoughts(message: Message) -> str:
+    """What a card folds: a reply's thoughts, or the results of a tool message."""
+    if message.role != "tool":
+        return message.thoughts
+    try:
+        answered = json.loads(message.text)
+        if len(answered) == 1:
+            return str(answered[0]["content"])
+        return "\n\n".join(f"**{r['name']}**: {r['content']}" for r in answered)
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def shown_roles(messages: list[Message]) -> list[str]:
-    """How each message is shown: the app's own words after a document and a program's
-    tool results are notes, not turns."""
-    roles = [m.role for m in messages]
-    return [
-        "note" if r == "tool" or (r == "model" and i and roles[i - 1] == "document") else r
-        for i, r in enumerate(roles)
-    ]
+    """How each message is shown: the app's own words after a document, and a turn closed
+    at a stopped call, are notes, not turns; tool results are tool cards."""
+
+    def note(i: int) -> bool:
+        if not i or messages[i].role != "model":
+            return False
+        before = messages[i - 1].role
+        return before == "document" or (before == "tool" and not messages[i].text)
+
+    return ["note" if note(i) else m.role for i, m in enumerate(messages)]

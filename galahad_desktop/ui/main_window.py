@@ -21,7 +21,6 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QProgressBar,
@@ -45,7 +44,13 @@ from galahad_desktop.memory.results import (
 from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.chat_view import ChatView, ShownMessage
-from galahad_desktop.ui.format import graft_status, message_text, resume_note, shown_roles
+from galahad_desktop.ui.format import (
+    graft_status,
+    message_text,
+    message_thoughts,
+    resume_note,
+    shown_roles,
+)
 from galahad_desktop.ui.message_keys import TypingToMessageBox
 from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.server_panel import ServerHost, ServerPanel
@@ -54,6 +59,7 @@ from galahad_desktop.ui.welcome import Welcome
 from galahad_desktop.ui.window_documents import DocumentActions
 from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
+from galahad_desktop.ui.window_tools import ToolActions
 from galahad_desktop.ui.window_turns import STOP_NOTES, TurnActions
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS, CoreBridge, Request
 
@@ -65,7 +71,7 @@ def first_size(screen: QSize) -> tuple[int, int]:
     return width, height
 
 
-class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainWindow):
+class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentActions, QMainWindow):
     # Emitted after requests the tests and the stall benchmark wait on.
     opened = Signal(object)  # EngineInfo
     conversation_opened = Signal(object)  # OpenedConversation
@@ -105,6 +111,7 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
         self.setWindowTitle("Galahad Desktop")
         self.setAcceptDrops(True)
         self._build()
+        self.setup_tools()
         self._actions()
         self._apply_theme()
         geometry = self.ui_settings.value("geometry")
@@ -518,8 +525,8 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
             [
                 ShownMessage(
                     roles[i],
-                    message_text(m),
-                    m.thoughts,
+                    message_text(m, opened.messages[i - 1] if i else None),
+                    message_thoughts(m),
                     created_at=m.created_at,
                     picture=m.picture,
                     sound=m.sound,
@@ -567,20 +574,6 @@ class MainWindow(TurnActions, LookActions, ModelActions, DocumentActions, QMainW
     def _rename_failed(self, message: str, kind: str) -> None:
         self.show_error(message, kind)
         self.refresh_lists()
-
-    # -- editing ---------------------------------------------------------------------------
-    def edit_message(self) -> None:
-        if self.turn_cancel is not None or self.conversation_id is None:
-            return
-        users = [(i, m) for i, m in enumerate(self.chat.messages) if m.role == "user"]
-        if not users:
-            return
-        labels = [f"{n + 1}: {m.text[:60]}" for n, (_i, m) in enumerate(users)]
-        choice, ok = QInputDialog.getItem(
-            self, "Edit a message", "Message:", labels, len(labels) - 1, False
-        )
-        if ok:
-            self.edit_message_at(users[labels.index(choice)][0])
 
     # -- verified answers ----------------------------------------------------------------
     def mark_verified(self) -> None:

@@ -128,19 +128,23 @@ def _actions(index: int, actions: Sequence[str], palette: Palette) -> str:
     return "&nbsp;&nbsp;·&nbsp;&nbsp;".join(links)
 
 
-def _thinking_html(thoughts: str, expanded: bool, p: Palette, index: int) -> str:
-    """A reply's thoughts: a link that folds them, and the thoughts when unfolded."""
+def _thinking_html(
+    thoughts: str, expanded: bool, p: Palette, index: int, label: str = "Thinking…"
+) -> str:
+    """A reply's thoughts (or a tool's result): a link that folds them, and the thoughts
+    when unfolded."""
     arrow = "▾" if expanded else "▸"
+    words = len(thoughts.split())
     thinking = (
         f'<p style="margin:4px 0"><a href="galahad:toggle-thoughts/{index}" '
-        f'style="color:{p.muted};text-decoration:none">{arrow} Thinking… '
-        f"({len(thoughts.split())} words)</a></p>"
+        f'style="color:{p.muted};text-decoration:none">{arrow} {label} '
+        f"({words} word{'' if words == 1 else 's'})</a></p>"
     )
-    if expanded:
+    if expanded:  # thoughts in italics (not the answer); a tool's result as it came
+        style = f"color:{p.muted};font-style:italic" if label == "Thinking…" else ""
         thinking += (
             f'<table width="100%" cellpadding="8" bgcolor="{p.surface}"><tr><td '
-            f'style="color:{p.muted};font-style:italic">'
-            f"{markdown_html(thoughts, p, index)}</td></tr></table>"
+            f'style="{style}">{markdown_html(thoughts, p, index)}</td></tr></table>'
         )
     return thinking
 
@@ -202,6 +206,16 @@ def message_html(
         return (
             f'<p style="color:{p.muted};font-size:small;margin:0 0 10px 12px">{anchor}'
             f"{html.escape(text)}</p>"
+        )
+    if role == "tool":  # a tool the window ran: the call, how it went, its result folded
+        state = f" · {html.escape(note)}" if note else ""
+        result = _thinking_html(thoughts, expanded, p, index, "Result") if thoughts else ""
+        return (
+            f'<table width="100%" cellspacing="0" cellpadding="10" bgcolor="{p.surface}" '
+            f'style="margin:4px 0 10px 24px;border:1px solid {p.border}"><tr><td>{anchor}'
+            f'<span style="color:{p.muted};font-size:small">Tool{state}</span><br>'
+            f'<span style="font-family:monospace">{html.escape(text)}</span>{result}'
+            "</td></tr></table>"
         )
     who = {"user": "You", "model": model_name}.get(role, role)
     card = p.user_card if role == "user" else p.model_card

@@ -36,6 +36,7 @@ from galahad_desktop.settings import GROUPS, Setting, coerce
 from galahad_desktop.sizes import human_size
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.host import Host
+from galahad_desktop.ui.tools_page import ToolsPage
 
 
 def describe_model(info: ModelInfo) -> str:
@@ -168,6 +169,7 @@ class SettingsDialog(QDialog):
         self.sections["Model"].form.addRow(model_label, model_row)
         self.sections["Model"].form.addRow("", self.model_info)
         self._privacy()
+        self.tabs.addTab(ToolsPage(host), "Tools")
         layout.addWidget(self.tabs, 1)
         self.warning = QLabel()
         theme.set_role(self.warning, "warning")

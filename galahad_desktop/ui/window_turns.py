@@ -26,7 +26,7 @@ from galahad_desktop.memory.results import (
     TurnResult,
 )
 from galahad_desktop.ui.chat_view import ShownMessage
-from galahad_desktop.ui.format import turn_status
+from galahad_desktop.ui.format import calls_text, turn_status
 from galahad_desktop.ui.worker import CANCELLED, CONVERSATIONS, MODEL_LANE
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ STOP_NOTES = {
     "length": "cut at the reply length limit",
     "context_full": "stopped: the conversation is full",
     "device_lost": "cut: the device server went away",
-    "tool_calls": "called a tool (a program's conversation)",
+    "tool_calls": "called a tool",
 }
 
 
@@ -63,6 +63,8 @@ class TurnActions:
         generating: Request | None
         turn_cancel: threading.Event | None
         new_chat_settings: tuple[str, float | None, int | None]
+        new_chat_tools: list[str]
+        tool_rounds: int
         n_ctx: int
         context_used: int
         speed_label: QLabel
@@ -80,6 +82,7 @@ class TurnActions:
         def refresh_lists(self) -> None: ...
         def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None: ...
         def open_conversation(self, conversation_id: str) -> None: ...
+        def start_calls(self, result: TurnResult) -> None: ...
         def _conversation_open(self, opened: OpenedConversation) -> None: ...
 
     # -- what runs and what waits ---------------------------------------------------------
@@ -128,6 +131,8 @@ class TurnActions:
             self._show_pending_chat(text)
             # The conversation is made with its first turn (none is left if it fails).
             system, temperature, max_tokens = self.new_chat_settings
+            tools = tuple(self.new_chat_tools)
+            self.chat.tools_on = bool(tools)
             self._start_turn(
                 lambda core, job: core.send(
                     None,
@@ -138,6 +143,7 @@ class TurnActions:
                     system_prompt=system or None,
                     temperature=temperature,
                     max_tokens=max_tokens,
+                    tools=tools,
                 ),
                 text,
             )
@@ -291,6 +297,9 @@ class TurnActions:
         last = self.chat.messages[-1]
         last.text, last.thoughts = result.reply, result.thoughts
         last.note = STOP_NOTES.get(result.stop_reason, "")
+        if result.calls:  # the reply called tools: they run (once allowed) and it goes on
+            last.text = f"{result.reply}\n\n{calls_text(result.calls)}".strip()
+            last.note = STOP_NOTES["tool_calls"]
         last.version = last.versions = result.versions
         self.chat.redraw()
         self.set_context(result.context_tokens, result.n_ctx)
@@ -304,6 +313,11 @@ class TurnActions:
                 lambda core, _job: core.info(), on_done=self._engine_moved, on_error=self.show_error
             )
         self.turn_finished.emit(result)
+        if result.calls:
+            self.chat.tools_on = True
+            self.start_calls(result)
+        else:
+            self.tool_rounds = 0  # the model answered: the next message may call again
 
     def _engine_moved(self, info: EngineInfo) -> None:
         self.info = info
@@ -426,7 +440,7 @@ class TurnActions:
 
     # -- regenerate and versions -------------------------------------------------------------
     def regenerate(self) -> None:
-        if self.turn_cancel is not None or self.conversation_id is None:
+        if self.turn_cancel is not None or self.conversation_id is None or self.chat.tools_on:
             return
         messages = self.chat.messages
         if not messages or messages[-1].role != "model":
@@ -472,6 +486,22 @@ class TurnActions:
         )
 
     # -- edit and branch -----------------------------------------------------------------------
+    def edit_message(self) -> None:
+        """Edit (Ctrl+E): pick a message you sent, change it, continue in a new branch."""
+        if self.turn_cancel is not None or self.conversation_id is None or self.chat.tools_on:
+            return
+        from PySide6.QtWidgets import QInputDialog
+
+        users = [(i, m) for i, m in enumerate(self.chat.messages) if m.role == "user"]
+        if not users:
+            return
+        labels = [f"{n + 1}: {m.text[:60]}" for n, (_i, m) in enumerate(users)]
+        choice, ok = QInputDialog.getItem(
+            self.chat, "Edit a message", "Message:", labels, len(labels) - 1, False
+        )
+        if ok:
+            self.edit_message_at(users[labels.index(choice)][0])
+
     def edit_message_at(self, index: int) -> None:
         """A user message's "Edit" link: change it and continue from it in a new branch."""
         if self.turn_cancel is not None or self.conversation_id is None:
@@ -494,6 +524,9 @@ class TurnActions:
 
     def start_branch(self, seq: int, text: str) -> None:
         assert self.conversation_id is not None
+        if self.chat.tools_on:
+            self.set_status("A chat with tools is not branched: start a new chat instead.")
+            return
         conversation_id = self.conversation_id
         self.chat.set_messages([*self.chat.messages[:seq], ShownMessage("user", text)])
         self._start_turn(lambda core, job: core.branch(conversation_id, seq, text, job))

@@ -112,13 +112,18 @@ class Conversations:
     def preview(self, conversation_id: str) -> str:
         """The start of the last message, on one line (what the sidebar shows under a title)."""
         rows = self.message_rows(conversation_id)
-        if not rows:
-            return ""
-        try:
-            text = self.records.decrypt("messages", "text_enc", rows[-1])
-        except IntegrityError:
-            return ""
-        return " ".join(text.split())[:PREVIEW_CHARS]
+        for row in reversed(rows[-6:]):  # a tool step's result (JSON) or empty close is skipped
+            if row.get("role") == "tool":
+                continue
+            if row.get("stop") == "tool_calls":
+                return "Called a tool"
+            try:
+                text = self.records.decrypt("messages", "text_enc", row)
+            except IntegrityError:
+                return ""
+            if text.strip():
+                return " ".join(text.split())[:PREVIEW_CHARS]
+        return ""
 
     def memory(self, row: ConversationRow) -> tuple[ConversationMemory, int, bool]:
         """Whether the conversation's KV is kept and usable under this runtime (a graft), or

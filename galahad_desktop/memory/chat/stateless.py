@@ -208,7 +208,7 @@ class StatelessChats(TurnRoom):
                 self._index(conversation_id, request, turns)
             self._read_pictures(conversation_id, request.question, counters, job)
             if uses_tools:
-                result, calls = self._answer(conversation_id, request, params, job)
+                result, calls = self.answer_prompt(conversation_id, request, params, job)
             else:
                 result = self.turns.send(conversation_id, request.question.text, params, job)
         except BaseException:
@@ -290,7 +290,7 @@ class StatelessChats(TurnRoom):
         if not user.results and not user.text.strip():
             raise InputError("An earlier user message is empty.")
         conv = self.conversations.row(conversation_id)
-        engine, role, said, user_start, _graft = self._read_prompt(conv, user, counters, job)
+        engine, role, said, user_start, _graft = self.read_prompt(conv, user, counters, job)
         reply_tokens = engine.encode_text(reply.text)
         reply_tokens += call_tokens(engine, reply.calls) if reply.calls else engine.model_close()
         if len(reply_tokens) + self.turns.reply_room() > engine.room():
@@ -301,16 +301,18 @@ class StatelessChats(TurnRoom):
         reply_start = len(engine.tokens)
         counters.prefill_ms += engine.evaluate(reply_tokens, job)
         counters.new_tokens += len(reply_tokens)
-        self._commit(conv, counters, role, said, reply.text, reply.calls, user_start, reply_start)
+        self.commit_step(
+            conv, counters, role, said, reply.text, reply.calls, user_start, reply_start
+        )
 
-    def _read_prompt(
+    def read_prompt(
         self, conv: ConversationRow, user: UserTurn, counters: Counters, job: Job
     ) -> tuple[ChatEngine, str, str, int, GraftReport | None]:
         """Read a turn's prompt into the live context: the user's message, or the results
         of the tools the reply before it called (inside that reply's model turn, so the
         context holds no probe there). Returns (engine, role, the message's text, where the
         turn starts, what was grafted)."""
-        open_turn = self._open_turn(conv)
+        open_turn = self.waits_for_results(conv)
         if bool(user.results) != open_turn:
             raise InputError(
                 "Tool results must answer the reply that called the tools, and only they can."
@@ -341,12 +343,12 @@ class StatelessChats(TurnRoom):
         shared = self.turns.read_user_turn(conv, first, prompt, tokens, counters, job)
         return engine, "user", user.text, start, graft or shared
 
-    def _open_turn(self, conv: ConversationRow) -> bool:
+    def waits_for_results(self, conv: ConversationRow) -> bool:
         """Whether the conversation's last reply called tools (its model turn goes on)."""
         rows = self.conversations.message_rows(conv["id"])
         return bool(rows) and rows[-1].get("stop") == CALLED
 
-    def _answer(
+    def answer_prompt(
         self, conversation_id: str, request: ChatShape, params: SamplingParams, job: Job
     ) -> tuple[TurnResult, tuple[ToolCall, ...]]:
         """Answer a prompt where tools are offered or given back: the reply is generated,
@@ -354,7 +356,7 @@ class StatelessChats(TurnRoom):
         open (its block ends inside the turn), any other closes it."""
         conv = self.conversations.row(conversation_id)
         counters = Counters()
-        engine, role, said, user_start, graft = self._read_prompt(
+        engine, role, said, user_start, graft = self.read_prompt(
             conv, request.question, counters, job
         )
         reply_start = len(engine.tokens)
@@ -366,7 +368,7 @@ class StatelessChats(TurnRoom):
             close = engine.model_close()
             engine.evaluate(close)
             counters.new_tokens += len(close)
-        self._commit(
+        self.commit_step(
             conv,
             counters,
             role,
@@ -383,7 +385,7 @@ class StatelessChats(TurnRoom):
             result, seed=generation.seed, tokens_per_s=generation.tokens_per_s
         ), calls
 
-    def _commit(
+    def commit_step(
         self,
         conv: ConversationRow,
         counters: Counters,

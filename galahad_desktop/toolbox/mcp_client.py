@@ -1,0 +1,259 @@
+"""Talking to an MCP server with the official SDK: list its tools, call one.
+
+Each request opens its own connection (a stdio server is started, used and stopped; an
+HTTP session is opened and closed): a server that crashed is simply started again next time,
+and nothing outlives the call that needed it. A call is stopped by the job's Stop (checked
+every 50 ms) or by the server's time limit; the SDK then stops the server's process tree.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
+
+import anyio
+
+from galahad_desktop.errors import CancelledError, GalahadError
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.toolbox.servers import ToolServer
+
+if TYPE_CHECKING:
+    import mcp_types
+    from mcp import ClientSession
+
+T = TypeVar("T")
+CONNECT_TIMEOUT_S = 30.0  # starting a server and the protocol's handshake
+MAX_RESULT_CHARS = 16_000  # what a result may put in the context (the rest is cut, and said)
+MAX_TOOLS = 128
+
+
+class ToolServerError(GalahadError):
+    """An MCP server could not be started, reached or understood, or stopped mid-call."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class OfferedTool:
+    """A tool as a server describes it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]  # the JSON schema of its arguments
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    text: str  # what goes back to the model (cut to MAX_RESULT_CHARS)
+    is_error: bool  # the tool said its call failed (the model is told so)
+    elapsed_ms: float
+
+
+def _last_line(errlog: TextIO) -> str:
+    try:
+        errlog.seek(0)
+        lines = [line.strip() for line in errlog.read()[-4000:].splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+async def _session_run(
+    server: ToolServer, errlog: TextIO, work: Callable[[ClientSession], Awaitable[T]]
+) -> T:
+    # The SDK is imported when a tool is first used: the app starts without it, and its
+    # POSIX-only imports are only reached on the platforms whose transport needs them.
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    if server.url:
+        async with (
+            streamable_http_client(server.url) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            with anyio.fail_after(CONNECT_TIMEOUT_S):
+                await session.initialize()
+            return await work(session)
+    params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]))
+    async with (
+        stdio_client(params, errlog=errlog) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        with anyio.fail_after(CONNECT_TIMEOUT_S):
+            await session.initialize()
+        return await work(session)
+
+
+def _run(
+    server: ToolServer, job: Job, what: str, work: Callable[[ClientSession], Awaitable[T]]
+) -> T:
+    """Run `work` on a fresh session; Stop and the server's time limit end it. Every way it
+    can fail becomes a message that names the server."""
+    stopped = False
+
+    async def main() -> T:
+        nonlocal stopped
+        result: list[T] = []
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            nonlocal stopped
+            while not job.cancelled:
+                await anyio.sleep(0.05)
+            stopped = True
+            scope.cancel()
+
+        async def go(scope: anyio.CancelScope) -> None:
+            result.append(await _session_run(server, errlog, work))
+            scope.cancel()
+
+        with anyio.fail_after(server.timeout_s + CONNECT_TIMEOUT_S):
+            async with anyio.create_task_group() as group:
+                group.start_soon(watch, group.cancel_scope)
+                group.start_soon(go, group.cancel_scope)
+        if not result:
+            raise CancelledError(f"Stopped: {what} was stopped before it answered.")
+        return result[0]
+
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as opened:
+        errlog = cast(TextIO, opened)  # the server's stderr: its last words name a crash
+        try:
+            return anyio.run(main)
+        except Exception as raised:  # the SDK's, the transport's, a server's protocol errors
+            exc = _leaf(raised)
+            if isinstance(exc, GalahadError):
+                raise exc from None
+            if stopped or job.cancelled:
+                raise CancelledError(f"Stopped: {what} was stopped before it answered.") from None
+            if isinstance(exc, TimeoutError):
+                raise ToolServerError(
+                    f"The tool server '{server.name}' did not answer within "
+                    f"{server.timeout_s:.0f} s ({what}); it was stopped."
+                ) from None
+            if isinstance(exc, FileNotFoundError):
+                raise ToolServerError(
+                    f"The tool server '{server.name}' could not be started: no program "
+                    f"'{server.command[0] if server.command else server.url}' was found."
+                ) from None
+            if isinstance(exc, PermissionError):
+                raise ToolServerError(
+                    f"The tool server '{server.name}' could not be started: its program may "
+                    "not be run (permission denied)."
+                ) from None
+            said = _last_line(errlog)
+            raise ToolServerError(
+                f"The tool server '{server.name}' failed ({what}): {_reason(exc)}"
+                + (f" Its last words: {said}" if said else "")
+            ) from None
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first error inside exception groups (task groups wrap what their tasks raise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in words."""
+    text = str(exc).strip() or type(exc).__name__
+    if "Connection closed" in text or isinstance(exc, anyio.ClosedResourceError):
+        return "it stopped (or closed the connection) before it answered."
+    if "ConnectError" in type(exc).__name__ or "connect" in text.lower():
+        return f"it could not be reached ({text[:200]})."
+    return text[:300] + ("" if text.endswith(".") else ".")
+
+
+def sdk_version() -> str:
+    """The MCP SDK's version, its two transports imported ("" when it cannot be loaded:
+    a bundle built without it)."""
+    try:
+        from importlib.metadata import version
+
+        import mcp.client.stdio
+        import mcp.client.streamable_http  # noqa: F401
+
+        return version("mcp")
+    except Exception:  # ImportError, a missing distribution's metadata
+        return ""
+
+
+def list_tools(server: ToolServer, job: Job = NO_JOB) -> list[OfferedTool]:
+    """The tools a server offers (at most MAX_TOOLS)."""
+
+    async def work(session: ClientSession) -> list[OfferedTool]:
+        listed = await session.list_tools()
+        return [
+            OfferedTool(t.name, t.description or "", _clean_schema(t.input_schema or {}))
+            for t in listed.tools[:MAX_TOOLS]
+        ]
+
+    return _run(server, job, "listing its tools", work)
+
+
+def call_tool(
+    server: ToolServer, name: str, arguments: dict[str, Any], job: Job = NO_JOB
+) -> ToolAnswer:
+    """Call one tool; a tool that reports an error is an answer (the model is told), not an
+    exception. Raises CancelledError on Stop, ToolServerError when the server fails."""
+    started = time.perf_counter()
+
+    import mcp_types
+
+    async def work(session: ClientSession) -> mcp_types.CallToolResult:
+        with anyio.fail_after(server.timeout_s):
+            called = await session.call_tool(name, arguments)
+        if not isinstance(called, mcp_types.CallToolResult):
+            raise ToolServerError(f"The tool server '{server.name}' asked for more input.")
+        return called
+
+    result = _run(server, job, f"the tool '{name}'", work)
+    return ToolAnswer(_result_text(result), result.is_error, (time.perf_counter() - started) * 1000)
+
+
+def _result_text(result: mcp_types.CallToolResult) -> str:
+    """A result's content as text: text parts as they are, other parts described."""
+    import mcp_types
+
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, (mcp_types.ImageContent, mcp_types.AudioContent)):
+            parts.append(f"[{block.type}: {block.mime_type}, {len(block.data) * 3 // 4:,} bytes]")
+        else:
+            parts.append(f"[{block.type}]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    text = "\n".join(parts)
+    if len(text) > MAX_RESULT_CHARS:
+        cut = len(text) - MAX_RESULT_CHARS
+        text = text[:MAX_RESULT_CHARS] + f"\n… (cut: {cut:,} more characters)"
+    return text
+
+
+def _clean_schema(schema: Any) -> dict[str, Any]:
+    """A tool's argument schema without the titles SDKs add to every schema (each costs the
+    model tokens in every declaration and says nothing the names do not)."""
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key == "title" and isinstance(value, str):
+                    continue
+                if key == "properties" and isinstance(value, dict):
+                    out[key] = {k: clean(v) for k, v in value.items()}
+                else:
+                    out[key] = clean(value)
+            return out
+        if isinstance(node, list):
+            return [clean(item) for item in node]
+        return node
+
+    cleaned = clean(schema)
+    return cleaned if isinstance(cleaned, dict) else {}

@@ -1,0 +1,47 @@
+"""An MCP server written with the official SDK, run in a subprocess by the tool tests:
+`python tests/mcp_tools_server.py` serves stdio; `... http PORT` streamable HTTP."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("galahad-test-tools")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two whole numbers."""
+    return a + b
+
+
+@server.tool()
+def hang(seconds: float) -> str:
+    """Wait this many seconds, then say so."""
+    time.sleep(seconds)
+    return f"waited {seconds} s"
+
+
+@server.tool()
+def crash() -> str:
+    """Stop the server at once (as a crash would)."""
+    sys.stderr.write("test server: crashing on purpose\n")
+    sys.stderr.flush()
+    os._exit(3)
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Fail with the reason given (a failure the tool expected: the model reads it)."""
+    raise ToolError(reason)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
