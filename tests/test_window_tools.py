@@ -155,6 +155,8 @@ def test_a_call_runs_its_result_is_answered_and_the_chat_resumes_exact(
     assert message_text(messages[2], messages[1]) == 'add({"a": 2, "b": 40})'
     assert message_thoughts(messages[2]) == "42"
     assert shown_roles(messages) == ["user", "model", "tool", "model"]
+    exported = core.export(conversation_id, "md").text or ""
+    assert 'Called add({"a": 2, "b": 40})' in exported and "↳ add returned: 42" in exported
     core.close()
     reopened = make_fake_core("gemma4")
     opened = reopened.open_conversation(conversation_id)

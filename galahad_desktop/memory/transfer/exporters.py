@@ -7,7 +7,9 @@ import html
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from galahad_desktop.memory.transfer.formats import GALAHAD_FORMAT
 
@@ -17,6 +19,18 @@ class ExportedMessage:
     role: str
     text: str
     created_at: float
+
+
+def shown_text(role: str, text: str, calls: Sequence[Any]) -> str:
+    """A message as an export shows it: the tools a reply called, and what they returned,
+    in words (they are kept as JSON; an import reads them back as a plain chat)."""
+    if role == "tool":
+        try:
+            return "\n".join(f"↳ {r['name']} returned: {r['content']}" for r in json.loads(text))
+        except (ValueError, KeyError, TypeError):
+            return text
+    made = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in calls)
+    return f"{text}\n\nCalled {made}".strip() if made else text
 
 
 def _stamp(seconds: float) -> str:
@@ -54,7 +68,7 @@ def to_json(title: str, created: float, updated: float, messages: list[ExportedM
     )
 
 
-_WHO = {"user": "You", "model": "Gemma", "document": "Document"}
+_WHO = {"user": "You", "model": "Gemma", "document": "Document", "tool": "Tool"}
 
 
 def to_markdown(title: str, created: float, updated: float, messages: list[ExportedMessage]) -> str:

@@ -208,7 +208,9 @@ class Transfer:
             raise InputError(f"Unknown export format '{fmt}'; use md, json or html.")
         conv = self.conversations.row(conversation_id)
         messages = [
-            exporters.ExportedMessage(m.role, m.text, m.created_at)
+            exporters.ExportedMessage(
+                m.role, exporters.shown_text(m.role, m.text, m.calls), m.created_at
+            )
             for m in self.conversations.messages(conversation_id)
         ]
         text = writer(
