@@ -132,6 +132,29 @@ def test_three_regenerations_give_different_replies_kept_as_versions(
     assert core.vault.catalog.count("reply_versions") == 0
 
 
+def test_a_replys_versions_keep_blocks_by_bytes_too(make_fake_core: CoreFactory) -> None:
+    """On a large model each version's block is big (a long 31B reply: 0.8 GB): the newest
+    versions keep theirs while they fit what kept checkpoints may take (a sixteenth of the
+    disk budget here); older ones keep their words and say to regenerate."""
+    core = make_fake_core(temperature=1.0)
+    first = core.send(None, "Tell me a story.", params=core.sampling(max_tokens=12))
+    conversation = first.conversation_id
+    head = core.vault.catalog.select("blocks", id=core.head_block(conversation))[0]
+    one = int(head["file_bytes"])  # a reply's link: each version keeps one like it
+    core.update_settings({"disk_budget": 16 * (5 * one // 2)})  # room for two versions' links
+    for _ in range(4):
+        core.regenerate(conversation, params=core.sampling(max_tokens=12))
+    versions = core.reply_versions(conversation, 1)
+    assert [v.restorable for v in versions] == [False, False, True, True, True]
+    blocks = core.vault.catalog.select("blocks", owner_id=conversation)
+    assert len(blocks) == 3  # the current reply's block and the two versions that fit
+    with pytest.raises(InputError, match="regenerate instead"):
+        core.choose_version(conversation, 1)
+    opened = core.choose_version(conversation, 3)  # a kept one still comes back exact
+    assert opened.graft.recomputed_tokens == 0 and opened.graft.proof.verdict == "exact"
+    assert core.audit().problems == []
+
+
 def test_a_seed_reproduces_a_reply(make_fake_core: CoreFactory) -> None:
     core = make_fake_core(temperature=1.0)
     first = core.send(None, "Pick a word.", params=core.sampling(max_tokens=10))

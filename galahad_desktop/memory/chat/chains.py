@@ -23,6 +23,14 @@ CHECKPOINT_BYTES = 1_000_000_000
 CHECKPOINT_BUDGET_SHARE = 16
 
 
+def checkpoint_bytes(disk_budget: int | None) -> int:
+    """The most kept checkpoints may take together (the links kept apart at a compaction;
+    the blocks a reply's earlier versions keep): 1 GB, or a sixteenth of the budget set."""
+    if not disk_budget:  # automatic (None) or no limit (0)
+        return CHECKPOINT_BYTES
+    return min(CHECKPOINT_BYTES, disk_budget // CHECKPOINT_BUDGET_SHARE)
+
+
 class Chains:
     def __init__(self, live: LiveContext, conversations: Conversations) -> None:
         self.live = live
@@ -48,10 +56,7 @@ class Chains:
 
     def checkpoint_bytes(self) -> int:
         """The most the links kept apart at a compaction may take together."""
-        budget = self.live.settings.values.disk_budget
-        if not budget:  # automatic (None) or no limit (0)
-            return CHECKPOINT_BYTES
-        return min(CHECKPOINT_BYTES, budget // CHECKPOINT_BUDGET_SHARE)
+        return checkpoint_bytes(self.live.settings.values.disk_budget)
 
     def _kept_by_bytes(self, own: list[BlockRow], keep: int) -> int:
         """How many of the newest links (at most `keep`, at least one) fit the bytes."""

@@ -34,12 +34,19 @@ from galahad_desktop.errors import (
 )
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.chains import checkpoint_bytes
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
 from galahad_desktop.memory.chat.tool_turns import declared
 from galahad_desktop.memory.results import GraftReport, TurnResult, TurnStop
-from galahad_desktop.vault.names import BlockRow, ConversationRow, MessageRow, VersionRow
+from galahad_desktop.vault.names import (
+    BlockRow,
+    ConversationRow,
+    MessageRow,
+    VersionRow,
+    file_bytes,
+)
 from galahad_desktop.vault.vault import new_id
 
 P = ParamSpec("P")
@@ -586,6 +593,8 @@ class ConversationTurns:
         the newest `checkpoints` of them."""
         versions = self.records.versions(conv["id"])
         released = [v for v in versions if v["block_id"] and v["seq"] < seq + 1]
+        if keep_version is not None:  # a regenerate: the reply's versions, by bytes too
+            released += self._versions_past_bytes(versions, seq + 1, keep_version)
         retired = [
             str(v["block_id"]) for v in released if not self.vault.children(str(v["block_id"]))
         ]
@@ -601,6 +610,27 @@ class ConversationTurns:
                 if not self.vault.children(b)
             ]
         return released, retired
+
+    def _versions_past_bytes(
+        self, versions: list[VersionRow], seq: int, newest: MessageRow
+    ) -> list[VersionRow]:
+        """The reply's earlier versions whose blocks no longer fit, the newest kept first:
+        together with the one just replaced, at most what kept checkpoints may take (on a
+        31B model a long reply's block is 0.8 GB). What is given up: such a version keeps
+        its words, and choosing it again says to regenerate instead."""
+        limit = checkpoint_bytes(self.live.settings.values.disk_budget)
+
+        def size(block_id: object) -> int:
+            block = self.records.block(str(block_id)) if block_id else None
+            return file_bytes(block) if block is not None else 0
+
+        total, past = size(newest["block_id"]), []
+        earlier = [v for v in versions if v["seq"] == seq and v["block_id"]]
+        for version in sorted(earlier, key=lambda v: v["created_at"], reverse=True):
+            total += size(version["block_id"])
+            if total > limit:
+                past.append(version)
+        return past
 
 
 class TurnRoom:
