@@ -181,6 +181,8 @@ def test_always_allowed_denied_stopped_and_crashed_calls(
     crashed = core.run_tool(conversation_id, called.calls[0])
     assert crashed.is_error and "'calc'" in crashed.text  # the model is told, by name
     stopped = ToolRun(called.calls[1].id, "add", "Stopped by the user.", ran=False)
+    with pytest.raises(InputError, match="needs its result"):
+        core.give_tool_results(conversation_id, [crashed])  # one result for two calls
     closed = core.give_tool_results(conversation_id, [crashed, stopped], answer=False)
     assert closed.stop_reason == "cancelled" and closed.reply == ""
     with pytest.raises(InputError, match="called no tools"):

@@ -18,7 +18,7 @@ from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.api_shape import ChatShape, UserTurn
 from galahad_desktop.memory.chat.stateless import StatelessChats
 from galahad_desktop.memory.chat.system_prompt import system_value
-from galahad_desktop.memory.chat.tool_turns import CALLED, markers_of, tool_records
+from galahad_desktop.memory.chat.tool_turns import markers_of, tool_records
 from galahad_desktop.memory.results import ConversationTool, Tool, ToolRun, TurnResult
 
 NOT_ANSWERED = "Not run: the user wrote a new message instead of answering this call."
@@ -108,6 +108,9 @@ class WindowTools:
         again); with `answer` False the turn is closed there (the user stopped it)."""
         if not self.waiting(conversation_id):
             raise InputError("The conversation's last reply called no tools.")
+        called = self.conversations.messages(conversation_id)[-1].calls
+        if [(c.id, c.name) for c in called] != [(r.call_id, r.name) for r in runs]:
+            raise InputError("Each call the last reply made needs its result, in order.")
         results = tuple((run.name, run.text) for run in runs)
         if answer:
             return self._answer(conversation_id, UserTurn("", results=results), params, job)
@@ -144,4 +147,4 @@ class WindowTools:
         return dataclasses.replace(result, calls=calls)
 
 
-__all__ = ["CALLED", "NOT_ANSWERED", "WindowTools"]
+__all__ = ["NOT_ANSWERED", "WindowTools"]
