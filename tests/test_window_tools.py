@@ -210,6 +210,11 @@ def test_a_new_message_while_calls_wait_closes_them_first(
     assert core.send(conversation_id, "Forget it").reply == "OK."
     tool = core.messages(conversation_id)[2]
     assert tool.role == "tool" and "Not run" in tool.text
+    # Its turns are not question-and-answer pairs: carried on from a summary only.
+    with pytest.raises(InputError, match="from a summary"):
+        core.continue_with_recent(conversation_id, "More")
+    with pytest.raises(InputError, match="keeps its system turn"):
+        core.branch_with_system_prompt(conversation_id, "Be brief.")
 
 
 def test_tools_are_chosen_when_a_chat_starts_and_gemma3_has_none(

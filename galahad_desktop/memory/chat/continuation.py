@@ -141,7 +141,10 @@ class Continuation(TurnRoom):
     # -- the documents and the last turns ---------------------------------------------------
 
     def _recent_plan(self, conv: ConversationRow, needed: int) -> tuple[int, int] | None:
-        """(messages kept, tokens re-read) for the most recent whole turns that fit."""
+        """(messages kept, tokens re-read) for the most recent whole turns that fit (None for
+        a chat with tools: its turns are not pairs; a summary carries it on, without them)."""
+        if self.conversations.system_tools(conv):
+            return None
         engine = self.live.engine
         turns = engine.turns
         base = conv["document_id"] and self.vault.records.document(conv["document_id"])
@@ -189,6 +192,8 @@ class Continuation(TurnRoom):
         job: Job = NO_JOB,
     ) -> Continued:
         conv = self.conversations.row(conversation_id)
+        if self.conversations.system_tools(conv):
+            raise InputError("A chat with tools continues from a summary, not its last turns.")
         needed = len(self.live.engine.turns.user_turn(text)) + self.reply_room()
         plan = self._recent_plan(conv, needed)
         if plan is None:
@@ -213,6 +218,11 @@ class Continuation(TurnRoom):
         what the window says before ("changing it re-reads N tokens")."""
         check_text(words, "The system prompt")
         conv = self.conversations.row(conversation_id)
+        if self.conversations.system_tools(conv):
+            raise InputError(
+                "A chat with tools keeps its system turn (its tools are declared there): start "
+                "a new chat with the new system prompt instead."
+            )
         sized = self._pairs(conv)
         pictures = [u.removeprefix(PICTURE) for u, _r, _s in sized if u.startswith(PICTURE)]
         if pictures:
