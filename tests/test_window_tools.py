@@ -251,3 +251,40 @@ def test_a_result_is_cut_and_schemas_lose_their_titles() -> None:
         "type": "object",
         "properties": {"title": {"type": "string"}},  # a property named "title" stays
     }
+
+
+def test_a_servers_awkward_tools_are_made_callable_or_left_out(
+    make_fake_core: Callable[..., Galahad], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(20):
+        deep = {"type": "object", "properties": {"x": deep}}
+    offered = [
+        OfferedTool("read file/v2", 'Read <|"|>a file', {"type": "object"}),
+        OfferedTool("9lives", "", {"type": "object"}),
+        OfferedTool("x" * 80, "", {"type": "object"}),
+        OfferedTool("too_deep", "", deep),
+    ]
+    monkeypatch.setattr(facade_tools, "list_tools", lambda server, job=None: offered)
+    calls: list[str] = []
+
+    def call(server: ToolServer, name: str, arguments: dict[str, Any], job: Any = None) -> Any:
+        calls.append(name)
+        return ToolAnswer("ok", False, 1.0)
+
+    monkeypatch.setattr(facade_tools, "call_tool", call)
+    core = make_fake_core("gemma4")
+    core.add_tool_server("odd", "odd-server")
+    core.add_tool_server("same", "same-server")
+    conversation_id = core.new_conversation()
+    tools = core.use_tools(conversation_id, ["odd", "same"])
+    names = [t.name for t in tools]
+    assert names[:3] == ["read_file_v2", "_9lives", "x" * 64]
+    assert names[3:] == ["same_read_file_v2", "same__9lives", ("same_" + "x" * 64)[:64]]
+    assert "too_deep" not in " ".join(names)  # left out: it cannot be declared
+    assert tools[0].description == 'Read "a file'
+    # A call by the model's name reaches the server's own name for the tool.
+    _calls(core, b"call:same_read_file_v2{}")
+    called = core.send(conversation_id, "Read it")
+    assert core.run_tool(conversation_id, called.calls[0]).text == "ok"
+    assert calls == ["read file/v2"]

@@ -4,12 +4,15 @@ tools, running a call the user allowed and giving its result back. Mixed into `G
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.tool_turns import tool_records
 from galahad_desktop.memory.chat.window_tools import WindowTools
 from galahad_desktop.memory.results import (
     ConversationTool,
@@ -22,6 +25,21 @@ from galahad_desktop.memory.results import (
 from galahad_desktop.memory.tool_servers import ToolServers
 from galahad_desktop.toolbox.mcp_client import ToolServerError, call_tool, list_tools, sdk_version
 from galahad_desktop.toolbox.servers import DEFAULT_TIMEOUT_S
+
+log = logging.getLogger(__name__)
+
+
+def callable_name(name: str, server: str, taken: set[str]) -> str:
+    """A tool's name as the model calls it: letters, digits, '_', '.', '-' (at most 64),
+    unique among the chat's tools (the server's own name is kept for the call)."""
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:64] or "tool"
+    if not re.match(r"[A-Za-z_]", name):
+        name = f"_{name}"[:64]
+    if name in taken:
+        name = f"{server}_{name}"[:64]
+    while name in taken:
+        name = f"{name[:60]}_{len(taken)}"
+    return name
 
 
 class ToolFacade:
@@ -76,18 +94,25 @@ class ToolFacade:
         self, conversation_id: str, servers: Sequence[str], job: Job = NO_JOB
     ) -> list[ConversationTool]:
         """Offer the tools of `servers` in a conversation that has not started (each server
-        is asked for its tools now; a name two servers share gets its server's prefix)."""
+        is asked for its tools now). A name the model cannot call is made callable (other
+        characters become '_'; a name two servers share gets its server's prefix); a tool
+        that cannot be declared (a schema nested too deep, Gemma's string marker in it) is
+        left out and logged."""
         chosen: list[tuple[str, str, Tool]] = []
         names: set[str] = set()
         for server in servers:
             for offered in self.server_tools(server, job):
-                name = offered.name if offered.name not in names else f"{server}_{offered.name}"
+                name = callable_name(offered.name, server, names)
+                tool = Tool(name, offered.description.replace('<|"|>', '"'), offered.parameters)
+                try:
+                    tool_records([tool])
+                except InputError as exc:
+                    log.warning("tool %s of %s left out: %s", offered.name, server, exc)
+                    continue
                 names.add(name)
-                chosen.append(
-                    (server, offered.name, Tool(name, offered.description, offered.parameters))
-                )
+                chosen.append((server, offered.name, tool))
         if not chosen:
-            raise InputError("The servers chosen offer no tools.")
+            raise InputError("The servers chosen offer no tools this model can call.")
         self.window_tools.enable(conversation_id, chosen)
         return self.window_tools.offered(conversation_id)
 
