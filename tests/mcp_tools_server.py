@@ -27,6 +27,16 @@ def hang(seconds: float) -> str:
 
 
 @server.tool()
+def shout(megabytes: int) -> str:
+    """Write this many megabytes to stderr, then answer (a server that logs without end)."""
+    line = "x" * 1023 + "\n"
+    for _ in range(megabytes * 1024):
+        sys.stderr.write(line)
+    sys.stderr.flush()
+    return "said it all"
+
+
+@server.tool()
 def crash() -> str:
     """Stop the server at once (as a crash would)."""
     sys.stderr.write("test server: crashing on purpose\n")

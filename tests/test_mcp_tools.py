@@ -32,7 +32,7 @@ COMMAND = f"{sys.executable} {SERVER}"
 def test_a_stdio_server_lists_and_runs_its_tools() -> None:
     server = parse_server("calc", COMMAND, timeout_s=20)
     tools = {t.name: t for t in list_tools(server)}
-    assert set(tools) == {"add", "hang", "crash", "fail"}
+    assert set(tools) == {"add", "hang", "shout", "crash", "fail"}
     assert tools["add"].parameters["properties"] == {
         "a": {"type": "integer"},
         "b": {"type": "integer"},
@@ -41,6 +41,8 @@ def test_a_stdio_server_lists_and_runs_its_tools() -> None:
     assert answer.text == "42" and not answer.is_error
     failed = call_tool(server, "fail", {"reason": "no such city"})
     assert failed.is_error and "no such city" in failed.text  # the model is told
+    # 20 MB on stderr: read as it comes (the server never blocks on it), the last 4 KB kept.
+    assert call_tool(server, "shout", {"megabytes": 20}).text == "said it all"
 
 
 def test_a_hanging_tool_is_stopped_by_its_limit_and_by_stop() -> None:
@@ -143,7 +145,7 @@ def test_a_window_chat_on_the_gemma4_model_calls_a_real_server_and_resumes_exact
         core.add_tool_server("calc", COMMAND, 30)
         conversation_id = core.new_conversation()
         tools = core.use_tools(conversation_id, ["calc"])
-        assert [t.name for t in tools] == ["add", "hang", "crash", "fail"]
+        assert [t.name for t in tools] == ["add", "hang", "shout", "crash", "fail"]
         offered = [(t.name, t.parameters) for t in core.server_tools("calc") if t.name == "add"]
         markers = core.engine.tool_markers
         assert markers is not None

@@ -8,8 +8,10 @@ every 50 ms) or by the server's time limit; the SDK then stops the server's proc
 
 from __future__ import annotations
 
+import contextlib
 import json
-import tempfile
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,13 +55,33 @@ class ToolAnswer:
     elapsed_ms: float
 
 
-def _last_line(errlog: TextIO) -> str:
-    try:
-        errlog.seek(0)
-        lines = [line.strip() for line in errlog.read()[-4000:].splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return ""
-    return lines[-1][:300] if lines else ""
+class ServerWords:
+    """A stdio server's stderr: read as it comes, only its last 4,000 characters kept (a
+    server that writes without end fills neither a disk nor memory), its last line named
+    when it fails."""
+
+    KEEP = 4000
+
+    def __init__(self) -> None:
+        read_end, write_end = os.pipe()
+        self.writer = cast(TextIO, os.fdopen(write_end, "w", encoding="utf-8", errors="replace"))
+        self._reader = os.fdopen(read_end, "r", encoding="utf-8", errors="replace")
+        self._tail = ""
+        self._thread = threading.Thread(target=self._drain, name="mcp-stderr", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with self._reader:
+            while piece := self._reader.read(4096):
+                self._tail = (self._tail + piece)[-self.KEEP :]
+
+    def close(self) -> None:
+        self.writer.close()  # the server's copy closes when it exits: then the reader ends
+        self._thread.join(2)
+
+    def last_line(self) -> str:
+        lines = [line.strip() for line in self._tail.splitlines() if line.strip()]
+        return lines[-1][:300] if lines else ""
 
 
 async def _session_run(
@@ -119,8 +141,9 @@ def _run(
             raise CancelledError(f"Stopped: {what} was stopped before it answered.")
         return result[0]
 
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as opened:
-        errlog = cast(TextIO, opened)  # the server's stderr: its last words name a crash
+    words = ServerWords()  # the server's stderr: its last words name a crash
+    errlog = words.writer
+    with contextlib.closing(words):
         try:
             return anyio.run(main)
         except Exception as raised:  # the SDK's, the transport's, a server's protocol errors
@@ -144,7 +167,8 @@ def _run(
                     f"The tool server '{server.name}' could not be started: its program may "
                     "not be run (permission denied)."
                 ) from None
-            said = _last_line(errlog)
+            words.close()  # everything it wrote has been read
+            said = words.last_line()
             raise ToolServerError(
                 f"The tool server '{server.name}' failed ({what}): {_reason(exc)}"
                 + (f" Its last words: {said}" if said else "")
