@@ -146,3 +146,7 @@ def test_a_tool_runs_after_asking_is_stopped_and_the_chat_resumes_exact(
     reopened = win.chat.messages[2]  # the same card as when it ran: the call, its result
     assert reopened.text == 'add({"a": 20, "b": 22})' and reopened.thoughts == "42"
     assert "stopped" in win.chat.messages[-1].text
+    # Its Tools button says what it offers (fixed when it started); a new chat, what it will.
+    qtbot.waitUntil(lambda: win.chat.tools_button.text() == "Tools: 5", timeout=WAIT_MS)
+    win.new_chat()
+    assert win.chat.tools_button.text() == "Tools (1)" and not win.chat.tools_on

@@ -492,6 +492,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         self.chat.set_messages([])
         self.chat.set_documents([])
         self.chat.thinking_box.setEnabled(True)
+        self.show_new_chat_tools()
         self.pages.setCurrentWidget(self.chat)
         self.set_context(0, self.n_ctx)
         self.speed_label.clear()  # the pace was the last chat's reply, not this one's

@@ -103,14 +103,18 @@ class ToolActions:
     def _choose_server(self, name: str, on: bool) -> None:
         chosen = [n for n in self.new_chat_tools if n != name]
         self.new_chat_tools = [*chosen, name] if on else chosen
-        self.chat.tools_button.setText(
-            f"Tools ({len(self.new_chat_tools)})" if self.new_chat_tools else "Tools"
-        )
+        self.show_new_chat_tools()
         self.set_status(
             "The next new chat offers the tools of: " + ", ".join(self.new_chat_tools)
             if self.new_chat_tools
             else "New chats offer no tools."
         )
+
+    def show_new_chat_tools(self) -> None:
+        """The Tools button of a new chat: how many servers it will offer."""
+        count = len(self.new_chat_tools)
+        self.chat.tools_button.setText(f"Tools ({count})" if count else "Tools")
+        self.chat.tools_on = False
 
     def _tools_shown(self, tools: list[ConversationTool]) -> None:
         menu = self.chat.tools_menu
@@ -131,6 +135,7 @@ class ToolActions:
         def shown(tools: list[ConversationTool]) -> None:
             if self.conversation_id == conversation_id:
                 self.chat.tools_on = any(t.server for t in tools)
+                self.chat.tools_button.setText(f"Tools: {len(tools)}" if tools else "Tools")
                 self.chat.set_busy(self.chat.busy)
 
         self.bridge.run(lambda core, _job: core.conversation_tools(conversation_id), on_done=shown)
