@@ -420,3 +420,13 @@ def test_rename_and_the_title_in_the_catalog_is_encrypted(
     core.close()
     raw = (tmp_path / "data" / "catalog.sqlite").read_bytes()
     assert b"Secret plans" not in raw
+
+
+def test_a_model_given_for_this_run_is_the_one_listed_in_use(
+    make_fake_core: Callable[..., Galahad], tmp_path: Path
+) -> None:
+    """`galahad --model FILE gui`: the switcher showed the embedded model as in use."""
+    (tmp_path / "fake-gemma4.gguf").write_bytes(b"GGUF")
+    core = make_fake_core("gemma4")
+    in_use = [f for f in core.model_files() if f.in_use]
+    assert [Path(f.path).name for f in in_use] == ["fake-gemma4.gguf"]

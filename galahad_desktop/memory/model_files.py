@@ -77,6 +77,7 @@ class ModelShelf:
             candidates += sorted(self.models_dir.glob("*.gguf"))
         if self.settings.values.model_path:
             candidates.append(Path(self.settings.values.model_path))
+        candidates.append(Path(in_use))  # a model given for this run (--model) is listed too
         for path in candidates:
             try:
                 key = path.resolve()
