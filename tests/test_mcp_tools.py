@@ -170,3 +170,35 @@ def test_a_window_chat_on_the_gemma4_model_calls_a_real_server_and_resumes_exact
         assert roles == ["user", "model", "tool", "model"]
     finally:
         reopened.close()
+
+
+def test_tool_servers_from_the_command_line(tmp_path: Path) -> None:
+    """`galahad tools` (a passphrase directory: no keyring needed): the same list."""
+    from tests.helpers import cli_json, run_cli
+
+    data, env = tmp_path / "data", {"GALAHAD_PASSPHRASE": "correct horse battery"}
+    added = cli_json(
+        "tools",
+        "add",
+        "calc",
+        sys.executable,
+        str(SERVER),
+        "--timeout",
+        "20",
+        "--passphrase",
+        data_dir=data,
+        env=env,
+    )
+    assert added["target"] == f"{sys.executable} {SERVER}" and added["timeout_s"] == 20
+    listed = cli_json("tools", "list", "--passphrase", data_dir=data, env=env)
+    assert [s["name"] for s in listed["servers"]] == ["calc"]
+    shown = cli_json("tools", "show", "calc", "--passphrase", data_dir=data, env=env)
+    assert "add" in [t["name"] for t in shown["tools"]]
+    bad = run_cli(
+        "tools", "add", "bad name", "x", "--passphrase", data_dir=data, env=env, check=False
+    )
+    assert bad.returncode == 4 and "name must be" in bad.stderr and "Traceback" not in bad.stderr
+    gone = run_cli("tools", "remove", "nope", "--passphrase", data_dir=data, env=env, check=False)
+    assert gone.returncode == 3 and "No tool server is named 'nope'" in gone.stderr
+    run_cli("tools", "remove", "calc", "--passphrase", data_dir=data, env=env)
+    assert cli_json("tools", "list", "--passphrase", data_dir=data, env=env)["servers"] == []

@@ -93,6 +93,8 @@ def test_a_server_is_a_command_line_or_a_url() -> None:
     stdio = parse_server("files", "npx -y '@mcp/server files' ~/Docs", 30)
     assert stdio.command == ("npx", "-y", "@mcp/server files", "~/Docs") and not stdio.url
     assert parse_server("web", "http://127.0.0.1:8000/mcp").url == "http://127.0.0.1:8000/mcp"
+    relative = parse_server("local", "./bin/server --port 3")  # found from where it was added
+    assert relative.command == (str(Path.cwd() / "bin" / "server"), "--port", "3")
 
 
 def test_servers_are_kept_encrypted_and_a_changed_list_is_refused(

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from galahad_desktop import __version__
-from galahad_desktop.cli import chat, documents, measure, models, serve, store, verified
+from galahad_desktop.cli import chat, documents, measure, models, serve, store, tools, verified
 from galahad_desktop.cli.common import Output, add_common, open_core, printable
 from galahad_desktop.errors import CancelledError, GalahadError, as_user_error
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func, needs_core=core)
         return p
 
-    for module in (chat, documents, store, models, verified, serve):
+    for module in (chat, documents, store, models, verified, tools, serve):
         module.register(add)
     return parser
 

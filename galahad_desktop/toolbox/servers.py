@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -67,6 +68,10 @@ def parse_server(name: str, target: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
         return ToolServer(name, url=target, timeout_s=timeout_s)
     try:
         command = tuple(shlex.split(target))
+        if "/" in command[0] and not os.path.isabs(command[0]):
+            # A program given by a relative path is found from where it was added, not
+            # from wherever the app later starts.
+            command = (os.path.abspath(command[0]), *command[1:])
     except ValueError as exc:
         raise InputError(
             f"The tool server '{name}': the command line is not valid ({exc})."
