@@ -327,3 +327,38 @@ def test_a_tool_history_that_parts_continues_in_a_copy_with_its_tools(
         max_tokens=4,
     )
     assert later.conversation_id == again.conversation_id and later.matched_turns == 2
+
+
+def test_tools_under_tool_choice_none_stay_declared_and_are_not_called(
+    make_fake_core: Callable[..., Galahad], tmp_path: Path
+) -> None:
+    """OpenAI's `none`: the model may not call, but the tools are still its context; the
+    history stored under it is the one the next request (which may call) grafts."""
+    core = make_fake_core("gemma4")
+    engine: Any = core.live.engine
+    ids = engine.ids
+    offered = (Tool("get_time", "Time", {}),)
+    engine.script = [ids["<|tool_call>"], *b"call:get_time{}", ids["<tool_call|>"], ids["<turn|>"]]
+    first = core.complete_chat(
+        [ChatMessage("user", "Time?")],
+        reply=ReplyShape(tools=offered, tool_choice="none"),
+        max_tokens=40,
+    )
+    assert not first.calls and first.finish_reason == "stop"  # a call under none is text
+    assert "get_time" in first.text
+    engine.script = [*b"Noon.", ids["<turn|>"]]
+    again = core.complete_chat(
+        [
+            ChatMessage("user", "Time?"),
+            ChatMessage("assistant", first.text),
+            ChatMessage("user", "And now?"),
+        ],
+        reply=ReplyShape(tools=offered),
+        max_tokens=10,
+    )
+    assert again.matched_turns == 1 and again.cached_tokens > 0  # found, grafted, not re-read
+    gemma3 = make_fake_core("gemma3", data=tmp_path / "three")
+    plain = gemma3.complete_chat(
+        [ChatMessage("user", "Hi")], reply=ReplyShape(tools=offered, tool_choice="none")
+    )
+    assert plain.finish_reason in ("stop", "length")  # no tool syntax: it just answers

@@ -169,9 +169,15 @@ class StatelessChats(TurnRoom):
         job: Job = NO_JOB,
         reply: ReplyShape = PLAIN_REPLY,
     ) -> ChatCompletion:
-        """One request: its messages put in turns (tools offered unless tool_choice is
-        none), the reply held to its grammar (JSON, or a call that must be made)."""
-        request = shape(messages, reply.tools if reply.tool_choice != "none" else ())
+        """One request: its messages put in turns (the tools declared, even under
+        tool_choice none), the reply held to its grammar (JSON, or a call that must be
+        made)."""
+        # Under tool_choice none the tools are still declared (the history keeps them, so
+        # the next request, which may call, finds it stored); only a call is not read.
+        # A model without tool syntax just answers under none (with any other choice the
+        # tools are refused by name below).
+        dropped = reply.tool_choice == "none" and self.live.engine.tool_markers is None
+        request = shape(messages, () if dropped else reply.tools)
         params = dataclasses.replace(params, grammar=reply_grammar(reply))
         uses_tools = bool(request.tools) or any(
             u.results or r.calls for u, r in (*request.pairs, (request.question, Reply("")))
@@ -208,7 +214,9 @@ class StatelessChats(TurnRoom):
                 self._index(conversation_id, request, turns)
             self._read_pictures(conversation_id, request.question, counters, job)
             if uses_tools:
-                result, calls = self.answer_prompt(conversation_id, request, params, job)
+                result, calls = self.answer_prompt(
+                    conversation_id, request, params, job, reply.tool_choice != "none"
+                )
             else:
                 result = self.turns.send(conversation_id, request.question.text, params, job)
         except BaseException:
@@ -349,7 +357,12 @@ class StatelessChats(TurnRoom):
         return bool(rows) and rows[-1].get("stop") == CALLED
 
     def answer_prompt(
-        self, conversation_id: str, request: ChatShape, params: SamplingParams, job: Job
+        self,
+        conversation_id: str,
+        request: ChatShape,
+        params: SamplingParams,
+        job: Job,
+        calling: bool = True,
     ) -> tuple[TurnResult, tuple[ToolCall, ...]]:
         """Answer a prompt where tools are offered or given back: the reply is generated,
         its calls read from their token ids; a reply that called tools leaves its model turn
@@ -363,7 +376,7 @@ class StatelessChats(TurnRoom):
         generation = engine.generate(params, job).check_device()
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
-        text, calls = read_reply(engine, generation, request.tools)
+        text, calls = read_reply(engine, generation, request.tools if calling else ())
         if not calls:
             close = engine.model_close()
             engine.evaluate(close)
