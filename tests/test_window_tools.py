@@ -290,3 +290,26 @@ def test_a_servers_awkward_tools_are_made_callable_or_left_out(
     called = core.send(conversation_id, "Read it")
     assert core.run_tool(conversation_id, called.calls[0]).text == "ok"
     assert calls == ["read file/v2"]
+
+
+def test_the_terminal_chat_says_where_a_call_runs(
+    make_fake_core: Callable[..., Galahad],
+    servers: FakeServers,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`galahad chat` in a chat with tools: a call is named, with where tools run."""
+    import argparse
+
+    from galahad_desktop.cli.chat import run_turn
+    from galahad_desktop.cli.common import Output
+
+    core = make_fake_core("gemma4")
+    core.add_tool_server("calc", "calc-server")
+    conversation_id = core.new_conversation()
+    core.use_tools(conversation_id, ["calc"])
+    _calls(core, b"call:add{a:1,b:2}")
+    args = argparse.Namespace(temperature=None, max_tokens=None, seed=None, top_p=None)
+    result = run_turn(core, Output(False), conversation_id, "Add", args)
+    assert result.calls and servers.calls == []  # nothing ran from the terminal
+    said = capsys.readouterr().err
+    assert 'called the tool add({"a": 1, "b": 2})' in said and "galahad gui" in said

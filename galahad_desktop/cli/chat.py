@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.common import (
@@ -80,6 +81,12 @@ def run_turn(
     if not out.as_json:
         print()
         out.info(result.describe())
+    for call in result.calls:  # tools run from the window, where each call is asked first
+        out.info(
+            f"The reply called the tool {call.name}({json.dumps(call.arguments)}); tools run "
+            "from the window (galahad gui), where each call is asked first. The next message "
+            "here answers it as not run."
+        )
     return result
 
 
