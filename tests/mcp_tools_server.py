@@ -50,8 +50,30 @@ def fail(reason: str) -> str:
     raise ToolError(reason)
 
 
+def serve_http(port: int, token: str) -> None:
+    """Streamable HTTP on 127.0.0.1; with a token, a request without `Authorization:
+    Bearer TOKEN` is answered 401 (as a hosted server that needs a key would)."""
+    import uvicorn
+
+    app = server.streamable_http_app()
+
+    async def guarded(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        headers = dict(scope.get("headers") or [])
+        if (
+            scope["type"] == "http"
+            and token
+            and headers.get(b"authorization") != (b"Bearer " + token.encode())
+        ):
+            await send({"type": "http.response.start", "status": 401, "headers": []})  # type: ignore[operator]
+            await send({"type": "http.response.body", "body": b"unauthorized"})  # type: ignore[operator]
+            return
+        await app(scope, receive, send)  # type: ignore[arg-type]
+
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    if len(sys.argv) >= 3 and sys.argv[1] == "http":
+        serve_http(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")
     else:
         server.run()

@@ -73,7 +73,7 @@ def http_server() -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, str(SERVER), "http", str(port)],
+        [sys.executable, str(SERVER), "http", str(port), "test-token-789"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -91,10 +91,13 @@ def http_server() -> Iterator[str]:
         process.wait(10)
 
 
-def test_a_streamable_http_server(http_server: str) -> None:
-    server = parse_server("web", http_server, timeout_s=20)
+def test_a_streamable_http_server_with_the_header_it_needs(http_server: str) -> None:
+    keyed = ["Authorization: Bearer test-token-789"]
+    server = parse_server("web", http_server, timeout_s=20, headers=keyed)
     assert "add" in {t.name for t in list_tools(server)}
     assert call_tool(server, "add", {"a": 5, "b": 6}).text == "11"
+    with pytest.raises(ToolServerError, match=r"'web' refused the request .*HTTP 401.*key"):
+        list_tools(parse_server("web", http_server, timeout_s=20))  # no key: named, not hung
     with pytest.raises(ToolServerError, match=r"'web' failed .*could not be reached"):
         list_tools(parse_server("web", "http://127.0.0.1:9/mcp"))
 

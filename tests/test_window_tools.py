@@ -89,6 +89,22 @@ def test_a_server_that_cannot_be_used_is_refused_by_name(
         parse_server(name, target)
 
 
+@pytest.mark.parametrize(
+    ("target", "header", "problem"),
+    [
+        ("https://h/mcp", "no colon here", "'Name: value'"),
+        ("https://h/mcp", "Bad Name: x", "'Name: value'"),
+        ("https://h/mcp", "X-Token: a\rb", "not usable"),
+        ("prog --serve", "Authorization: Bearer x", "environment"),
+    ],
+)
+def test_a_header_that_cannot_be_sent_is_refused_by_name(
+    target: str, header: str, problem: str
+) -> None:
+    with pytest.raises(InputError, match=problem):
+        parse_server("web", target, headers=[header])
+
+
 def test_a_server_is_a_command_line_or_a_url() -> None:
     stdio = parse_server("files", "npx -y '@mcp/server files' ~/Docs", 30)
     assert stdio.command == ("npx", "-y", "@mcp/server files", "~/Docs") and not stdio.url
@@ -102,17 +118,23 @@ def test_servers_are_kept_encrypted_and_a_changed_list_is_refused(
 ) -> None:
     core = make_fake_core("gemma4")
     core.add_tool_server("calc", "calc-server --token sk-SECRET-123", 20)
-    core.add_tool_server("web", "https://tools.example/mcp")
+    core.add_tool_server(
+        "web", "https://tools.example/mcp", headers=["Authorization: Bearer sk-HEADER-456"]
+    )
     with pytest.raises(InputError, match="already named"):
         core.add_tool_server("calc", "other")
     assert [(s.name, s.target, s.timeout_s) for s in core.tool_servers()] == [
         ("calc", "calc-server --token sk-SECRET-123", 20.0),
-        ("web", "https://tools.example/mcp", 60.0),
+        ("web", "https://tools.example/mcp (+1 header)", 60.0),  # its value never shown
     ]
     data = tmp_path / "data"
     for path in data.rglob("*"):  # a token in a command stays private, in every file
-        assert not path.is_file() or b"sk-SECRET-123" not in path.read_bytes(), path
+        if path.is_file():
+            assert b"sk-SECRET-123" not in path.read_bytes(), path
+            assert b"sk-HEADER-456" not in path.read_bytes(), path
     catalog = data / "catalog.sqlite"
+    web = core.tool_servers_room.server("web")  # kept whole, shown only as a count
+    assert web.headers == (("Authorization", "Bearer sk-HEADER-456"),)
     core.remove_tool_server("web")
     assert [s.name for s in core.tool_servers()] == ["calc"]
     core.close()

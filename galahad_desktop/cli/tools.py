@@ -35,7 +35,7 @@ def cmd_tools(core: Galahad, out: Output, args: argparse.Namespace) -> int:
             raise InputError("tools add needs NAME and a command line or URL.")
         # One argument is the command line as typed; several are its words.
         target = items[1] if len(items) == 2 else shlex.join(items[1:])
-        server = core.add_tool_server(name, target, args.timeout)
+        server = core.add_tool_server(name, target, args.timeout, args.header)
         out.result(server, f"Added the tool server '{server.name}': {server.target}")
         return 0
     if args.action == "remove":
@@ -60,3 +60,10 @@ def register(add: Any) -> None:
     p.add_argument("action", choices=["list", "add", "show", "remove"])
     p.add_argument("items", nargs="*", help="NAME, then for add: a command line or URL")
     p.add_argument("--timeout", type=float, default=60.0, help="add: a call's time limit (s)")
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="add: a header a URL server needs (repeatable; kept encrypted, never shown)",
+    )

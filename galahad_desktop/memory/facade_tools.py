@@ -74,10 +74,15 @@ class ToolFacade:
         ]
 
     def add_tool_server(
-        self, name: str, target: str, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        name: str,
+        target: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        headers: Sequence[str] = (),
     ) -> ToolServerInfo:
-        """Add an MCP server: a command line (run with stdio) or an http(s) URL."""
-        server = self.tool_servers_room.add(name, target, timeout_s)
+        """Add an MCP server: a command line (run with stdio) or an http(s) URL, with the
+        "Name: value" headers it needs (kept encrypted, never shown again)."""
+        server = self.tool_servers_room.add(name, target, timeout_s, headers)
         return ToolServerInfo(server.name, server.target, server.timeout_s, ())
 
     def remove_tool_server(self, name: str) -> None:

@@ -5,6 +5,7 @@ command line or URL can hold a token)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from galahad_desktop.errors import InputError, IntegrityError, NotFoundError
@@ -61,8 +62,14 @@ class ToolServers:
                 return server
         raise NotFoundError(f"No tool server is named '{name}' (Settings → Tools lists them).")
 
-    def add(self, name: str, target: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ToolServer:
-        server = parse_server(name, target, timeout_s)
+    def add(
+        self,
+        name: str,
+        target: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        headers: Sequence[str] = (),
+    ) -> ToolServer:
+        server = parse_server(name, target, timeout_s, headers)
         config = self.load()
         if any(s.name == server.name for s in config.servers):
             raise InputError(f"A tool server is already named '{server.name}'.")

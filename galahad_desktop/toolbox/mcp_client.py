@@ -85,7 +85,10 @@ class ServerWords:
 
 
 async def _session_run(
-    server: ToolServer, errlog: TextIO, work: Callable[[ClientSession], Awaitable[T]]
+    server: ToolServer,
+    errlog: TextIO,
+    work: Callable[[ClientSession], Awaitable[T]],
+    refused: list[int],
 ) -> T:
     # The SDK is imported when a tool is first used: the app starts without it, and its
     # POSIX-only imports are only reached on the platforms whose transport needs them.
@@ -94,8 +97,21 @@ async def _session_run(
     from mcp.client.streamable_http import streamable_http_client
 
     if server.url:
+        import httpx2
+
+        # Our own client carries the server's headers; redirects stay off (the SDK follows
+        # those within the endpoint's origin itself).
+        async def note(response: httpx2.Response) -> None:
+            if response.status_code >= 400:  # the SDK's error does not say which
+                refused.append(response.status_code)
+
         async with (
-            streamable_http_client(server.url) as (read, write),
+            httpx2.AsyncClient(
+                headers=dict(server.headers),
+                follow_redirects=False,
+                event_hooks={"response": [note]},
+            ) as http,
+            streamable_http_client(server.url, http_client=http) as (read, write),
             ClientSession(read, write) as session,
         ):
             with anyio.fail_after(CONNECT_TIMEOUT_S):
@@ -117,6 +133,7 @@ def _run(
     """Run `work` on a fresh session; Stop and the server's time limit end it. Every way it
     can fail becomes a message that names the server."""
     stopped = False
+    refused: list[int] = []  # HTTP statuses a URL server answered with
 
     async def main() -> T:
         nonlocal stopped
@@ -130,7 +147,7 @@ def _run(
             scope.cancel()
 
         async def go(scope: anyio.CancelScope) -> None:
-            result.append(await _session_run(server, errlog, work))
+            result.append(await _session_run(server, errlog, work, refused))
             scope.cancel()
 
         with anyio.fail_after(server.timeout_s + CONNECT_TIMEOUT_S):
@@ -169,6 +186,16 @@ def _run(
                 ) from None
             words.close()  # everything it wrote has been read
             said = words.last_line()
+            if refused:
+                key = (
+                    " (it wants a key: add the header it expects)"
+                    if refused[-1] in (401, 403)
+                    else ""
+                )
+                raise ToolServerError(
+                    f"The tool server '{server.name}' refused the request ({what}): HTTP "
+                    f"{refused[-1]}{key}."
+                ) from None
             raise ToolServerError(
                 f"The tool server '{server.name}' failed ({what}): {_reason(exc)}"
                 + (f" Its last words: {said}" if said else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,11 +24,16 @@ class ToolServer:
     command: tuple[str, ...] = ()  # a program and its arguments, run with stdio
     url: str = ""  # a streamable HTTP endpoint
     timeout_s: float = DEFAULT_TIMEOUT_S
+    headers: tuple[tuple[str, str], ...] = ()  # sent to a URL server (an API token, often)
 
     @property
     def target(self) -> str:
-        """The command line or URL, as the user typed it (for the Tools page)."""
-        return self.url or shlex.join(self.command)
+        """The command line or URL, as the user typed it (for the Tools page); headers are
+        counted, never shown (their values are secrets)."""
+        if not self.url:
+            return shlex.join(self.command)
+        count = len(self.headers)
+        return self.url + (f" (+{count} header{'s' if count > 1 else ''})" if count else "")
 
     def record(self) -> dict[str, Any]:
         return {
@@ -35,6 +41,7 @@ class ToolServer:
             "command": list(self.command),
             "url": self.url,
             "timeout_s": self.timeout_s,
+            "headers": [list(h) for h in self.headers],
         }
 
 
@@ -48,8 +55,38 @@ def check_server_name(name: str) -> str:
     return name
 
 
-def parse_server(name: str, target: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ToolServer:
-    """A server from what the user typed: an http(s) URL, or a command line."""
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+MAX_HEADERS = 8
+
+
+def parse_headers(lines: Sequence[str], server: str) -> tuple[tuple[str, str], ...]:
+    """HTTP headers as "Name: value" lines (blank lines skipped)."""
+    headers = []
+    for line in lines:
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not _HEADER_NAME.match(name):
+            raise InputError(
+                f"The tool server '{server}': a header is written 'Name: value' "
+                "(for example 'Authorization: Bearer …')."
+            )
+        if any(c in value for c in "\r\n\x00") or len(value) > 4096:
+            raise InputError(
+                f"The tool server '{server}': the header {name}'s value is not usable."
+            )
+        headers.append((name, value))
+    if len(headers) > MAX_HEADERS:
+        raise InputError(f"The tool server '{server}': at most {MAX_HEADERS} headers.")
+    return tuple(headers)
+
+
+def parse_server(
+    name: str, target: str, timeout_s: float = DEFAULT_TIMEOUT_S, headers: Sequence[str] = ()
+) -> ToolServer:
+    """A server from what the user typed: an http(s) URL (and the headers it needs), or a
+    command line (its secrets go in its environment: `env KEY=value program …`)."""
     name = check_server_name(name)
     target = target.strip()
     if not target:
@@ -65,7 +102,14 @@ def parse_server(name: str, target: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
                 f"The tool server '{name}': only http:// and https:// URLs are MCP endpoints "
                 f"(streamable HTTP); got {target!r}."
             )
-        return ToolServer(name, url=target, timeout_s=timeout_s)
+        return ToolServer(
+            name, url=target, timeout_s=timeout_s, headers=parse_headers(headers, name)
+        )
+    if any(line.strip() for line in headers):
+        raise InputError(
+            f"The tool server '{name}': headers are for a URL; a command takes its secrets in "
+            "its environment ('env KEY=value program …')."
+        )
     try:
         command = tuple(shlex.split(target))
         if "/" in command[0] and not os.path.isabs(command[0]):
@@ -87,4 +131,14 @@ def server_from_record(record: Any) -> ToolServer:
     if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
         raise InputError("A stored tool server's command is not a list of words.")
     target = str(record.get("url") or "") or shlex.join(command)
-    return parse_server(str(record.get("name", "")), target, float(record.get("timeout_s", 60)))
+    pairs = record.get("headers") or []
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs
+    ):
+        raise InputError("A stored tool server's headers are not name and value pairs.")
+    return parse_server(
+        str(record.get("name", "")),
+        target,
+        float(record.get("timeout_s", 60)),
+        [f"{n}: {v}" for n, v in pairs],
+    )

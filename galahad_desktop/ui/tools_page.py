@@ -68,6 +68,11 @@ class ToolsPage(QWidget):
         self.target = QLineEdit()
         self.target.setAccessibleName("Command or URL")
         self.target.setPlaceholderText("a command line, or http://127.0.0.1:8000/mcp")
+        self.header = QLineEdit()
+        self.header.setAccessibleName("HTTP header")
+        self.header.setPlaceholderText("a URL server's header, e.g. Authorization: Bearer …")
+        self.header.setToolTip("Sent with every request to a URL server; kept encrypted")
+        self.header.setEchoMode(QLineEdit.EchoMode.Password)  # a token, often
         self.timeout = QDoubleSpinBox()
         self.timeout.setAccessibleName("Time limit of a call")
         self.timeout.setRange(1, 3600)
@@ -79,6 +84,7 @@ class ToolsPage(QWidget):
         self.add_button.clicked.connect(self.add)
         form.addRow("Name", self.name)
         form.addRow("Command or URL", self.target)
+        form.addRow("Header (optional)", self.header)
         form.addRow("Time limit of a call", self.timeout)
         form.addRow("", self.add_button)
         layout.addLayout(form)
@@ -116,16 +122,18 @@ class ToolsPage(QWidget):
 
     def add(self) -> None:
         name, target, timeout = self.name.text(), self.target.text(), self.timeout.value()
+        headers = [self.header.text()] if self.header.text().strip() else []
         self.problem.clear()
 
         def added(server: ToolServerInfo) -> None:
             self.name.clear()
             self.target.clear()
+            self.header.clear()
             self.host.set_status(f"Added the tool server '{server.name}'.")
             self.reload()
 
         self.host.bridge.run(
-            lambda core, _job: core.add_tool_server(name, target, timeout),
+            lambda core, _job: core.add_tool_server(name, target, timeout, headers),
             on_done=added,
             on_error=self._failed,
         )
