@@ -220,6 +220,47 @@ def _slow_body(h: Harness, server: RunningServer) -> None:
     _record(h, "a body that never finishes", verdict, time.monotonic() - started, "slow body", "")
 
 
+def _schema_case(name: str, schema: dict[str, Any]) -> tuple[str, bytes, None, list[int], str]:
+    body = _chat(
+        [_user("a")],
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        max_tokens=4,
+    )
+    return (name, body, None, [400], "refusal, the server alive after")
+
+
+def _hostile_schemas() -> list[tuple[str, bytes, None, list[int], str]]:
+    """The schemas that crashed llama.cpp's grammar parser (signal 11) or took gigabytes or
+    minutes before they were bounded."""
+    items = {"type": "integer"}
+    cases = [
+        ("maxItems 100,000", {"type": "array", "items": items, "maxItems": 100_000}),
+        ("maxLength 10^6", {"type": "string", "maxLength": 10**6}),
+        ("minItems 10^8", {"type": "array", "items": items, "minItems": 10**8}),
+        ("a 100,000-value enum", {"enum": [f"v{i}" for i in range(100_000)]}),
+        ("minItems 5 with maxItems 2", {"type": "array", "minItems": 5, "maxItems": 2}),
+        ("an unbalanced pattern", {"type": "string", "pattern": "^(a$"}),
+    ]
+    found = [_schema_case(f"a JSON schema with {n}", s) for n, s in cases]
+    optional = {f"p{i}": {"type": "string"} for i in range(26)}
+    forced = _chat(
+        [_user("a")],
+        tools=[
+            {
+                "type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "properties": optional}},
+            }
+        ],
+        tool_choice="required",
+        max_tokens=4,
+    )
+    # Gemma 3 has no tool syntax (a 400); on Gemma 4 the linear call grammar answers.
+    found.append(
+        ("26 optional tool properties, a call forced", forced, None, [200, 400], "bounded grammar")
+    )
+    return found
+
+
 def _refusals(h: Harness, server: RunningServer) -> None:
     history = [
         _user("hi") if i % 2 == 0 else {"role": "assistant", "content": "ok"} for i in range(10_001)
@@ -279,6 +320,7 @@ def _refusals(h: Harness, server: RunningServer) -> None:
             [400],
             "refusal",
         ),
+        *_hostile_schemas(),
         (
             'include_usage: "no"',
             _chat([_user("a")], stream=True, stream_options={"include_usage": "no"}),

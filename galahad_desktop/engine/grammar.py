@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from galahad_desktop.engine.schema_bounds import check_grammar_bounds, check_schema_bounds
 from galahad_desktop.errors import InputError
 
 # The converter's string character lets raw control characters through, which no JSON
@@ -41,6 +42,12 @@ def json_grammar(schema: Mapping[str, Any] | None, where: str = "the JSON schema
     are not (the converter does not enforce them)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf  # pure Python; loads llama.cpp
 
+    def refuse(message: str) -> GrammarError:
+        return GrammarError(f"{where} cannot be used: {message}")
+
+    # Bounded before the converter sees it: the converter would spend gigabytes on
+    # minItems 10^8, and llama.cpp's parser overflows its stack on deep repetitions.
+    check_schema_bounds({"type": "object"} if schema is None else schema, "the schema", refuse)
     text = json.dumps({"type": "object"} if schema is None else dict(schema))
     try:
         grammar: str = json_schema_to_gbnf(text)
@@ -48,6 +55,7 @@ def json_grammar(schema: Mapping[str, Any] | None, where: str = "the JSON schema
         raise GrammarError(f"{where} is nested too deeply.") from None
     except Exception as exc:  # the converter asserts, or fails on a wrong type
         raise GrammarError(f"{where} cannot be used: {_reason(exc)}.") from None
+    check_grammar_bounds(grammar, "the schema", refuse)
     return grammar.replace(_LOOSE_CHAR, _STRICT_CHAR)
 
 
@@ -174,21 +182,26 @@ class _CallGrammar:
             rule = self.value(properties[key], f"{name}-{key}", f"{where}.properties.{key}")
             self.add(f"{name}-{key}-kv", f"{_literal(key + ':')} {rule}")
             pairs.append((f"{name}-{key}-kv", key in required))
-        return self.add(name, f'"{{" {self._members(pairs, True)} "}}"')
+        return self.add(name, f'"{{" {self._members(name, pairs)} "}}"')
 
-    def _members(self, pairs: list[tuple[str, bool]], first: bool) -> str:
+    def _members(self, name: str, pairs: list[tuple[str, bool]]) -> str:
         """The members in order, each required one present, optional ones optional; a
-        comma before every member but the first written."""
-        if not pairs:
-            return ""
-        (rule, needed), rest = pairs[0], pairs[1:]
-        here = rule if first else f'"," {rule}'
-        after_with = self._members(rest, False)
-        if needed:
-            return f"{here} {after_with}".strip()
-        after_without = self._members(rest, first)
-        with_it = f"{here} {after_with}".strip()
-        return f"(({with_it}) | ({after_without}))" if after_without else f"({with_it})?"
+        comma before every member but the first written. Two rules per member (from here,
+        none written yet / some written), so the grammar grows with the member count: the
+        written-out alternatives it replaced doubled with each optional member."""
+        n = len(pairs)
+        self.add(f"{name}-m{n}", '""')  # none left, none written
+        self.add(f"{name}-c{n}", '""')  # none left, some written
+        for i in range(n - 1, -1, -1):
+            rule, needed = pairs[i]
+            later = f"{name}-c{i + 1}"
+            if needed:
+                self.add(f"{name}-m{i}", f"{rule} {later}")
+                self.add(f"{name}-c{i}", f'"," {rule} {later}')
+            else:
+                self.add(f"{name}-m{i}", f"{rule} {later} | {name}-m{i + 1}")
+                self.add(f"{name}-c{i}", f'("," {rule})? {later}')
+        return f"{name}-m0"
 
     def _constant(self, value: Any, where: str) -> str:
         if isinstance(value, str):
@@ -204,6 +217,13 @@ class _CallGrammar:
         )
 
 
+def check_tool_parameters(parameters: Mapping[str, Any] | None, where: str) -> None:
+    """Refuse a tool's parameter schema a call grammar could not be made from, whether or
+    not this request forces a call: the same tools are accepted under every tool_choice."""
+    check_schema_bounds(parameters or {"type": "object"}, where, ToolSchemaError)
+    _CallGrammar(0).value(parameters or {"type": "object"}, "check", where)
+
+
 def tool_call_grammar(
     tools: Sequence[tuple[str, Mapping[str, Any]]],
     markers: tuple[int, int, int],
@@ -217,8 +237,11 @@ def tool_call_grammar(
     calls = []
     for index, (name, parameters) in enumerate(tools):
         where = f"tools[{index}].function.parameters"
+        check_schema_bounds(parameters or {"type": "object"}, where, ToolSchemaError)
         args = g.value(parameters or {"type": "object"}, f"t{index}-args", where)
         calls.append(g.add(f"t{index}", f"{_literal('call:' + name)} {args}"))
     g.add("call", f"<[{call_open}]> ({' | '.join(calls)}) <[{call_close}]>")
     g.add("root", "call+" if many else "call")
-    return "\n".join(f"{name} ::= {body}" for name, body in g.rules.items()) + "\n"
+    grammar = "\n".join(f"{name} ::= {body}" for name, body in g.rules.items()) + "\n"
+    check_grammar_bounds(grammar, "the tools' parameters", ToolSchemaError)
+    return grammar

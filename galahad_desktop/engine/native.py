@@ -11,9 +11,11 @@ written in llama_api.py, which imports no llama.cpp.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,9 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from galahad_desktop.engine.grammar import GrammarError
 from galahad_desktop.engine.llama_api import DIRECT, BufferFor, ModelFacts, NativeCalls
-from galahad_desktop.errors import InputError, ModelError
+from galahad_desktop.errors import ModelError
 
 ALL_LAYERS = 0x7FFFFFFF  # what llama.cpp reads as "every layer"
 
@@ -147,6 +150,29 @@ class NativeModel:
             self.handle = None
 
 
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_discarded() -> Iterator[None]:
+    """llama.cpp's grammar parser prints a grammar it refuses, whole, on stderr (fprintf,
+    not its log): a request's field names and enum values would reach the server's log.
+    Another thread's stderr line in these few milliseconds is lost with it."""
+    with _stderr_lock:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr at all: nothing to keep clean
+            yield
+            return
+        try:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class GrammarSampler:
     """llama.cpp's grammar sampler on a model's vocabulary: the real engine's constraint
     (decoding.Constraint). One token is checked through a one-entry array; the whole
@@ -155,11 +181,15 @@ class GrammarSampler:
     _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
     def __init__(self, model: NativeModel, grammar: str) -> None:
-        self.sampler = llama_cpp.llama_sampler_init_grammar(
-            model.vocab, grammar.encode("utf-8"), b"root"
-        )
+        with _stderr_discarded():
+            self.sampler = llama_cpp.llama_sampler_init_grammar(
+                model.vocab, grammar.encode("utf-8"), b"root"
+            )
         if not self.sampler:  # e.g. a schema's pattern the converter wrote but llama.cpp refuses
-            raise InputError("llama.cpp could not read the grammar made from the reply's schema.")
+            raise GrammarError(
+                "llama.cpp could not read the grammar made from the reply's schema: "
+                "simplify its patterns, or lower its counts (maxItems, maxLength)."
+            )
         self.one = (llama_cpp.llama_token_data * 1)()
         self.all = np.zeros(model.facts.n_vocab, dtype=self._TOKEN_DATA)
 

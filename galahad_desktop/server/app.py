@@ -122,10 +122,12 @@ class GalahadApi:
                 408, f"The request body did not arrive within {self.limits.body_timeout_s:g} s."
             ) from None
         try:
-            return json.loads(bytes(data))
+            return json.loads(bytes(data), parse_int=_bounded_int)
         except RecursionError:
             raise ApiError(400, "The request body is nested too deeply to read.") from None
-        except ValueError as exc:  # not JSON, not UTF-8, or an integer of thousands of digits
+        except _HugeInteger as exc:
+            raise ApiError(400, str(exc)) from None
+        except ValueError as exc:  # not JSON, not UTF-8
             raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
 
     def admit(self) -> None:
@@ -252,6 +254,22 @@ class GalahadApi:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+
+MAX_INTEGER_DIGITS = 1000  # far past any field (int64: 19 digits); fields name their own bounds
+
+
+class _HugeInteger(ValueError):
+    """An integer in a request body with more digits than any field can use."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise _HugeInteger(
+            f"The request body holds an integer of {len(text.lstrip('-')):,} digits; "
+            f"no field takes more than {MAX_INTEGER_DIGITS}."
+        )
+    return int(text)
 
 
 LOOPBACK_NAMES = ("localhost", "localhost.")

@@ -16,7 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from galahad_desktop.engine.decoding import Generation
-from galahad_desktop.engine.grammar import check_tool_name, tool_call_grammar
+from galahad_desktop.engine.grammar import (
+    check_tool_name,
+    check_tool_parameters,
+    tool_call_grammar,
+)
 from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.engine.tool_format import (
     MalformedCall,
@@ -76,6 +80,7 @@ def tool_records(tools: Sequence[Tool]) -> list[dict[str, Any]]:
             raise ToolsRefused(
                 f"tools[{number}].function.parameters nests more than {MAX_SCHEMA_DEPTH} deep."
             )
+        check_tool_parameters(tool.parameters, f"tools[{number}].function.parameters")
         for text in (tool.name, tool.description, json.dumps(tool.parameters)):
             if '<|"|>' in text:
                 raise ToolsRefused(f"tools[{number}] holds Gemma's string marker <|\"|>.")
