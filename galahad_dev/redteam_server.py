@@ -233,7 +233,7 @@ def _hostile_schemas() -> list[tuple[str, bytes, None, list[int], str]]:
     """The schemas that crashed llama.cpp's grammar parser (signal 11) or took gigabytes or
     minutes before they were bounded."""
     items = {"type": "integer"}
-    cases = [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("maxItems 100,000", {"type": "array", "items": items, "maxItems": 100_000}),
         ("maxLength 10^6", {"type": "string", "maxLength": 10**6}),
         ("minItems 10^8", {"type": "array", "items": items, "minItems": 10**8}),

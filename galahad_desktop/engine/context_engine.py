@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from galahad_desktop.engine import fingerprint as fp
-from galahad_desktop.engine import kvstate
+from galahad_desktop.engine import kvstate, stacking
 from galahad_desktop.engine.chat_format import (
     GEMMA3_TURNS,
     TemplateNotUnderstood,
@@ -65,6 +65,16 @@ SMALL_MODEL_PARAMS = 1_000_000_000
 SMALL_MODEL_REPLY = 256
 SCRATCH_SEQ = 1  # a second sequence: serializes a range of sequence 0, or holds a state
 READ_IN_F16_MIN = 64  # shorter reads from empty run in the q8_0 context itself
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """What placing a stored block after the context cost."""
+
+    n_tokens: int  # the block's tokens now in the context
+    recomputed: int  # of them, read on top of the context (the first ones and the last)
+    recompute_ms: float
+    elapsed_ms: float  # everything: the recompute, the move, the restore
 
 
 @dataclass
@@ -437,6 +447,59 @@ class ContextEngine(ABC):
             raise ModelError("llama.cpp refused the stored state (layout does not match).")
         self.tokens = list(tokens)
         return (time.perf_counter() - start) * 1e3
+
+    # -- a stored block at later positions ------------------------------------------------
+    def rope_specs(self) -> list[stacking.RopeSpec] | None:
+        """Each cache section's rotary parameters (None: the keys carry no rotation)."""
+        return None
+
+    def sliding_window(self) -> int:
+        arch = self.model.metadata.get("general.architecture", "")
+        value = self.model.metadata.get(f"{arch}.attention.sliding_window", "0")
+        return int(float(value or 0))
+
+    def stack(
+        self,
+        payload: ctypes.Array[ctypes.c_uint8],
+        size: int,
+        block_tokens: Sequence[int],
+        skip: int,
+        recompute: int,
+        job: Job = NO_JOB,
+    ) -> Stacked:
+        """Put a stored block (read alone, from position 0) after what the context holds,
+        without reading it again. The context must end with the block's first `skip` tokens
+        (the turn opening it already holds); the next `recompute` are read on top of the
+        context (each block otherwise starts with a false attention sink), and the rest are
+        moved into place from the stored cells, their keys re-rotated (stacking.py), but
+        the last, which is read on top: the next token's logits come from reading it."""
+        placed = list(block_tokens[skip:])
+        self._check_room(placed)
+        start = time.perf_counter()
+        recompute = max(0, min(recompute, len(placed) - 1))  # the last is read anyway
+        recompute_ms = self.evaluate(placed[:recompute], job) if recompute else 0.0
+        job.check()
+        delta = len(self.tokens) - skip - recompute
+        base_buffer, base_size, _ms = self.capture()
+        base = kvstate.parse(base_buffer, base_size)
+        block = kvstate.parse(payload, size)
+        window = self.sliding_window()
+        windows = [0, window] if len(base.sections) == 2 else [0]
+        last = skip + len(placed) - 1
+        state = stacking.stack_state(
+            base, block, skip + recompute, last, delta, self.rope_specs(), windows
+        )
+        del base, block
+        out, used = kvstate.write(state)
+        del state
+        ctypes.memset(base_buffer, 0, ctypes.sizeof(base_buffer))
+        tokens = self.tokens + placed[recompute:-1]
+        self.restore(out, tokens, used)
+        ctypes.memset(out, 0, ctypes.sizeof(out))
+        recompute_ms += self.evaluate(placed[-1:], job)
+        return Stacked(
+            len(placed), recompute + 1, recompute_ms, (time.perf_counter() - start) * 1e3
+        )
 
     def _counted(self, n: int) -> None:
         self.decoded_tokens += n

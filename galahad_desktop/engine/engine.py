@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import numpy as np
 
-from galahad_desktop.engine import device_guard, devices, gguf, kvquant
+from galahad_desktop.engine import device_guard, devices, gguf, kvquant, stacking
 from galahad_desktop.engine.context_engine import (
     READ_IN_F16_MIN,
     SCRATCH_SEQ,
@@ -61,6 +62,7 @@ class Engine(ContextEngine):
     def __init__(self, config: EngineConfig, hash_cache: Path | None = None) -> None:
         self._reader: F16Reader | None = None
         self._rotations: list[kvquant.Rotation] = []
+        self._rope_specs: list[stacking.RopeSpec] | None = None
         super().__init__(config, hash_cache)
         self.reads_in_f16 = config.read_in_f16 and config.kv_type == "q8_0" and config.flash_attn
 
@@ -160,6 +162,16 @@ class Engine(ContextEngine):
     def _constraint(self, grammar: str) -> GrammarSampler:
         return GrammarSampler(self.model, grammar)
 
+    def rope_specs(self) -> list[stacking.RopeSpec] | None:
+        """Each cache section's rotary parameters, read from the GGUF as llama.cpp reads
+        them (`llama_model::get_rope_freq_base/scale`, `hparams.n_rot(il)`): the global
+        layers first, then the sliding-window ones."""
+        if self._rope_specs is None:
+            self._rope_specs = rope_specs_from(
+                self.model.metadata, self.config.model_path, self._rotations
+            )
+        return self._rope_specs
+
     # -- llama.cpp's own state files (the benchmark's baseline) ---------------------------
     def save_sequence_file(self, tokens: list[int], path: Path) -> tuple[float, int]:
         """llama.cpp's own per-sequence state file (llama-server's slot save): plain, no
@@ -215,6 +227,52 @@ class Engine(ContextEngine):
     def _stop_calls(self) -> None:
         if isinstance(self.calls, device_guard.NativeThread):
             self.calls.close()
+
+
+def rope_specs_from(
+    meta: dict[str, str], path: Path, rotations: Sequence[kvquant.Rotation]
+) -> list[stacking.RopeSpec]:
+    arch = str(meta.get("general.architecture", ""))
+
+    def number(key: str, default: float) -> float:
+        value = meta.get(f"{arch}.{key}")
+        return float(value) if value not in (None, "") else default
+
+    scaling = str(meta.get(f"{arch}.rope.scaling.type", "linear") or "linear")
+    if scaling not in ("linear", "none"):
+        raise stacking.StackError(f"RoPE scaling '{scaling}' cannot be re-rotated here")
+    factor = number("rope.scaling.factor", 0.0)
+    heads = _first_int(meta.get(f"{arch}.attention.head_count"), 1)
+    head_global = int(number("attention.key_length", number("embedding_length", 0) / heads))
+    head_swa = int(number("attention.key_length_swa", head_global))
+    rot_global = int(number("rope.dimension_count", head_global))
+    rot_swa = int(number("rope.dimension_count_swa", rot_global))
+    factors = _rope_factors(path) if arch == "gemma4" else None
+    hadamard = [r.k for r in rotations] + [0, 0]
+    global_spec = stacking.RopeSpec(
+        head_global,
+        rot_global,
+        number("rope.freq_base", 10_000.0),
+        1.0 / factor if factor else 1.0,
+        factors,
+        hadamard[0],
+    )
+    if not number("attention.sliding_window", 0):
+        return [global_spec]
+    swa_spec = stacking.RopeSpec(
+        head_swa, rot_swa, number("rope.freq_base_swa", 10_000.0), 1.0, None, hadamard[1]
+    )
+    return [global_spec, swa_spec]
+
+
+def _rope_factors(path: Path) -> tuple[float, ...] | None:
+    """Gemma 4's `rope_freqs` (its global layers' proportional RoPE), read from the file."""
+    from gguf import GGUFReader  # the GGUF reader of llama.cpp's own Python package
+
+    for tensor in GGUFReader(path).tensors:
+        if tensor.name == "rope_freqs.weight":
+            return tuple(float(v) for v in np.asarray(tensor.data, dtype=np.float32))
+    return None
 
 
 def _first_int(value: Any, default: int) -> int:
