@@ -21,8 +21,8 @@ from galahad_desktop.engine.grammar import (
 )
 from galahad_desktop.engine.schema_bounds import MAX_REPEAT, _nesting
 from galahad_desktop.memory.galahad import Galahad
-from galahad_dev.gbnf import Grammar, Matcher
 from tests.served import Served
+from tests.test_reply_grammar import _matches
 
 ITEMS = {"type": "integer"}
 HOSTILE: list[tuple[dict[str, Any], str]] = [
@@ -75,16 +75,6 @@ def test_the_largest_counts_accepted_stay_within_what_llama_cpp_takes() -> None:
     assert _nesting(at_bound) <= MAX_REPEAT + 64
     with pytest.raises(GrammarError):
         json_grammar(_as_object({"type": "string", "maxLength": MAX_REPEAT + 1}))
-
-
-def _matches(grammar: str, text: str) -> bool:
-    matcher = Matcher(Grammar.parse(grammar))
-    stacks = matcher.stacks
-    for char in text:
-        stacks = matcher.advance_char(stacks, ord(char))
-        if not stacks:
-            return False
-    return () in stacks
 
 
 QUOTE = 52
