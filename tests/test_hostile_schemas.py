@@ -48,6 +48,21 @@ def _as_object(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {"x": schema}, "required": ["x"]}
 
 
+def _ask_with_schema(
+    client: openai.OpenAI, schema: dict[str, Any], text: str = "x", max_tokens: int = 4
+) -> Any:
+    """A chat completion held to `schema` (wrapped as an object's one required field)."""
+    return client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": text}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "s", "schema": _as_object(schema)},
+        },
+        max_tokens=max_tokens,
+    )
+
+
 @pytest.mark.parametrize(("schema", "named"), HOSTILE, ids=[n for _, n in HOSTILE])
 def test_a_hostile_schema_is_refused_by_the_part_it_names(
     schema: dict[str, Any], named: str
@@ -147,15 +162,7 @@ def test_the_server_refuses_each_hostile_schema_and_goes_on(
     for schema, named in HOSTILE:
         started = time.perf_counter()
         with pytest.raises(openai.BadRequestError) as refused:
-            served.client.chat.completions.create(
-                model="fake-model",
-                messages=[{"role": "user", "content": "x"}],
-                response_format={
-                    "type": "json_schema",
-                    "json_schema": {"name": "s", "schema": _as_object(schema)},
-                },
-                max_tokens=4,
-            )
+            _ask_with_schema(served.client, schema)
         body = refused.value.body
         assert isinstance(body, dict) and body["param"] == "response_format", named
         assert named in body["message"], (named, body["message"])
@@ -183,35 +190,19 @@ def test_a_tool_schema_past_the_bounds_is_refused_for_the_call_grammar() -> None
 # -- the real llama.cpp -----------------------------------------------------------------------
 @pytest.mark.model
 def test_the_real_server_refuses_the_crashing_schemas_and_takes_the_largest_allowed(
-    make_core: Callable[..., Galahad], capfd: pytest.CaptureFixture[str]
+    make_core: Callable[..., Galahad],
 ) -> None:
     served = Served(make_core())
     try:
         for schema in (HOSTILE[0][0], HOSTILE[3][0], HOSTILE[4][0]):
             with pytest.raises(openai.BadRequestError):
-                served.client.chat.completions.create(
-                    model="m",
-                    messages=[{"role": "user", "content": "x"}],
-                    response_format={
-                        "type": "json_schema",
-                        "json_schema": {"name": "s", "schema": _as_object(schema)},
-                    },
-                    max_tokens=4,
-                )
+                _ask_with_schema(served.client, schema)
         largest = {
             "type": "array",
             "items": {"type": "string", "maxLength": MAX_REPEAT},
             "maxItems": MAX_REPEAT,
         }
-        answer = served.client.chat.completions.create(
-            model="m",
-            messages=[{"role": "user", "content": "A list"}],
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "s", "schema": _as_object(largest)},
-            },
-            max_tokens=6,
-        )
+        answer = _ask_with_schema(served.client, largest, "A list", max_tokens=6)
         assert answer.choices[0].finish_reason == "length"  # llama.cpp held it, no crash
         assert served.client.models.list().data
     finally:
