@@ -101,10 +101,16 @@ CHAT_HELP = """Commands:
 def cmd_chat(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     info = core.info()  # the model loads first: one that does not leaves nothing behind
     conversation_id: str | None = args.conversation
-    if conversation_id is None and args.document:
+    stacked: list[str] = list(args.document or [])
+    if conversation_id is None and stacked:
         conversation_id = core.new_conversation(
-            document_id=args.document, system_prompt=args.system, thinking=args.thinking
+            document_id=stacked.pop(0), system_prompt=args.system, thinking=args.thinking
         )
+    if conversation_id is not None and stacked:  # the others stacked, never read again
+        with command_job(out, "stacking") as job:
+            turn = core.add_stored_documents(conversation_id, stacked, job)
+        if turn.stack is not None:
+            out.info(turn.stack.describe())
     if args.conversation and args.thinking is not None:
         core.set_thinking(args.conversation, args.thinking)
     if args.message is not None:
@@ -307,7 +313,13 @@ def register(add: Any) -> None:
 
     p = add("chat", "streaming chat in the terminal, or one turn with --message", cmd_chat)
     p.add_argument("--conversation", help="continue this conversation")
-    p.add_argument("--document", help="start a conversation on this document")
+    p.add_argument(
+        "--document",
+        action="append",
+        metavar="ID",
+        help="start a conversation on this stored document; given again, the others are "
+        "stacked after it without reading them again",
+    )
     p.add_argument("--message", help="send one message and exit")
     p.add_argument(
         "--system",

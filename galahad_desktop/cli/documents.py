@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.chat import run_turn
@@ -12,6 +13,7 @@ from galahad_desktop.cli.common import (
     command_job,
     sampling_of,
 )
+from galahad_desktop.errors import InputError
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
@@ -93,13 +95,45 @@ def cmd_ask(core: Galahad, out: Output, args: argparse.Namespace) -> int:
 
 
 def cmd_add_document(core: Galahad, out: Output, args: argparse.Namespace) -> int:
-    with command_job(out, "reading") as job:
-        turn = core.add_document_file(args.conversation_id, args.file, job)
-    c = turn.counters
+    # A path that exists is a file (stacked when the library already holds it); anything
+    # else must be a stored document's id. Checked before anything is read.
+    stored_ids = {d.id for d in core.list_documents()}
+    batches: list[tuple[str, list[str]]] = []  # ("file", [path]) or ("stored", [ids...])
+    for source in args.sources:
+        if Path(source).exists():
+            batches.append(("file", [source]))
+        elif source in stored_ids:
+            if batches and batches[-1][0] == "stored":
+                batches[-1][1].append(source)
+            else:
+                batches.append(("stored", [source]))
+        else:
+            raise InputError(
+                f"'{source}' is neither a file nor a stored document's id (see `documents`). "
+                "Nothing was added."
+            )
+    lines: list[str] = []
+    turns: list[dict[str, Any]] = []
+    with command_job(out, "adding") as job:
+        for kind, items in batches:
+            if kind == "file":
+                turn = core.add_document_file(args.conversation_id, Path(items[0]), job)
+            else:
+                turn = core.add_stored_documents(
+                    args.conversation_id, items, job, verify=args.verify
+                )
+            c = turn.counters
+            turns.append(turn.as_dict())
+            if turn.stack is not None:
+                lines.append(f"{turn.stack.describe()}; read 0 new document tokens.")
+            else:
+                lines.append(
+                    f"Added '{Path(items[0]).name}': read {c.new_tokens:,} new tokens, "
+                    f"restored {c.restored_tokens:,}, recomputed {c.recomputed_tokens:,}."
+                )
     out.result(
-        {**turn.as_dict(), "links": core.chain_links(args.conversation_id)},
-        f"Added '{args.file.name}' to {args.conversation_id}: read {c.new_tokens:,} new "
-        f"tokens, restored {c.restored_tokens:,}, recomputed {c.recomputed_tokens:,}.",
+        {**turns[-1], "turns": turns, "links": core.chain_links(args.conversation_id)},
+        f"To {args.conversation_id}:\n" + "\n".join(lines),
     )
     return 0
 
@@ -124,8 +158,6 @@ def cmd_routing_log(core: Galahad, out: Output, args: argparse.Namespace) -> int
 
 
 def register(add: Any) -> None:
-    from pathlib import Path
-
     p = add("deposit", "read a document once and store its KV block", cmd_deposit)
     p.add_argument("file", type=Path)
     p.add_argument(
@@ -146,11 +178,23 @@ def register(add: Any) -> None:
     add_sampling(p)
     p = add(
         "add-document",
-        "put a document into a conversation (prefills only the new one)",
+        "put documents into a conversation: a new file is read once; stored ones (by id, "
+        "or a file the library holds) are stacked without reading them again",
         cmd_add_document,
     )
     p.add_argument("conversation_id")
-    p.add_argument("file", type=Path)
+    p.add_argument(
+        "sources",
+        nargs="+",
+        metavar="FILE_OR_ID",
+        help="document files, or stored documents' ids: stored ones are stacked after what "
+        "the conversation holds (their first tokens recomputed), never read again",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="measure stacked documents against a full read of the same tokens (KL, argmax)",
+    )
     p = add(
         "routing-log",
         "the router's recent decisions: scores and margins, no questions",

@@ -55,6 +55,7 @@ from galahad_desktop.engine.values import (
     Placement,
     RuntimeDetails,
     SamplingDefaults,
+    Stacked,
 )
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job, Progress
@@ -65,16 +66,6 @@ SMALL_MODEL_PARAMS = 1_000_000_000
 SMALL_MODEL_REPLY = 256
 SCRATCH_SEQ = 1  # a second sequence: serializes a range of sequence 0, or holds a state
 READ_IN_F16_MIN = 64  # shorter reads from empty run in the q8_0 context itself
-
-
-@dataclass(frozen=True)
-class Stacked:
-    """What placing a stored block after the context cost."""
-
-    n_tokens: int  # the block's tokens now in the context
-    recomputed: int  # of them, read on top of the context (the first ones and the last)
-    recompute_ms: float
-    elapsed_ms: float  # everything: the recompute, the move, the restore
 
 
 @dataclass

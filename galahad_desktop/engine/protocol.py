@@ -23,6 +23,7 @@ from galahad_desktop.engine.values import (
     Placement,
     RuntimeDetails,
     SamplingDefaults,
+    Stacked,
 )
 from galahad_desktop.errors import InputError
 from galahad_desktop.jobs import NO_JOB, Job
@@ -77,6 +78,15 @@ class ChatEngine(Protocol):
     def restore(
         self, payload: StateBuffer, tokens: list[int], size: int | None = None
     ) -> float: ...
+    def stack(
+        self,
+        payload: StateBuffer,
+        size: int,
+        block_tokens: Sequence[int],
+        skip: int,
+        recompute: int,
+        job: Job = NO_JOB,
+    ) -> Stacked: ...
     def snapshot(self) -> Snapshot: ...
     def resume(self, snapshot: Snapshot) -> float: ...
     def close(self) -> None: ...

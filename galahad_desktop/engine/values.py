@@ -155,6 +155,16 @@ class EngineConfig:
     embedded: bool = False  # the demo model that ships with the app
 
 
+@dataclass(frozen=True)
+class Stacked:
+    """What placing a stored block after the context cost (ContextEngine.stack)."""
+
+    n_tokens: int  # the block's tokens now in the context
+    recomputed: int  # of them, read on top of the context (the first ones and the last)
+    recompute_ms: float
+    elapsed_ms: float  # everything: the recompute, the move, the restore
+
+
 @dataclass
 class Counters:
     """Per-request token accounting (what the JSON output and the status line report)."""
@@ -162,6 +172,7 @@ class Counters:
     restored_tokens: int = 0
     recomputed_tokens: int = 0
     new_tokens: int = 0
+    stacked_tokens: int = 0  # moved into place from stored blocks (close, not exact)
     generated_tokens: int = 0
     restore_ms: float = 0.0
     proof_ms: float = 0.0

@@ -24,6 +24,16 @@ from galahad_desktop.engine.values import (
 )
 from galahad_desktop.jobs import Progress
 from galahad_desktop.memory.retrieval.router import RouteDecision
+from galahad_desktop.memory.tool_values import (
+    ChatMessage,
+    ChatRole,
+    ConversationTool,
+    ReplyShape,
+    Tool,
+    ToolCall,
+    ToolRun,
+    ToolServerInfo,
+)
 
 LibraryMode = Literal["none", "recurrence", "transfer"]
 # How a turn ended: as its reply did, or answered from the library, or a document added.
@@ -86,6 +96,52 @@ class GraftReport:
 
 
 @dataclass(frozen=True)
+class StackQuality:
+    """A stacked context against a full read of the same tokens, on a greedy probe: the
+    per-token KL divergence (nats) of the next-token distributions and the argmax match."""
+
+    probe_tokens: int
+    kl_mean: float
+    kl_p99: float
+    kl_max: float
+    argmax_agree: int  # of probe_tokens
+    full_read_ms: float  # what the comparison's full read took
+
+
+@dataclass(frozen=True)
+class StackReport:
+    """Stored documents placed after what a conversation holds without reading them again:
+    their keys moved to the new positions, the first tokens of each read on top. Never
+    byte-exact (verdict `stacked`); `quality` only when asked for (`verify`)."""
+
+    documents: tuple[str, ...]  # their names, in the order stacked
+    stacked_tokens: int  # moved into place from the stored blocks
+    recomputed_tokens: int  # read on top: each block's first ones and its last
+    reread_tokens: int  # blocks given back (or of another model): read once and stored again
+    stack_ms: float  # the moves and the recompute, not the storing
+    quality: StackQuality | None = None
+    verdict: Literal["stacked"] = "stacked"
+
+    def describe(self) -> str:
+        n = len(self.documents)
+        what = f"{n} documents" if n > 1 else f"'{self.documents[0]}'"
+        parts = [
+            f"Stacked {what} ({self.stacked_tokens + self.recomputed_tokens:,} tokens) in "
+            f"{self.stack_ms:.0f} ms · recomputed {self.recomputed_tokens:,}"
+        ]
+        if self.reread_tokens:
+            parts.append(f"read again {self.reread_tokens:,} (their memory was given back)")
+        if self.quality is not None:
+            q = self.quality
+            parts.append(
+                f"against a full read: KL {q.kl_mean:.3f} · argmax {q.argmax_agree}/"
+                f"{q.probe_tokens}"
+            )
+        parts.append("close, not byte-exact")
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
 class LibraryUse:
     """How the verified-answer library took part in a turn."""
 
@@ -120,6 +176,7 @@ class TurnResult:
     versions: int = 1  # the reply's versions, this one included (Regenerate keeps them)
     notice: str = ""  # what went wrong on the way, said to the user (a device server lost)
     calls: tuple[ToolCall, ...] = ()  # the tools the reply called (its turn waits for them)
+    stack: StackReport | None = None  # stored documents stacked by this turn
 
     def describe(self) -> str:
         """The status line after a turn: what the graft did, what the turn cost."""
@@ -128,6 +185,8 @@ class TurnResult:
             parts.append(self.library.label)
         elif self.graft is not None:
             parts.append(self.graft.describe())
+        if self.stack is not None:
+            parts.append(self.stack.describe())
         c = self.counters
         parts.append(
             f"{c.generated_tokens} tokens at {self.tokens_per_s:.1f} tok/s · "
@@ -157,6 +216,7 @@ class TurnResult:
             "proof_detail": self.proof.as_dict(),
             "fallback_reason": self.graft.fallback_reason if self.graft else None,
             "graft": self.graft.as_dict() if self.graft else None,
+            "stack": to_jsonable(self.stack),
             "context_tokens": self.context_tokens,
             "n_ctx": self.n_ctx,
             "tokens_per_s": self.tokens_per_s,
@@ -596,52 +656,19 @@ class ExportResult:
 
 NO_GRAFT_PROOF = NO_PROOF
 # Values the core hands out that are defined below it (the window imports them from here).
-__all__ = ["Counters", "ModelInfo", "Progress"]
-
-
-ChatRole = Literal["system", "user", "assistant", "tool"]
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A function the model called: its arguments as the JSON object it wrote."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A function a client offers the model (OpenAI's `tools` entry)."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]  # a JSON schema of the arguments
-
-
-@dataclass(frozen=True)
-class ReplyShape:
-    """What a reply must be: free text, JSON (to a schema, or any object), or a call of
-    the offered tools. `tool_choice`: auto, none, required, or "=NAME" for that tool."""
-
-    json_schema: dict[str, Any] | None = None
-    json_object: bool = False
-    tools: tuple[Tool, ...] = ()
-    tool_choice: str = "auto"
-    parallel_calls: bool = True
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One message of an API client's chat request (OpenAI's roles). An assistant message
-    may hold the calls it made; a tool message answers the call `call_id`."""
-
-    role: ChatRole
-    text: str
-    pictures: tuple[tuple[str, bytes], ...] = ()  # (type: png|jpeg|webp|gif, the file's bytes)
-    calls: tuple[ToolCall, ...] = ()
-    call_id: str = ""
+__all__ = [
+    "ChatMessage",
+    "ChatRole",
+    "ConversationTool",
+    "Counters",
+    "ModelInfo",
+    "Progress",
+    "ReplyShape",
+    "Tool",
+    "ToolCall",
+    "ToolRun",
+    "ToolServerInfo",
+]
 
 
 @dataclass(frozen=True)
@@ -662,35 +689,3 @@ class ChatCompletion:
     seed: int | None
     turn: TurnResult
     calls: tuple[ToolCall, ...] = ()  # the tools the reply called (finish_reason tool_calls)
-
-
-@dataclass(frozen=True)
-class ToolServerInfo:
-    """An MCP server the window's chats may use (its command line or URL)."""
-
-    name: str
-    target: str
-    timeout_s: float
-    always: tuple[str, ...]  # its tools the user allowed to run without asking
-
-
-@dataclass(frozen=True)
-class ConversationTool:
-    """A tool a conversation offers the model: the name the model calls, where it runs."""
-
-    name: str
-    server: str
-    tool: str
-    description: str
-
-
-@dataclass(frozen=True)
-class ToolRun:
-    """A call the window ran (or did not): what goes back to the model as its result."""
-
-    call_id: str
-    name: str
-    text: str
-    is_error: bool = False
-    elapsed_ms: float = 0.0
-    ran: bool = True  # False: denied, stopped or not reached

@@ -18,7 +18,7 @@ from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
-from galahad_desktop.memory.chat.turning import ConversationTurns, TurnRoom
+from galahad_desktop.memory.chat.turning import ConversationTurns
 from galahad_desktop.memory.documents.audio import is_audio, memo_parts, read_audio_bounded
 from galahad_desktop.memory.documents.extraction import (
     NoTextLayer,
@@ -38,6 +38,7 @@ from galahad_desktop.memory.documents.pictures import (
     read_picture_bytes_bounded,
     read_pictures_bounded,
 )
+from galahad_desktop.memory.documents.stacking import DOCUMENT_ACK, DocumentStacks
 from galahad_desktop.memory.results import (
     DepositResult,
     DocumentKind,
@@ -51,7 +52,6 @@ from galahad_desktop.vault.vault import new_id
 log = logging.getLogger(__name__)
 ANSWER_RESERVE = 512  # room kept free after a document for a question and its answer
 MAX_DOCUMENT_CHARS = 40_000_000
-DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
 AddedPart = tuple[str, str, int, int, str]  # part id, document id, number, of, its text
 
 
@@ -62,7 +62,7 @@ class PlannedPart:
     tokens: int  # its document turn's length
 
 
-class Documents(MediaTurns, TurnRoom):
+class Documents(MediaTurns, DocumentStacks):
     """Documents: deposited, read once into blocks, asked, added to conversations."""
 
     def __init__(
@@ -528,6 +528,9 @@ class Documents(MediaTurns, TurnRoom):
         if is_picture(path):
             return self.add_picture_to_conversation(conversation_id, path, job)
         text = extract_text_bounded(path, job=job)
+        stored = self.stored_as(path.name, text)
+        if stored is not None:  # already in the library: stacked, not read again
+            return self.add_stored_to_conversation(conversation_id, [stored], job)
         return self.add_to_conversation(conversation_id, path.name, text, job)
 
     def add_picture_to_conversation(

@@ -1,0 +1,79 @@
+"""How close a stacked context is to a full read of the same tokens (the `verify` of a
+stack, and what `bench stack` measures): greedy next-token distributions on a probe, from
+the stacked state and from a fresh read, compared token by token."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.results import StackQuality
+
+# Each stacked block's first tokens read on top of what precedes it (EPIC's k): measured on
+# Gemma 3 270M, two ~1,090-token documents, KL 0.054 (none) -> 0.040 (16) -> 0.016 (32) ->
+# 0.012 (64) against a full read; 32 costs ~0.5 s there (docs/performance.md).
+STACK_RECOMPUTE = 32
+QUALITY_PROBE = "In two sentences, what do these documents say?"
+QUALITY_PROBE_TOKENS = 32
+
+
+def distributions(
+    engine: ChatEngine, n: int, forced: list[int] | None = None
+) -> tuple[np.ndarray, list[int]]:
+    """The next-token distributions of `n` steps from what the context holds, each step
+    taking its argmax (or `forced`'s token), and the tokens taken."""
+    rows: list[np.ndarray] = []
+    taken: list[int] = []
+    for step in range(n):
+        logits = engine.last_logits().astype(np.float64)
+        p = np.exp(logits - logits.max())
+        rows.append(p / p.sum())
+        token = forced[step] if forced is not None else int(np.argmax(logits))
+        taken.append(token)
+        if step + 1 < n:
+            engine.evaluate([token])
+    return np.array(rows), taken
+
+
+def kl_rows(reference: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Per-row KL(reference || got) in nats."""
+    return np.asarray((reference * (np.log(reference + 1e-30) - np.log(got + 1e-30))).sum(axis=1))
+
+
+def quality(reference: np.ndarray, got: np.ndarray, taken: list[int], ms: float) -> StackQuality:
+    kl = kl_rows(reference, got)
+    agree = int(sum(int(np.argmax(reference[i])) == int(np.argmax(got[i])) for i in range(len(kl))))
+    return StackQuality(
+        len(taken),
+        round(float(kl.mean()), 5),
+        round(float(np.percentile(kl, 99)), 5),
+        round(float(kl.max()), 5),
+        agree,
+        round(ms, 1),
+    )
+
+
+def against_full_read(
+    engine: ChatEngine, probe: list[int], n: int = QUALITY_PROBE_TOKENS, job: Job = NO_JOB
+) -> StackQuality:
+    """Read `probe` on the stacked context and follow its greedy path for `n` tokens; read
+    the same tokens from scratch and follow the same path; compare. The context holds what
+    it held before when this returns (its state is captured first and restored after)."""
+    held = list(engine.tokens)
+    buffer, size, _ms = engine.capture()
+    try:
+        engine.evaluate(probe, job)
+        got, taken = distributions(engine, n)
+        start = time.perf_counter()
+        engine.reset()
+        engine.evaluate(held + probe, job)
+        reference, _ = distributions(engine, n, taken)
+        full_ms = (time.perf_counter() - start) * 1e3
+    finally:
+        engine.restore(buffer, held, size)
+        ctypes.memset(buffer, 0, ctypes.sizeof(buffer))
+    return quality(reference, got, taken, full_ms)

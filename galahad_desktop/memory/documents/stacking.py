@@ -1,0 +1,188 @@
+"""Stored documents stacked on a conversation without reading them again: each block placed
+after what the conversation holds (engine `stack`), its first tokens read on top, stored as
+the chain's next link so that a resume restores it exactly and never stacks again."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from galahad_desktop.engine.values import Counters
+from galahad_desktop.errors import InputError, IntegrityError
+from galahad_desktop.faults import crashpoint
+from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.turning import TurnRoom
+from galahad_desktop.memory.documents.stacked import (
+    QUALITY_PROBE,
+    STACK_RECOMPUTE,
+    against_full_read,
+)
+from galahad_desktop.memory.results import DocumentKind, StackReport, TurnResult
+from galahad_desktop.vault.names import DocumentRow, PartRow
+
+DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
+
+
+class DocumentStacks(TurnRoom):
+    """Stacking, for the documents' room (which provides the catalog reads below)."""
+
+    def row(self, document_id: str) -> DocumentRow:
+        raise NotImplementedError
+
+    def name(self, row: DocumentRow) -> str:
+        raise NotImplementedError
+
+    def kind(self, document_id: str) -> DocumentKind:
+        raise NotImplementedError
+
+    def part_rows(self, document_id: str | None = None) -> list[PartRow]:
+        raise NotImplementedError
+
+    def stored_as(self, name: str, text: str) -> str | None:
+        """The stored text document with this name and this very text, if there is one
+        (names are compared first: only those are decrypted in full)."""
+        for row in self.records.documents("created_at desc"):
+            if (
+                self.name(row) == name
+                and self.kind(row["id"]) == "text"
+                and self.live.records.decrypt("documents", "text_enc", row) == text
+            ):
+                return str(row["id"])
+        return None
+
+    def _stack_parts(self, row: DocumentRow) -> list[PartRow]:
+        """A document's parts in order, each with its own block."""
+        parts = self.part_rows(row["id"])
+        if not parts:
+            raise IntegrityError(f"Document {row['id']} has no parts in the catalog.")
+        return parts
+
+    def add_stored_to_conversation(
+        self,
+        conversation_id: str,
+        document_ids: Sequence[str],
+        job: Job = NO_JOB,
+        verify: bool = False,
+        recompute: int = STACK_RECOMPUTE,
+    ) -> TurnResult:
+        """Put stored documents into a conversation without reading them again: each part's
+        stored block is placed after what the conversation holds, its keys moved to the new
+        positions and its first `recompute` tokens read on top (engine `stack`); each
+        document is stored as the chain's next link, so a resume restores it exactly and
+        never stacks again. Close to a full read, never byte-exact (`verify`: measured
+        against one). A part whose memory was given back is read once and stored again."""
+        if not document_ids:
+            raise InputError("Name at least one stored document to add.")
+        if len(set(document_ids)) != len(document_ids):
+            raise InputError("A document is named twice; each is added once.")
+        conv = self.conversations.row(conversation_id)
+        self.records.check("conversations", conv)
+        documents = []
+        for document_id in document_ids:
+            row = self.row(document_id)
+            self.records.check("documents", row)
+            name = self.name(row)
+            if self.kind(document_id) != "text":
+                raise InputError(
+                    f"'{name}' is a {self.kind(document_id)}: only text documents are stacked "
+                    "so far. Attach its file to the chat to read it into the chat."
+                )
+            documents.append((row, name))
+        engine = self.live.engine
+        bos, opening = engine.bos(), list(engine.probe_tokens)
+        skip = len(bos) + len(opening)
+        held = conv["n_tokens"] or 0
+        if not held and conv["document_id"]:
+            held = self.row(conv["document_id"])["n_tokens"]
+        need = sum(
+            part["n_tokens"] - len(bos) for row, _ in documents for part in self._stack_parts(row)
+        )
+        if held + need + 64 > engine.n_ctx:  # before anything is read
+            listed = ", ".join(f"'{name}'" for _, name in documents)
+            raise InputError(
+                f"{listed} take {need:,} tokens; this conversation holds {held:,} of "
+                f"{engine.n_ctx:,}. Start a new conversation, or ask the library instead. "
+                "Nothing was stored."
+            )
+        counters = Counters()
+        reread = 0
+        for row, _name in documents:  # given back (or another model's): read once, alone
+            for part in self._stack_parts(row):
+                block = self.records.block(part["block_id"])
+                if block is None:
+                    raise IntegrityError(
+                        f"Document {row['id']}'s block is missing from the catalog."
+                    )
+                if not self.live.graftable(block["id"]):
+                    report = self.live.reread(block, "its memory was given back", counters, job)
+                    reread += report.recomputed_tokens
+        conv = self.conversations.row(conversation_id)
+        graft = self.turns.ensure_live(conv, counters, job)
+        if len(engine.tokens) + need + 64 > engine.n_ctx:
+            raise InputError(
+                f"These documents take {need:,} tokens; this conversation has room for "
+                f"{max(0, engine.room() - 64):,} more. Nothing was stored."
+            )
+        stacked_tokens = recomputed = 0
+        stack_ms = 0.0
+        names: list[str] = []
+        for row, name in documents:
+            if engine.tokens[-len(opening) :] != opening:
+                counters.prefill_ms += engine.evaluate(opening, job)
+                counters.new_tokens += len(opening)
+            user_start = len(engine.tokens) - len(opening)
+            for part in self._stack_parts(row):
+                stored = self.live.read_state(part["block_id"], {row["id"]})
+                try:
+                    if stored.tokens[:skip] != bos + opening:
+                        raise IntegrityError(
+                            f"'{name}' was stored in another turn format; forget it and add "
+                            "it again."
+                        )
+                    if part["part_no"] > 1:  # the next part's own turn opens after this one
+                        counters.prefill_ms += engine.evaluate(opening, job)
+                        counters.new_tokens += len(opening)
+                    placed = engine.stack(
+                        stored.payload, stored.size, stored.tokens, skip, recompute, job
+                    )
+                finally:
+                    self.vault.wipe([stored])
+                stack_ms += placed.elapsed_ms
+                recomputed += placed.recomputed
+                counters.recomputed_tokens += placed.recomputed
+                stacked_tokens += placed.n_tokens - placed.recomputed
+            crashpoint("stack-before-persist")
+            names.append(name)
+            reply_end = len(engine.tokens)
+            counters.stacked_tokens = stacked_tokens
+            persist_start = time.perf_counter()
+            conv = self.conversations.row(conversation_id)
+            link, _record = self.live.persist(
+                "conversation",
+                conv["id"],
+                self.turns.live_parent(conv, conv["head_block_id"] or None),
+                self.live.next_generation(conv["id"]),
+                counters,
+            )
+            ack = DOCUMENT_ACK.format(name=name)
+            self.turns.commit_turn(
+                conv,
+                link,
+                conv["n_messages"] or 0,
+                name,
+                ack,
+                (user_start, reply_end, reply_end),
+                [],
+                roles=("document", "model"),
+                content=self.live.records.decrypt("documents", "text_enc", row),
+            )
+            counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
+        quality = None
+        if verify:
+            quality = against_full_read(engine, engine.turns.question(QUALITY_PROBE), job=job)
+        stack = StackReport(tuple(names), stacked_tokens, recomputed, reread, stack_ms, quality)
+        result = self.stored_turn(
+            conversation_id, DOCUMENT_ACK.format(name=names[-1]), "document", counters, graft
+        )
+        return dataclasses.replace(result, stack=stack)
