@@ -643,28 +643,7 @@ class Documents(MediaTurns, DocumentStacks):
         read = self.live.evaluate_ledger(tokens, pictures, job)
         counters.prefill_ms += read.elapsed_ms
         counters.new_tokens += len(tokens)
-        reply_end = len(engine.tokens)
-        persist_start = time.perf_counter()
-        row, _record = self.live.persist(
-            "conversation",
-            conv["id"],
-            self.turns.live_parent(conv, conv["head_block_id"] or None),
-            self.live.next_generation(conv["id"]),
-            counters,
-        )
-        self.turns.commit_turn(
-            conv,
-            row,
-            conv["n_messages"] or 0,
-            name,
-            ack,
-            (user_start, reply_end, reply_end),
-            [],
-            roles=("document", "model"),
-            content=content,
-            picture=picture,
-        )
-        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
+        self.store_document_turn(conv["id"], name, ack, user_start, counters, content, picture)
         return self.stored_turn(
             conv["id"],
             ack,

@@ -8,6 +8,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+from galahad_desktop.engine.picture import Media
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.faults import crashpoint
@@ -38,6 +39,42 @@ class DocumentStacks(TurnRoom):
 
     def part_rows(self, document_id: str | None = None) -> list[PartRow]:
         raise NotImplementedError
+
+    def store_document_turn(
+        self,
+        conversation_id: str,
+        name: str,
+        ack: str,
+        user_start: int,
+        counters: Counters,
+        content: str,
+        picture: Media | None = None,
+    ) -> None:
+        """What the context now holds, from `user_start` (the document turn's opening) to
+        its end, stored as the conversation's next link with the document's messages."""
+        reply_end = len(self.live.engine.tokens)
+        persist_start = time.perf_counter()
+        conv = self.conversations.row(conversation_id)
+        link, _record = self.live.persist(
+            "conversation",
+            conv["id"],
+            self.turns.live_parent(conv, conv["head_block_id"] or None),
+            self.live.next_generation(conv["id"]),
+            counters,
+        )
+        self.turns.commit_turn(
+            conv,
+            link,
+            conv["n_messages"] or 0,
+            name,
+            ack,
+            (user_start, reply_end, reply_end),
+            [],
+            roles=("document", "model"),
+            content=content,
+            picture=picture,
+        )
+        counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
 
     def stored_as(self, name: str, text: str) -> str | None:
         """The stored text document with this name and this very text, if there is one
@@ -154,30 +191,11 @@ class DocumentStacks(TurnRoom):
                 stacked_tokens += placed.n_tokens - placed.recomputed
             crashpoint("stack-before-persist")
             names.append(name)
-            reply_end = len(engine.tokens)
             counters.stacked_tokens = stacked_tokens
-            persist_start = time.perf_counter()
-            conv = self.conversations.row(conversation_id)
-            link, _record = self.live.persist(
-                "conversation",
-                conv["id"],
-                self.turns.live_parent(conv, conv["head_block_id"] or None),
-                self.live.next_generation(conv["id"]),
-                counters,
+            content = self.live.records.decrypt("documents", "text_enc", row)
+            self.store_document_turn(
+                conversation_id, name, DOCUMENT_ACK.format(name=name), user_start, counters, content
             )
-            ack = DOCUMENT_ACK.format(name=name)
-            self.turns.commit_turn(
-                conv,
-                link,
-                conv["n_messages"] or 0,
-                name,
-                ack,
-                (user_start, reply_end, reply_end),
-                [],
-                roles=("document", "model"),
-                content=self.live.records.decrypt("documents", "text_enc", row),
-            )
-            counters.persist_ms += (time.perf_counter() - persist_start) * 1e3
         quality = None
         if verify:
             quality = against_full_read(engine, engine.turns.question(QUALITY_PROBE), job=job)
