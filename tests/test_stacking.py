@@ -184,3 +184,23 @@ def test_the_fake_engine_stacks_a_block_at_the_positions_after_its_context(
     with pytest.raises(Exception, match="more tokens"):
         engine.stack(buffer, size, block * 40, 1, 8)  # what does not fit is refused first
     engine.close()
+
+
+@pytest.mark.model
+def test_the_header_walk_reads_gemma4_s_rope_factors_as_the_gguf_package_does(
+    gemma4_path: Path, gemma3_path: Path, tmp_path: Path
+) -> None:
+    from gguf import GGUFReader
+
+    from galahad_desktop.engine import gguf
+    from galahad_desktop.errors import ModelError
+
+    factors = gguf.tensor(gemma4_path, "rope_freqs.weight")
+    expected = next(t for t in GGUFReader(gemma4_path).tensors if t.name == "rope_freqs.weight")
+    assert factors is not None and factors.dtype == np.float32
+    assert np.array_equal(factors, np.asarray(expected.data, dtype=np.float32))
+    assert gguf.tensor(gemma3_path, "rope_freqs.weight") is None  # Gemma 3 has none
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(ModelError, match="not a GGUF"):
+        gguf.tensor(not_gguf, "rope_freqs.weight")

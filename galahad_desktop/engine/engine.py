@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
-import numpy as np
 
 from galahad_desktop.engine import device_guard, devices, gguf, kvquant, stacking
 from galahad_desktop.engine.context_engine import (
@@ -267,12 +266,8 @@ def rope_specs_from(
 
 def _rope_factors(path: Path) -> tuple[float, ...] | None:
     """Gemma 4's `rope_freqs` (its global layers' proportional RoPE), read from the file."""
-    from gguf import GGUFReader  # the GGUF reader of llama.cpp's own Python package
-
-    for tensor in GGUFReader(path).tensors:
-        if tensor.name == "rope_freqs.weight":
-            return tuple(float(v) for v in np.asarray(tensor.data, dtype=np.float32))
-    return None
+    values = gguf.tensor(path, "rope_freqs.weight")
+    return None if values is None else tuple(float(v) for v in values)
 
 
 def _first_int(value: Any, default: int) -> int:
