@@ -203,5 +203,36 @@ def test_tool_servers_from_the_command_line(tmp_path: Path) -> None:
     assert bad.returncode == 4 and "name must be" in bad.stderr and "Traceback" not in bad.stderr
     gone = run_cli("tools", "remove", "nope", "--passphrase", data_dir=data, env=env, check=False)
     assert gone.returncode == 3 and "No tool server is named 'nope'" in gone.stderr
+    # A token kept out of the argument list: from an environment variable or standard input.
+    keyed = cli_json(
+        "tools",
+        "add",
+        "web",
+        "https://bob:hunter2@127.0.0.1:9/mcp?key=abc",
+        "--header-env",
+        "MCP_AUTH",
+        "--headers-stdin",
+        "--passphrase",
+        data_dir=data,
+        env={**env, "MCP_AUTH": "Authorization: Bearer sk-from-env"},
+        stdin="X-Team: from-stdin\n",
+    )
+    assert keyed["target"] == "https://bob:•••@127.0.0.1:9/mcp?key=••• (+2 headers)"
+    listing = run_cli("tools", "list", "--passphrase", data_dir=data, env=env).stdout
+    assert "hunter2" not in listing and "abc" not in listing and "sk-from-env" not in listing
+    missing = run_cli(
+        "tools",
+        "add",
+        "w2",
+        "http://127.0.0.1:9/mcp",
+        "--header-env",
+        "NOPE_UNSET",
+        "--passphrase",
+        data_dir=data,
+        env=env,
+        check=False,
+    )
+    assert missing.returncode == 4 and "NOPE_UNSET" in missing.stderr
     run_cli("tools", "remove", "calc", "--passphrase", data_dir=data, env=env)
+    run_cli("tools", "remove", "web", "--passphrase", data_dir=data, env=env)
     assert cli_json("tools", "list", "--passphrase", data_dir=data, env=env)["servers"] == []

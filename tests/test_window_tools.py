@@ -105,6 +105,28 @@ def test_a_header_that_cannot_be_sent_is_refused_by_name(
         parse_server("web", target, headers=[header])
 
 
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        (
+            "https://bob:hunter2@api.example.com/mcp?token=abc&v=2",
+            "https://bob:•••@api.example.com/mcp?token=•••&v=•••",
+        ),
+        ("https://ghp_secret@api.example.com/mcp", "https://•••@api.example.com/mcp"),
+        ("http://127.0.0.1:8000/mcp", "http://127.0.0.1:8000/mcp"),
+        (
+            "env API_KEY=sk-live-1 node server.js --api-key=zz --token tt --port 8",
+            "env API_KEY=••• node server.js --api-key=••• --token ••• --port 8",
+        ),
+        ("python server.py NAME=kept", "python server.py NAME=kept"),
+    ],
+)
+def test_what_may_be_a_secret_is_masked_where_servers_are_listed(target: str, shown: str) -> None:
+    server = parse_server("web", target)
+    assert server.target == shown
+    assert server.url or " ".join(server.command) == target  # what runs is unchanged
+
+
 def test_a_server_is_a_command_line_or_a_url() -> None:
     stdio = parse_server("files", "npx -y '@mcp/server files' ~/Docs", 30)
     assert stdio.command == ("npx", "-y", "@mcp/server files", "~/Docs") and not stdio.url

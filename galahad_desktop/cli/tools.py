@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import sys
 from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.cli.common import Output
@@ -35,7 +37,7 @@ def cmd_tools(core: Galahad, out: Output, args: argparse.Namespace) -> int:
             raise InputError("tools add needs NAME and a command line or URL.")
         # One argument is the command line as typed; several are its words.
         target = items[1] if len(items) == 2 else shlex.join(items[1:])
-        server = core.add_tool_server(name, target, args.timeout, args.header)
+        server = core.add_tool_server(name, target, args.timeout, header_lines(args))
         out.result(server, f"Added the tool server '{server.name}': {server.target}")
         return 0
     if args.action == "remove":
@@ -48,6 +50,20 @@ def cmd_tools(core: Galahad, out: Output, args: argparse.Namespace) -> int:
         "\n".join(f"{t.name}  {t.description}" for t in tools) or f"{name} offers no tools.",
     )
     return 0
+
+
+def header_lines(args: argparse.Namespace) -> list[str]:
+    """The headers given on the command line, from environment variables and from standard
+    input: the last two keep a token out of the process's argument list (`ps` shows it)."""
+    lines = list(args.header)
+    for variable in args.header_env:
+        value = os.environ.get(variable)
+        if value is None:
+            raise InputError(f"--header-env {variable}: no such environment variable is set.")
+        lines.append(value)
+    if args.headers_stdin:
+        lines += sys.stdin.read(64 * 1024).splitlines()
+    return lines
 
 
 def register(add: Any) -> None:
@@ -65,5 +81,18 @@ def register(add: Any) -> None:
         action="append",
         default=[],
         metavar="'NAME: VALUE'",
-        help="add: a header a URL server needs (repeatable; kept encrypted, never shown)",
+        help="add: a header a URL server needs (repeatable; kept encrypted, never shown; "
+        "`ps` shows it while the command runs: --header-env or --headers-stdin do not)",
+    )
+    p.add_argument(
+        "--header-env",
+        action="append",
+        default=[],
+        metavar="VARIABLE",
+        help="add: a header ('Name: value') read from this environment variable",
+    )
+    p.add_argument(
+        "--headers-stdin",
+        action="store_true",
+        help="add: headers read from standard input, one 'Name: value' a line",
     )

@@ -28,12 +28,17 @@ class ToolServer:
 
     @property
     def target(self) -> str:
-        """The command line or URL, as the user typed it (for the Tools page); headers are
-        counted, never shown (their values are secrets)."""
+        """The command line or URL as the user typed it, with what may be a secret masked
+        (for the Tools page and `tools list`): a URL's password or user part and its query
+        values, a command's environment values and secret-named options; headers are
+        counted, never shown."""
         if not self.url:
-            return shlex.join(self.command)
+            return " ".join(
+                w if MASK in w else shlex.quote(w) for w in masked_command(self.command)
+            )
         count = len(self.headers)
-        return self.url + (f" (+{count} header{'s' if count > 1 else ''})" if count else "")
+        shown = masked_url(self.url)
+        return shown + (f" (+{count} header{'s' if count > 1 else ''})" if count else "")
 
     def record(self) -> dict[str, Any]:
         return {
@@ -43,6 +48,54 @@ class ToolServer:
             "timeout_s": self.timeout_s,
             "headers": [list(h) for h in self.headers],
         }
+
+
+MASK = "•••"
+_SECRET_OPTION = re.compile(r"^(--?[\w-]*(token|key|secret|passw|auth|cred)[\w-]*)=", re.I)
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def masked_url(url: str) -> str:
+    """The URL with its user part's password (or a lone user part, often a token) and its
+    query's values replaced by a mask."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, colon, _password = user.partition(":")
+        netloc = f"{name}:{MASK}@{host}" if colon else f"{MASK}@{host}"
+    query = "&".join(
+        f"{key}={MASK}" if sep else key
+        for key, sep, _value in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
+def masked_command(command: Sequence[str]) -> list[str]:
+    """The command's words with environment values (`env KEY=value …`, before the program)
+    and secret-named options' values (`--api-key=…`, `--token …`) masked."""
+    shown: list[str] = []
+    program_seen = False
+    hide_next = False
+    for word in command:
+        if hide_next:
+            shown.append(MASK)
+            hide_next = False
+            continue
+        if not program_seen and _ASSIGNMENT.match(word):
+            shown.append(word.split("=", 1)[0] + "=" + MASK)
+            continue
+        if os.path.basename(word) != "env":
+            program_seen = program_seen or not word.startswith("-")
+        option = _SECRET_OPTION.match(word)
+        if option:
+            shown.append(option.group(1) + "=" + MASK)
+        elif word.startswith("-") and _SECRET_OPTION.match(word + "="):
+            shown.append(word)
+            hide_next = True
+        else:
+            shown.append(word)
+    return shown
 
 
 def check_server_name(name: str) -> str:
