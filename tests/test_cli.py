@@ -227,10 +227,7 @@ def test_killed_while_saving_a_turn_keeps_the_previous_state(
     shown = cli_json("show", conversation, data_dir=data_dir)
     committed = point == "persist-after-commit"
     assert len(shown["messages"]) == (4 if committed else 2)
-    audit = run_cli("audit", "--json", data_dir=data_dir, check=False)
-    if not committed:  # the unfinished or uncommitted file is found, then removed
-        assert audit.returncode == 1 and ("orphan" in audit.stdout or "unfinished" in audit.stdout)
-        cli_json("audit", "--repair", data_dir=data_dir)
+    # The next start (the `show` above) removed the unfinished or uncommitted file.
     assert cli_json("audit", data_dir=data_dir)["problems"] == []
     resumed = cli_json("resume", conversation, data_dir=data_dir)
     assert resumed["proof"] == "exact" and resumed["recomputed_tokens"] == 0

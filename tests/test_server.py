@@ -106,6 +106,21 @@ def test_history_survives_a_restart_and_is_grafted(
     assert reread.text == third.text
 
 
+def test_an_api_conversation_a_crash_left_empty_is_gone_at_the_next_start(
+    make_fake_core: Callable[..., Galahad],
+) -> None:
+    core = make_fake_core()
+    answered = core.complete_chat([ChatMessage("user", "Tell me about owls.")], max_tokens=6)
+    left = core.stateless._create("You are terse.")  # what a request killed mid-read leaves
+    mine = core.new_conversation()  # the person's own new chat, empty for now
+    core.close()
+    again = make_fake_core()
+    ids = {c.id for c in again.list_conversations()}
+    assert left not in ids and {answered.conversation_id, mine} <= ids
+    assert again.start_notes() == ["Removed 1 empty API conversation a crash left."]
+    assert again.audit().problems == []
+
+
 def test_a_history_that_leaves_a_stored_one_continues_in_a_copy(
     make_fake_core: Callable[..., Galahad],
 ) -> None:

@@ -124,6 +124,29 @@ def test_audit_finds_orphans_and_damage_and_repairs_orphans(tmp_path: Path) -> N
     vault.close()
 
 
+def test_the_next_start_removes_what_a_killed_write_left_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    from galahad_desktop.vault.blockfile import MAGIC
+
+    keys = MemoryKeyStore()
+    vault = Vault(tmp_path / "d", keys)
+    good = _store(vault)
+    vault.close()
+    blocks = tmp_path / "d" / "blocks"
+    (blocks / "b-0123456789abcdef.gkv").write_bytes(MAGIC + b"its row never committed")
+    (blocks / ".tmp-b-x.gkv.1234").write_bytes(b"half written")
+    (blocks / "kit.txt").write_bytes(b"someone else's file")
+    again = Vault(tmp_path / "d", keys)
+    assert again.recovered == ["Removed 2 files an interrupted write left behind."]
+    assert sorted(p.name for p in blocks.iterdir()) == sorted([good["file_name"], "kit.txt"])
+    assert again.read_block(good["id"])
+    report = again.audit()  # the file Galahad did not write is the audit's to report
+    assert [p for p in report.problems if "kit.txt" in p] and report.ok == 1
+    again.close()
+    assert Vault(tmp_path / "d", keys).recovered == []  # nothing left: nothing said
+
+
 def test_second_process_is_told_the_directory_is_busy(tmp_path: Path) -> None:
     keys = MemoryKeyStore()
     vault = Vault(tmp_path / "d", keys)

@@ -146,9 +146,10 @@ def test_servers_are_kept_encrypted_and_a_changed_list_is_refused(
     with pytest.raises(InputError, match="already named"):
         core.add_tool_server("calc", "other")
     assert [(s.name, s.target, s.timeout_s) for s in core.tool_servers()] == [
-        ("calc", "calc-server --token sk-SECRET-123", 20.0),
+        ("calc", "calc-server --token •••", 20.0),
         ("web", "https://tools.example/mcp (+1 header)", 60.0),  # its value never shown
     ]
+    assert core.tool_servers_room.server("calc").command[-1] == "sk-SECRET-123"  # what runs
     data = tmp_path / "data"
     for path in data.rglob("*"):  # a token in a command stays private, in every file
         if path.is_file():

@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from galahad_desktop.errors import InputError
 
@@ -68,7 +68,7 @@ def masked_url(url: str) -> str:
         f"{key}={MASK}" if sep else key
         for key, sep, _value in (item.partition("=") for item in parts.query.split("&") if item)
     )
-    return parts._replace(netloc=netloc, query=query).geturl()
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def masked_command(command: Sequence[str]) -> list[str]:

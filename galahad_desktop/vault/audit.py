@@ -23,12 +23,12 @@ from galahad_desktop.vault.names import (
 )
 
 
-def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
-    report = AuditReport()
+def _block_rows(vault: HeldVault, report: AuditReport) -> tuple[dict[str, BlockRow], set[str]]:
+    """The catalog's blocks by file name, and the ids of those given back (no file)."""
     rows: dict[str, BlockRow] = {}
     all_rows = vault.records.blocks()
     report.blocks = len(all_rows)
-    returned: set[str] = set()  # blocks given back to the disk budget: no file to check
+    returned: set[str] = set()
     for row in all_rows:
         if given_back(row):
             returned.add(row["id"])
@@ -39,6 +39,28 @@ def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
             report.problems.append(str(exc).removesuffix("; refused."))
     report.given_back = len(returned)
     report.blocks -= len(returned)
+    return rows, returned
+
+
+def remove_crash_leftovers(vault: HeldVault) -> list[str]:
+    """At start (the data directory locked: no write can be under way): what a kill during
+    a block write or a give-back left in the blocks folder — unfinished writes, block files
+    whose catalog row was never committed, files of given-back blocks — is removed. Files
+    Galahad did not write are left for the audit to report."""
+    report = AuditReport()
+    rows, returned = _block_rows(vault, report)
+    if report.problems:  # a damaged catalog: the audit says what, nothing is removed here
+        return []
+    _sweep(vault, rows, returned, True, report, foreign=False)
+    if not report.repaired:
+        return []
+    n = len(report.repaired)
+    return [f"Removed {n} file{'s' if n > 1 else ''} an interrupted write left behind."]
+
+
+def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
+    report = AuditReport()
+    rows, returned = _block_rows(vault, report)
     for file_name, row in rows.items():
         path = vault.blocks_dir / file_name
         try:
@@ -72,6 +94,21 @@ def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
         vault.retired_key_ids()
     except IntegrityError as exc:
         report.problems.append(str(exc))
+    _sweep(vault, rows, returned, repair, report)
+    return report
+
+
+def _sweep(
+    vault: HeldVault,
+    rows: dict[str, BlockRow],
+    returned: set[str],
+    repair: bool,
+    report: AuditReport,
+    foreign: bool = True,
+) -> None:
+    """The blocks folder against the catalog: leftovers reported (or, with repair, removed);
+    links and folders reported, never followed; with `foreign`, files Galahad did not write
+    reported (or moved aside)."""
     for path in sorted(vault.blocks_dir.iterdir()):
         if path.name in rows and path.is_file() and not path.is_symlink():
             continue
@@ -91,6 +128,8 @@ def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
             continue
         ours = path.name.startswith(TMP_PREFIX) or _is_block_file(path)
         what = "unfinished write" if path.name.startswith(TMP_PREFIX) else "orphan file"
+        if not ours and not foreign:
+            continue
         if not repair:
             report.problems.append(f"{what} {path.name} is not in the catalog")
         elif ours:
@@ -102,7 +141,6 @@ def audit(vault: HeldVault, repair: bool = False) -> AuditReport:
             moved = quarantine / path.name
             os.replace(path, moved)
             report.repaired.append(f"moved {what} {path.name} to {moved} (not deleted)")
-    return report
 
 
 QUARANTINE = "quarantine"  # where repair moves files in the blocks folder it did not write

@@ -27,6 +27,7 @@ from galahad_desktop.system.files import create_private_file, fsync_dir
 from galahad_desktop.system.lock import LOCK_NAME, DataDirLock
 from galahad_desktop.vault import blockfile, crypto, custody, restoring
 from galahad_desktop.vault.audit import audit as audit_vault
+from galahad_desktop.vault.audit import remove_crash_leftovers
 from galahad_desktop.vault.catalog import SCHEMA_VERSION, Catalog
 from galahad_desktop.vault.held import HeldVault
 from galahad_desktop.vault.keys import KeyringKeyStore, KeyStore, api_key_entry, entry_name
@@ -125,6 +126,7 @@ class Vault:
             if not inspect_only:
                 restoring.accepted(self.data_dir)  # a restored copy now counts as current
                 self.recovered += custody.recover_backups(self)
+                self.recovered += remove_crash_leftovers(self)
         except BaseException:
             if hasattr(self, "catalog"):
                 self.catalog.close()

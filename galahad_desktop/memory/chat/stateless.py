@@ -254,6 +254,22 @@ class StatelessChats(TurnRoom):
             result,
         )
 
+    def remove_abandoned(self) -> list[str]:
+        """At start: API conversations made for a request that never stored its first turn
+        (the process was killed or crashed while reading it) are forgotten; an API
+        conversation exists for its turns alone, so nothing of the person's goes."""
+        abandoned = [
+            row["id"]
+            for row in self.records.conversations(origin=API_ORIGIN)
+            if not row["n_messages"] and not row["head_block_id"]
+        ]
+        for conversation_id in abandoned:
+            self.forget(conversation_id)
+        n = len(abandoned)
+        if not n:
+            return []
+        return [f"Removed {n} empty API conversation{'s' if n > 1 else ''} a crash left."]
+
     def _create(self, system: str, tools: Sequence[Tool] = ()) -> str:
         """A new API conversation, its system prompt the request's own words (no preset),
         and the tools it offers."""
