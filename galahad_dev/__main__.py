@@ -42,12 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
             "plot",
             "storage",
             "grammar",
+            "stack",
         ],
     )
     bench.add_argument(
         "--sizes",
-        default="1000,4000,16000",
-        help="token counts, comma-separated (kv-quality: the first is the tokens read)",
+        default=None,
+        help="token counts, comma-separated (default 1000,4000,16000; stack: each document's, "
+        "default 1000,3000; kv-quality: the first is the tokens read)",
     )
     bench.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
     bench.add_argument(
@@ -76,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--shapes",
         default="E2B,E4B,26B-A4B,31B",
         help="storage: the Gemma 4 sizes whose attention shapes are measured",
+    )
+    bench.add_argument("--documents", default="2,3,5", help="stack: how many documents are stacked")
+    bench.add_argument(
+        "--ks", default="0,16,32", help="stack: each block's first tokens recomputed (0: none)"
+    )
+    bench.add_argument(
+        "--stack-shapes",
+        default="",
+        help="stack: these Gemma 4 sizes' shapes instead of the real models (random weights: "
+        "bytes and times only; saved as bench-stack-shapes)",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="stack: the generated documents")
+    bench.add_argument(
+        "--questions", type=int, default=40, help="stack: needle questions (not the first document)"
     )
     bench.add_argument("--doc", type=int, default=3000, help="storage: a document's tokens")
     bench.add_argument(
@@ -180,6 +196,43 @@ def measure(
     return "bench-kv-quality", result, bench.quality_table(result)
 
 
+def bench_stack_kind(
+    args: argparse.Namespace, overrides: dict[str, Any]
+) -> tuple[str, dict[str, Any], str]:
+    """bench stack: Gemma 3 270M and the Gemma 4 test model (or --model alone), or with
+    --stack-shapes the random-weight GGUFs of real sizes (block bytes and move times)."""
+    from galahad_desktop.paths import default_model_path
+    from galahad_dev.bench_stack import bench_stack, table
+    from galahad_dev.gemma4_model import build
+    from galahad_dev.real_shapes import real_shape_model
+
+    embedded = default_model_path()
+    try:
+        counts = [int(n) for n in args.documents.split(",") if n.strip()]
+        ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    except ValueError:
+        raise InputError("--documents and --ks take whole numbers, comma-separated.") from None
+    if not counts or min(counts) < 1 or not ks or min(ks) < 0:
+        raise InputError("--documents needs counts of 1 or more, --ks counts of 0 or more.")
+    if args.stack_shapes:
+        models = {}
+    elif args.model is not None:
+        models = {args.model.name: Run(args.model, overrides, log)}
+    else:
+        models = {
+            "Gemma 3 270M": Run(None, overrides, log),
+            "Gemma 4 test model": Run(build(embedded), overrides, log),
+        }
+    answers = {label: True for label in models}
+    for size in [s.strip() for s in args.stack_shapes.split(",") if s.strip()]:
+        label = f"Gemma 4 {size} shape"
+        models[label] = Run(real_shape_model(size, embedded), overrides, log)
+        answers[label] = False  # random weights, narrow: only bytes and times mean anything
+    sizes = parse_sizes(args.sizes or "1000,3000")
+    result = bench_stack(models, counts, sizes, ks, args.seed, log, answers, args.questions)
+    return "bench-stack-shapes" if args.stack_shapes else "bench-stack", result, table(result)
+
+
 def model_eval(args: argparse.Namespace, run: Run) -> dict[str, Any] | None:
     """The evaluations on a model (None: the kind is one of the fuzzers)."""
     if args.kind == "needles":
@@ -232,6 +285,8 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
                 shapes, args.doc, args.turns, args.reps, default_model_path(), log, kv_types
             )
             return "bench-storage", result, table(result)
+        if args.kind == "stack":
+            return bench_stack_kind(args, overrides)
         if args.kind == "grammar":
             from galahad_desktop.paths import default_model_path
             from galahad_dev.bench_grammar import bench_grammar, table
@@ -241,7 +296,7 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
             models = {"Gemma 3 270M": embedded, "Gemma 4 test model": build(embedded)}
             result = bench_grammar(models, args.reps, 160)
             return "bench-grammar", result, table(result)
-        sizes = parse_sizes(args.sizes)
+        sizes = parse_sizes(args.sizes or "1000,4000,16000")
         if args.kind in ("resume", "deposit", "kv-quality"):
             return measure(args, sizes, overrides)
         if args.kind == "persist":

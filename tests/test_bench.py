@@ -104,6 +104,36 @@ def test_bench_deposit_rows(tmp_path: Path) -> None:
         assert row["config"]["kv_type"] == row["kv_type"]
 
 
+def test_bench_stack_measures_stacked_documents_against_a_full_read(
+    tmp_path: Path, gemma3_path: Path
+) -> None:
+    stack = dev(
+        "bench",
+        "stack",
+        "--documents",
+        "2",
+        "--sizes",
+        "300",
+        "--ks",
+        "0,16",
+        "--questions",
+        "8",
+        tmp_path=tmp_path / "results",
+        data_dir=tmp_path / "unused",
+        model=gemma3_path,
+    )
+    (row,) = stack["results"]
+    assert row["documents"] == 2 and row["questions"] == 8
+    _all_measured(row, "tokens read_ms full_ttft_ms block_bytes")
+    assert [s["k"] for s in row["stacked"]] == [0, 16]
+    for stacked in row["stacked"]:
+        _all_measured(stacked, "ready_ms ttft_ms recomputed")
+        assert stacked["continuation"] == 64 and 0 <= stacked["argmax_agree"] <= 64
+        assert 0 <= stacked["answers_agree"] <= 8 and stacked["kl_mean"] >= 0
+    assert row["stacked"][1]["recomputed"] == row["stacked"][0]["recomputed"] + 2 * 16
+    assert not (tmp_path / "unused").exists()
+
+
 def test_bench_kv_quality_compares_both_q8_0_routes_with_f16(tmp_path: Path) -> None:
     result = dev(
         "bench",

@@ -15,6 +15,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent, QGuiApplication, QImage
+from PySide6.QtWidgets import QMenu
 
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import TurnResult
@@ -231,6 +232,55 @@ def test_drop_a_document_and_chat_with_it(qtbot, open_window, tmp_path: Path) ->
     with qtbot.waitSignal(window.error_shown, timeout=WAIT_MS) as error:
         window.deposit(bad)
     assert "reads no pictures" in error.args[0]  # Gemma 3 270M has no vision projector
+
+
+def test_library_documents_stack_into_a_chat_and_files_go_into_a_new_one(  # type: ignore[no-untyped-def]
+    qtbot, open_window, tmp_path: Path
+) -> None:
+    window = open_window()
+    for name, code in (("north", "4417"), ("south", "9031"), ("east", "2268")):
+        path = tmp_path / f"{name}.txt"
+        path.write_text(story(20, f"The {name} gate code is {code}."))
+        with qtbot.waitSignal(window.deposit_finished, timeout=WAIT_MS):
+            window.deposit(path)
+    listed = window.sidebar.document_list
+    qtbot.waitUntil(lambda: listed.count() == 3, timeout=WAIT_MS)
+    rows = {listed.item(i).text().split("\n")[0]: i for i in range(listed.count())}
+    for name in ("north.txt", "south.txt"):
+        row = next(i for text, i in rows.items() if name in text)
+        listed.item(row).setSelected(True)
+    assert window.sidebar.chat_document_button.text() == "Chat with these 2 documents"
+    with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS):
+        window.chat_with_document()
+    qtbot.waitUntil(lambda: window.graft_label.text().startswith("Stacked"), timeout=WAIT_MS)
+    assert "recomputed" in window.graft_label.text()
+    assert "not byte-exact" in window.graft_label.text()
+    assert sorted(window.chat.documents) == ["north.txt", "south.txt"]
+    answer = _send(qtbot, window, "What is the south gate code?")
+    assert answer.counters.recomputed_tokens == 0  # the stack is stored: nothing re-done
+    # The attach menu stacks the third on the open chat; the two it holds are greyed out.
+    menu = QMenu()
+    window.fill_attach_menu(menu)
+    actions = {a.text(): a for a in menu.actions()}
+    assert not actions["north.txt"].isEnabled() and actions["east.txt"].isEnabled()
+    with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS) as added:
+        actions["east.txt"].trigger()
+    stack = added.args[0].stack
+    assert stack is not None and stack.documents == ("east.txt",) and stack.reread_tokens == 0
+    assert window.graft_label.text().startswith("Stacked 'east.txt'")
+    assert "east.txt" in window.chat.documents
+    # A new, empty chat: files attached go into it (read once, kept, the second stacked).
+    window.new_chat()
+    assert window.conversation_id is None
+    first, second = tmp_path / "west.txt", tmp_path / "harbour.txt"
+    first.write_text(story(15, "The west gate code is 7710."))
+    second.write_text(story(15, "The harbour gate code is 3381."))
+    with qtbot.waitSignal(window.conversation_opened, timeout=WAIT_MS) as opened:
+        window.start_chat_on_files([first, second])
+    assert opened.args[0].summary.id == window.conversation_id
+    qtbot.waitUntil(lambda: "Stacked 'harbour.txt'" in window.graft_label.text(), timeout=WAIT_MS)
+    assert sorted(window.chat.documents) == ["harbour.txt", "west.txt"]
+    qtbot.waitUntil(lambda: listed.count() == 5, timeout=WAIT_MS)
 
 
 def test_a_picture_through_the_window(  # type: ignore[no-untyped-def]

@@ -170,6 +170,7 @@ class Galahad(DocumentFacade, StoreFacade, ToolFacade):
         self.live.room_for = self.storage_room.make_room
         self.live.fits = self.storage_room.check_fits
         self.shelf = ModelShelf(self.data_dir, self.settings, model_path)
+        self.vault.recovered += self.stateless.remove_abandoned()
 
     # -- lifecycle -----------------------------------------------------------------------
     def start_notes(self) -> list[str]:
@@ -377,14 +378,21 @@ class Galahad(DocumentFacade, StoreFacade, ToolFacade):
         row = self.conversations.row(conversation_id)
         other = bool(row.get("model_sha256")) and row["model_sha256"] != self.engine.model_sha256
         report = self.resume(conversation_id, job)
+        messages = self.messages(conversation_id)
+        own = (
+            self.documents.name(self.documents.row(row["document_id"]))
+            if row["document_id"]
+            else ""
+        )
         return OpenedConversation(
             self.conversation(conversation_id),
-            self.messages(conversation_id),
+            messages,
             report,
             len(self.engine.tokens),
             self.engine.n_ctx,
             self.library_enabled(conversation_id),
             other,
+            tuple([own] if own else []) + tuple(m.text for m in messages if m.role == "document"),
         )
 
     def send(

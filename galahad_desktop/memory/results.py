@@ -516,6 +516,7 @@ class OpenedConversation:
     n_ctx: int
     library_enabled: bool
     other_model: bool  # made with another model: it was re-read once under this one
+    documents: tuple[str, ...] = ()  # the names of what it holds: its own, then those added
 
 
 @dataclass(frozen=True)

@@ -519,9 +519,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         self.sidebar.current = self.conversation_id
         self.library_action.setChecked(opened.library_enabled)
         roles = shown_roles(opened.messages)
-        doc = opened.summary.document_id
-        held = [d.name for d in self.sidebar.documents if doc and d.id == doc]
-        self.chat.set_documents(held + [m.text for m in opened.messages if m.role == "document"])
+        self.chat.set_documents(list(opened.documents))
         self.chat.set_messages(
             [
                 ShownMessage(

@@ -11,6 +11,7 @@ from pathlib import PurePath
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QIcon, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -223,6 +224,8 @@ class Sidebar(QWidget):
             "read once and kept."
         )
         self.document_list.setWordWrap(True)
+        # Several chosen (Ctrl/Shift-click) go into one new chat, the others stacked.
+        self.document_list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.document_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.document_list.setIconSize(QSize(28, 28))
         self.document_list.setAccessibleName("Documents")
@@ -435,10 +438,28 @@ class Sidebar(QWidget):
                 item.setIcon(icon)
 
     def _document_selected(self) -> None:
-        """Play shows for a selected voice memo only."""
-        chosen = self.selected_document()
-        doc = next((d for d in self.documents if d.id == chosen), None)
-        self.play_document_button.setVisible(doc is not None and doc.kind == "memo")
+        """Play shows for a selected voice memo only; the chat button says how many."""
+        chosen = self.selected_documents()
+        doc = next((d for d in self.documents if d.id == chosen[0]), None) if chosen else None
+        self.play_document_button.setVisible(
+            len(chosen) == 1 and doc is not None and doc.kind == "memo"
+        )
+        several = len(chosen) > 1
+        self.chat_document_button.setText(
+            f"Chat with these {len(chosen)} documents" if several else "Chat with this document"
+        )
+        self.chat_document_button.setToolTip(
+            "A new chat on the first, the others stacked after it: none is read again"
+            if several
+            else "Start a conversation on the selected document"
+        )
+
+    def selected_documents(self) -> list[str]:
+        """The selected documents' ids, in the list's order (the only one when alone)."""
+        items = sorted(self.document_list.selectedItems(), key=self.document_list.row)
+        if not items and self.document_list.count() == 1:
+            items = [self.document_list.item(0)]
+        return [str(item.data(ID_ROLE)) for item in items if item.data(ID_ROLE)]
 
     def selected_document(self) -> str | None:
         items = self.document_list.selectedItems()

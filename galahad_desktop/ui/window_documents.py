@@ -8,11 +8,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from PySide6.QtCore import QBuffer, QIODevice
+from PySide6.QtCore import QBuffer, QIODevice, Qt
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
-from galahad_desktop.memory.results import DepositResult, ImportResult, Message, TurnResult
+from galahad_desktop.jobs import Job
+from galahad_desktop.memory.results import (
+    DepositResult,
+    DocumentSummary,
+    ImportResult,
+    Message,
+    TurnResult,
+)
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import deposit_note
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
@@ -23,6 +30,7 @@ if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
     from PySide6.QtWidgets import QStackedWidget
 
+    from galahad_desktop.memory.galahad import Galahad
     from galahad_desktop.ui.chat_view import ChatView
     from galahad_desktop.ui.dialogs import AskDialog
     from galahad_desktop.ui.host import Host
@@ -61,6 +69,7 @@ class DocumentActions:
         deposit_finished: SignalInstance
         import_finished: SignalInstance
         turn_finished: SignalInstance
+        conversation_opened: SignalInstance
 
         def set_status(self, text: str) -> None: ...
         def show_error(self, message: str, kind: str = "") -> None: ...
@@ -99,6 +108,9 @@ class DocumentActions:
                 return
             if answer == "New chat on it":
                 self.deposit(paths[0], open_chat=True)
+            return
+        if self.pages.currentWidget() is self.chat:  # a new, empty chat: they go into it
+            self.start_chat_on_files(paths)
             return
         for path in paths:
             self.deposit(path)
@@ -175,29 +187,42 @@ class DocumentActions:
 
     def fill_attach_menu(self, menu: QMenu) -> None:
         """The attach button's menu: a file from this computer, or a library document — a
-        new chat grafts its stored block (0 tokens re-read); an open conversation cannot
-        (a block is exact only at the positions it was read at), and says so."""
+        new chat grafts its stored block (0 tokens re-read); an open conversation stacks
+        it after what it holds (not re-read; its first tokens recomputed, close to a full
+        read but not byte-exact)."""
         menu.clear()
         menu.addAction("A file from this computer…", self.attach_file)
         documents = [d for d in self.sidebar.documents if d.n_parts == 1]
         if not documents:
             return
         menu.addSection("From your library")
+        held = set(self.chat.documents) if self.conversation_id is not None else set()
         for doc in documents:
             action = menu.addAction(theme.icon("document"), doc.name)
             if self.conversation_id is None:
                 action.setToolTip("A new chat on it: its stored memory is grafted, nothing re-read")
                 action.triggered.connect(lambda _checked=False, d=doc.id: self.chat_with(d))
-            else:
+            elif doc.kind != "text" or doc.name in held:
                 action.setEnabled(False)
                 action.setToolTip(
-                    "Start a new chat to use it without re-reading: a stored document is "
-                    "exact only at the positions it was read at"
+                    "Already in this chat"
+                    if doc.name in held
+                    else "Pictures and voice memos go into a chat as files, read on top of it"
                 )
+            else:
+                action.setToolTip(
+                    "Stacked after what this chat holds: not read again, its first tokens "
+                    "recomputed (close to a full read, not byte-exact)"
+                )
+                action.triggered.connect(lambda _checked=False, d=doc: self.stack_documents([d]))
 
     def attach_file(self) -> None:
-        if self.conversation_id is None:
-            self.choose_document()
+        if self.conversation_id is None:  # a new, empty chat: the files go into it
+            paths, _ = QFileDialog.getOpenFileNames(
+                self._window(), "Attach to a new chat", str(Path.home()), DOCUMENT_FILTER
+            )
+            if paths:
+                self.start_chat_on_files([Path(p) for p in paths])
             return
         self.choose_stacked_document()
 
@@ -207,6 +232,59 @@ class DocumentActions:
             on_done=self.open_conversation,
             on_error=self.show_error,
         )
+
+    def start_chat_on_files(self, paths: list[Path]) -> None:
+        """Files given to a new, empty chat: each read once and kept in the library, the
+        chat started on the first, the others stacked after it (not read a second time)."""
+        names = ", ".join(p.name for p in paths)
+        self.sidebar.show_progress(True, f"Reading {names}…")
+
+        def start(core: Galahad, job: Job) -> tuple[str, TurnResult | None]:
+            first = core.deposit(paths[0], job)
+            conversation_id = core.new_conversation(first.document_id)
+            turn = None
+            for path in paths[1:]:
+                core.deposit(path, job)
+                turn = core.add_document_file(conversation_id, path, job)
+            return conversation_id, turn
+
+        def started(done: tuple[str, TurnResult | None]) -> None:
+            self._work_over()
+            conversation_id, turn = done
+            if turn is not None and turn.stack is not None:
+                note = f"Read {len(paths)} files once · {turn.stack.describe()}"
+                self.conversation_opened.connect(
+                    lambda _opened: self.set_status(note), Qt.ConnectionType.SingleShotConnection
+                )
+            self.open_conversation(conversation_id)
+
+        self.working = self.bridge.run(
+            start,
+            on_done=started,
+            on_error=self._work_failed,
+            on_progress=self._work_progress,
+            label=f"Reading {names}",
+            changes={DOCUMENTS, CONVERSATIONS},
+        )
+
+    def stack_documents(self, documents: list[DocumentSummary]) -> None:
+        """Library documents stacked on the open conversation: nothing read again."""
+        if self.conversation_id is None or self.turn_cancel is not None:
+            self.show_error("Open a conversation first: the documents are stacked on it.")
+            return
+        conversation_id = self.conversation_id
+        for doc in documents:
+            self.chat.append("document", doc.name)
+        self.set_status(f"Stacking {', '.join(d.name for d in documents)} on this conversation…")
+        ids = [d.id for d in documents]
+        request = self.bridge.run(
+            lambda core, job: core.add_stored_documents(conversation_id, ids, job),
+            on_done=lambda result: self._document_added(result, Path(documents[-1].name)),
+            on_error=self._stack_failed,
+            label="Stacking documents",
+            changes={CONVERSATIONS},
+        )
+        self._set_generating(request)
 
     def play_memo(self) -> None:
         """Play (or stop) the selected voice memo: its sound decrypted by the core, played
@@ -245,20 +323,38 @@ class DocumentActions:
             button.setAccessibleName("Play memo")
 
     def chat_with_document(self) -> None:
-        document_id = self.sidebar.selected_document()
-        if document_id is None:
+        chosen = self.sidebar.selected_documents()
+        if not chosen:
             self.show_error("Select a document first.")
             return
-        doc = next((d for d in self.sidebar.documents if d.id == document_id), None)
-        if doc is not None and doc.n_parts > 1:
+        docs = [d for d in self.sidebar.documents if d.id in chosen]
+        if len(docs) == 1 and docs[0].n_parts > 1:
             # Longer than the context: each question is routed to the part that answers it.
-            self.open_ask(document_id)
+            self.open_ask(docs[0].id)
             return
-        self.bridge.run(
-            lambda core, _job: core.new_conversation(document_id),
-            on_done=self.open_conversation,
-            on_error=self.show_error,
-        )
+        if len(docs) > 1 and any(d.n_parts > 1 or d.kind != "text" for d in docs):
+            self.show_error(
+                "Several documents go into one chat when each is one text part: ask the "
+                "library about long documents, and chat with pictures and memos one at a time."
+            )
+            return
+        first, rest = chosen[0], chosen[1:]
+
+        def start(core: Galahad, job: Job) -> tuple[str, TurnResult | None]:
+            conversation_id = core.new_conversation(first)
+            turn = core.add_stored_documents(conversation_id, rest, job) if rest else None
+            return conversation_id, turn
+
+        def started(done: tuple[str, TurnResult | None]) -> None:
+            conversation_id, turn = done
+            if turn is not None and turn.stack is not None:
+                note = turn.stack.describe()
+                self.conversation_opened.connect(
+                    lambda _opened: self.set_status(note), Qt.ConnectionType.SingleShotConnection
+                )
+            self.open_conversation(conversation_id)
+
+        self.bridge.run(start, on_done=started, on_error=self.show_error, changes={CONVERSATIONS})
 
     def open_ask(self, document_id: str | None = None) -> None:
         from galahad_desktop.ui.dialogs import AskDialog
@@ -336,17 +432,21 @@ class DocumentActions:
 
     def _stack_failed(self, message: str, kind: str) -> None:
         """Nothing was added: the document's (or picture's) card goes too."""
-        if self.chat.messages and self.chat.messages[-1].role == "document":
+        while self.chat.messages and self.chat.messages[-1].role == "document":
             self.chat.messages.pop()
         self._turn_failed(message, kind)
 
     def _document_added(self, result: TurnResult, path: Path) -> None:
         self._set_generating(None)
         self.chat.append("note", result.reply)  # the app's acknowledgement, not a reply
-        self.chat.add_document(path.name)
+        stacked = result.stack.documents if result.stack is not None else (path.name,)
+        for name in stacked:
+            self.chat.add_document(name)
         self.set_context(result.context_tokens, result.n_ctx)
         c = result.counters
-        if result.audio_tokens:
+        if result.stack is not None:
+            self.set_status(f"{result.stack.describe()} · saved in {c.persist_ms:.0f} ms")
+        elif result.audio_tokens:
             self.set_status(
                 f"Heard voice memo '{path.name}' ({result.audio_tokens:,} audio tokens) in "
                 f"{c.prefill_ms / 1e3:.1f} s · stored · restored {c.restored_tokens:,}, "

@@ -13,10 +13,11 @@ from galahad_desktop.engine.protocol import ChatEngine
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import StackQuality
 
-# Each stacked block's first tokens read on top of what precedes it (EPIC's k): measured on
-# Gemma 3 270M, two ~1,090-token documents, KL 0.054 (none) -> 0.040 (16) -> 0.016 (32) ->
-# 0.012 (64) against a full read; 32 costs ~0.5 s there (docs/performance.md).
-STACK_RECOMPUTE = 32
+# Each stacked block's first tokens read on top of what precedes it (EPIC's k), chosen from
+# `bench stack` (docs/performance.md): on Gemma 3 270M over 2-5 documents of 1k and 3k
+# tokens, KL against a full read averaged 0.098 with none, 0.066 with 16, 0.064 with 32 and
+# 0.059 with 64; 16 keeps time to first token 13-40x lower than a full read, 32 11-32x.
+STACK_RECOMPUTE = 16
 QUALITY_PROBE = "In two sentences, what do these documents say?"
 QUALITY_PROBE_TOKENS = 32
 
