@@ -91,6 +91,20 @@ def http_server() -> Iterator[str]:
         process.wait(10)
 
 
+def test_a_server_silent_at_the_handshake_is_named_with_the_limit_that_stopped_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from galahad_desktop.toolbox import mcp_client
+
+    monkeypatch.setattr(mcp_client, "CONNECT_TIMEOUT_S", 1.0)
+    silent = parse_server("mute", f"{sys.executable} -c 'import time; time.sleep(60)'", 20)
+    started = time.perf_counter()
+    with pytest.raises(ToolServerError, match=r"handshake within 1 s") as raised:
+        list_tools(silent)
+    assert time.perf_counter() - started < 10  # its own limit, not the tool's 20 s
+    assert "within 20 s" not in str(raised.value)
+
+
 def test_a_streamable_http_server_with_the_header_it_needs(http_server: str) -> None:
     keyed = ["Authorization: Bearer test-token-789"]
     server = parse_server("web", http_server, timeout_s=20, headers=keyed)

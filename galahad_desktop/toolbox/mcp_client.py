@@ -134,6 +134,12 @@ def _run(
     can fail becomes a message that names the server."""
     stopped = False
     refused: list[int] = []  # HTTP statuses a URL server answered with
+    started: list[bool] = []  # the handshake answered: what times out after is the work
+
+    async def bounded(session: ClientSession) -> T:
+        started.append(True)
+        with anyio.fail_after(server.timeout_s):  # the tool's limit, listing included
+            return await work(session)
 
     async def main() -> T:
         nonlocal stopped
@@ -147,7 +153,7 @@ def _run(
             scope.cancel()
 
         async def go(scope: anyio.CancelScope) -> None:
-            result.append(await _session_run(server, errlog, work, refused))
+            result.append(await _session_run(server, errlog, bounded, refused))
             scope.cancel()
 
         with anyio.fail_after(server.timeout_s + CONNECT_TIMEOUT_S):
@@ -169,6 +175,11 @@ def _run(
                 raise exc from None
             if stopped or job.cancelled:
                 raise CancelledError(f"Stopped: {what} was stopped before it answered.") from None
+            if isinstance(exc, TimeoutError) and not started:
+                raise ToolServerError(
+                    f"The tool server '{server.name}' did not start and answer MCP's "
+                    f"handshake within {CONNECT_TIMEOUT_S:.0f} s; it was stopped."
+                ) from None
             if isinstance(exc, TimeoutError):
                 raise ToolServerError(
                     f"The tool server '{server.name}' did not answer within "
@@ -256,8 +267,7 @@ def call_tool(
     import mcp_types
 
     async def work(session: ClientSession) -> mcp_types.CallToolResult:
-        with anyio.fail_after(server.timeout_s):
-            called = await session.call_tool(name, arguments)
+        called = await session.call_tool(name, arguments)  # _run holds it to its limit
         if not isinstance(called, mcp_types.CallToolResult):
             raise ToolServerError(f"The tool server '{server.name}' asked for more input.")
         return called
