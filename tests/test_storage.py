@@ -170,3 +170,57 @@ def test_the_open_conversation_is_never_given_back(make_fake_core: CoreFactory) 
     assert items[older].state == "needs re-reading"
     assert items[newer].state == "stored" and items[newer].bytes > 0
     assert core.storage().over_budget
+
+
+def _disk(monkeypatch: pytest.MonkeyPatch, total: int, free: int) -> None:
+    import shutil as real_shutil
+    from collections import namedtuple
+
+    from galahad_desktop.memory import storage
+
+    usage = namedtuple("usage", "total used free")
+
+    class Disk:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real_shutil, name)
+
+        @staticmethod
+        def disk_usage(_path: object) -> object:
+            return usage(total, total - free, free)
+
+    monkeypatch.setattr(storage, "shutil", Disk())
+
+
+@pytest.mark.parametrize(
+    ("total", "free", "budget", "says"),
+    [
+        (500 * 10**9, 200 * 10**9, 100 * 10**9, "a quarter of the 500.0 GB disk"),
+        (3 * 10**9, 2_500_000_000, 1 * 10**9, "the minimum (1.0 GB), more than a quarter"),
+        (52_400_000, 50_000_000, 25_000_000, "half of its free space (25.0 MB)"),
+    ],
+)
+def test_the_automatic_budget_says_which_rule_set_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, total: int, free: int, budget: int, says: str
+) -> None:
+    from galahad_desktop.memory.storage import budget_for
+
+    _disk(monkeypatch, total, free)
+    used, chosen, rule = budget_for(tmp_path, None)
+    assert used == 0 and chosen == budget and says in rule
+    assert chosen <= max(free // 2, 0) or chosen <= total // 4  # never more than the disk gives
+
+
+def test_on_a_small_full_disk_the_refusal_asks_for_disk_space_not_a_budget(
+    make_fake_core: CoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = make_fake_core(n_ctx=8192)
+    first = core.deposit_text("first.txt", WORDS * 2)
+    _disk(monkeypatch, 52_400_000, first.block_bytes)  # room left for one more, barely
+    with pytest.raises(WontFitError) as refused:
+        core.deposit_text("second.txt", WORDS * 2)
+    said = str(refused.value)
+    assert "the disk's free space" in said and "kept free" in said
+    assert "Free space on this disk" in said and "Raise 'Disk space" not in said
+    assert len(core.list_documents()) == 1
+    _disk(monkeypatch, 52_400_000, 40_000_000)  # 5.2 MB kept free, not 256 MB
+    assert core.deposit_text("second.txt", WORDS * 2).tokens > 0  # 256 MB kept free refused it

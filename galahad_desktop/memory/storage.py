@@ -46,8 +46,14 @@ AUTO_MINIMUM = 1_000_000_000
 # What a save adds to the catalog beside its block (rows, seals, the usage log: a few
 # SQLite pages in its write-ahead log), measured at ~25 KB a turn: room is made for it too.
 CATALOG_HEADROOM = 64 * 1024
-# Room left free on the disk for everything else when a document is checked before reading.
+# Room left free on the disk for everything else when a document is checked before reading
+# (a tenth of a disk smaller than 2.56 GB: on a 52 MB disk 256 MB refused every deposit).
 DISK_RESERVE = 256_000_000
+RESERVE_SHARE = 0.1
+
+
+def disk_reserve(total: int) -> int:
+    return min(DISK_RESERVE, int(total * RESERVE_SHARE))
 
 
 class Storage:
@@ -111,23 +117,34 @@ class Storage:
         used, budget, _rule = budget_for(self.vault.data_dir, chosen)
         items = self._items(self._protected(None))
         givable = sum(i.bytes for i in items if not (i.kept or i.open))
-        free = shutil.disk_usage(self.vault.data_dir).free
+        disk = shutil.disk_usage(self.vault.data_dir)
+        reserve = disk_reserve(disk.total)
+        over_budget = bool(budget) and estimate > budget - (used - givable)
+        over_disk = estimate > disk.free - reserve
         over = []
-        if budget and estimate > budget - (used - givable):
+        if over_budget:
             room = max(0, budget - (used - givable))
             over.append(
                 f"the disk space for memory ({human_size(budget)}, of which "
                 f"{human_size(room)} can be made free)"
             )
-        if estimate > free - DISK_RESERVE:
-            kept_free = human_size(DISK_RESERVE)
-            over.append(f"the disk's free space ({human_size(free)}, {kept_free} kept free)")
+        if over_disk:
+            over.append(
+                f"the disk's free space ({human_size(disk.free)}, {human_size(reserve)} kept free)"
+            )
         if over:
+            # The advice fits what is short: a larger budget cannot make room on the disk.
+            advice = (
+                "Free space on this disk (or keep the data directory on a larger one), or "
+                "forget what you no longer need"
+                if over_disk
+                else "Raise 'Disk space for memory' in Settings, forget what you no longer "
+                "need, or read it anyway (its memory then goes past the budget)"
+            )
             raise WontFitError(
                 f"Reading '{name}' ({tokens:,} tokens) would keep about {human_size(estimate)} "
-                f"of memory on disk, more than {' and '.join(over)}. Nothing was read. Raise "
-                "'Disk space for memory' in Settings, forget what you no longer need, or read "
-                "it anyway (its memory then goes past the budget).",
+                f"of memory on disk, more than {' and '.join(over)}. Nothing was read. "
+                f"{advice}.",
                 command="galahad deposit --anyway FILE",  # the window asks instead
             )
 
@@ -276,18 +293,22 @@ def budget_for(data_dir: Path, chosen: int | None) -> tuple[int, int, str]:
     if chosen is not None:
         return used, chosen, f"set to {human_size(chosen)}"
     disk = shutil.disk_usage(data_dir)
-    auto = max(
-        AUTO_MINIMUM,
-        min(int(disk.total * AUTO_DISK_SHARE), int((disk.free + used) * AUTO_FREE_SHARE)),
-    )
-    return (
-        used,
-        auto,
-        (
+    half_free = int((disk.free + used) * AUTO_FREE_SHARE)
+    share = min(int(disk.total * AUTO_DISK_SHARE), half_free)
+    # The minimum holds where the disk can give it: never more than half its free space.
+    floor = min(AUTO_MINIMUM, half_free)
+    if share >= floor:
+        rule = (
             f"automatic: a quarter of the {human_size(disk.total)} disk, at most half of its "
-            f"free space ({human_size(auto)})"
-        ),
+            f"free space ({human_size(share)})"
+        )
+        return used, share, rule
+    what = "the minimum" if floor == AUTO_MINIMUM else "half of its free space"
+    rule = (
+        f"automatic: {what} ({human_size(floor)}), more than a quarter of this "
+        f"{human_size(disk.total)} disk"
     )
+    return used, floor, rule
 
 
 def _time(*values: object) -> float:
