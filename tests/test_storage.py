@@ -224,3 +224,14 @@ def test_on_a_small_full_disk_the_refusal_asks_for_disk_space_not_a_budget(
     assert len(core.list_documents()) == 1
     _disk(monkeypatch, 52_400_000, 40_000_000)  # 5.2 MB kept free, not 256 MB
     assert core.deposit_text("second.txt", WORDS * 2).tokens > 0  # 256 MB kept free refused it
+
+
+def test_a_kept_item_is_not_given_back_by_hand(make_fake_core: CoreFactory) -> None:
+    core = make_fake_core()
+    chat = _chat(core, 2, "kept")
+    core.keep(chat)
+    blocks = sorted(core.vault.records.blocks(), key=str)
+    with pytest.raises(InputError, match="is kept: its memory is never given back"):
+        core.give_back(chat)
+    assert sorted(core.vault.records.blocks(), key=str) == blocks
+    assert {i.id: i.state for i in core.storage().items}[chat] == "stored"

@@ -233,3 +233,19 @@ def test_a_renamed_setting_is_taken_up_under_its_new_name(
     migrated.update({"n_batch": 256})
     saved = json.loads((tmp_path / "settings.json").read_text())
     assert saved["n_ctx"] == 4096 and "context_tokens" not in saved
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", "--port", "abc"], ["list", "--bogus"], ["no-such-command"]],
+)
+def test_a_command_line_that_cannot_be_read_is_bad_input(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from galahad_desktop.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == InputError.exit_code  # 4, as any bad input; argparse says 2
+    said = capsys.readouterr().err
+    assert "usage: galahad" in said and "Traceback" not in said

@@ -15,18 +15,28 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from galahad_desktop import __version__
 from galahad_desktop.cli import chat, documents, measure, models, serve, store, tools, verified
 from galahad_desktop.cli.common import Output, add_common, open_core, printable
-from galahad_desktop.errors import CancelledError, GalahadError, as_user_error
+from galahad_desktop.errors import CancelledError, GalahadError, InputError, as_user_error
 
 INTERNAL_ERROR_EXIT = 70
 log = logging.getLogger("galahad.cli")
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command line that cannot be read is bad input: the usage, the problem and exit 4
+    (InputError's code), as any other bad input (argparse's own is 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(InputError.exit_code, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="galahad",
         description="Private local chat with encrypted, provable KV-cache grafts.",
     )

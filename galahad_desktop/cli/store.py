@@ -53,6 +53,12 @@ def cmd_storage(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     from galahad_desktop.sizes import human_size
 
     notes: list[str] = []
+    both = set(args.keep or []) & (set(args.give_back or []) | set(args.unkeep or []))
+    if both:
+        raise InputError(
+            f"{', '.join(sorted(both))}: --keep with --give-back or --unkeep for the same item "
+            "says two things; nothing was changed."
+        )
     for item_id in args.keep or []:
         notes.append(f"Kept {core.keep(item_id, True).title!r}: never given back.")
     for item_id in args.unkeep or []:

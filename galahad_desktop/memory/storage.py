@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from galahad_desktop.engine import kvstate
-from galahad_desktop.errors import IntegrityError, NotFoundError, WontFitError
+from galahad_desktop.errors import InputError, IntegrityError, NotFoundError, WontFitError
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.documents import Documents
@@ -265,6 +265,11 @@ class Storage:
         item = items.get(item_id)
         if item is None:
             raise NotFoundError(f"No conversation or document has the id '{item_id}'.")
+        if item.kept:
+            raise InputError(
+                f"'{item.title}' is kept: its memory is never given back. Unkeep it first "
+                "(storage --unkeep ID, or Memory ▸ Keep). Nothing was given back."
+            )
         if item.open:
             self.live.drop(self.conversations.chain_owners(item_id))
         return self._give_back(item)
