@@ -249,3 +249,16 @@ def test_a_command_line_that_cannot_be_read_is_bad_input(
     assert exited.value.code == InputError.exit_code  # 4, as any bad input; argparse says 2
     said = capsys.readouterr().err
     assert "usage: galahad" in said and "Traceback" not in said
+
+
+def test_show_prints_a_reply_that_called_tools_as_its_calls() -> None:
+    from galahad_desktop.cli.chat import shown_text
+    from galahad_desktop.memory.results import Message, ToolCall
+
+    call = ToolCall("call-1", "add", {"a": 2, "b": 3})
+    called = Message("m1", "model", "", 0.0, 0, 0, None, calls=(call,))
+    assert shown_text(called) == '[called add({"a": 2, "b": 3})]'
+    said = Message("m2", "model", "Adding.", 0.0, 0, 0, None, calls=(call, call))
+    assert shown_text(said).startswith("Adding. [called add(") and "); add(" in shown_text(said)
+    plain = Message("m3", "user", "Hello", 0.0, 0, 0, None)
+    assert shown_text(plain) == "Hello"

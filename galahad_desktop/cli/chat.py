@@ -19,7 +19,7 @@ from galahad_desktop.errors import (
     InputError,
 )
 from galahad_desktop.jobs import Job
-from galahad_desktop.memory.results import TurnResult
+from galahad_desktop.memory.results import Message, TurnResult
 
 if TYPE_CHECKING:  # imported when a command runs: --help stays quick
     from galahad_desktop.memory.galahad import Galahad
@@ -234,9 +234,19 @@ def cmd_show(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     summary = core.conversation(args.conversation_id)
     out.result(
         {"conversation_id": args.conversation_id, "title": summary.title, "messages": messages},
-        "\n".join(f"{m.role}> {m.text}" for m in messages),
+        "\n".join(f"{m.role}> {shown_text(m)}" for m in messages),
     )
     return 0
+
+
+def shown_text(message: Message) -> str:
+    """A message as `show` prints it: a reply that called tools says which, with what."""
+    if not message.calls:
+        return message.text
+    calls = "; ".join(
+        f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in message.calls
+    )
+    return (f"{message.text} " if message.text else "") + f"[called {calls}]"
 
 
 def cmd_rename(core: Galahad, out: Output, args: argparse.Namespace) -> int:
