@@ -358,3 +358,24 @@ def test_the_terminal_chat_says_where_a_call_runs(
     assert result.calls and servers.calls == []  # nothing ran from the terminal
     said = capsys.readouterr().err
     assert 'called the tool add({"a": 1, "b": 2})' in said and "galahad gui" in said
+
+
+def test_the_mcp_sdk_s_log_reaches_no_one_as_a_traceback() -> None:
+    import io
+    import logging
+
+    from galahad_desktop.toolbox import mcp_client
+
+    assert mcp_client.log.name == "galahad_desktop.toolbox.mcp_client"
+    shown = io.StringIO()
+    terminal = logging.StreamHandler(shown)  # what the command's stderr would get
+    root = logging.getLogger()
+    root.addHandler(terminal)
+    try:
+        try:
+            raise ValueError("nested 900 deep\nline two")
+        except ValueError:
+            logging.getLogger("mcp.client.stdio").exception("Failed to parse JSONRPC message")
+    finally:
+        root.removeHandler(terminal)
+    assert shown.getvalue() == "the MCP SDK: Failed to parse JSONRPC message (ValueError)\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,29 @@ T = TypeVar("T")
 CONNECT_TIMEOUT_S = 30.0  # starting a server and the protocol's handshake
 MAX_RESULT_CHARS = 16_000  # what a result may put in the context (the rest is cut, and said)
 MAX_TOOLS = 128
+
+
+log = logging.getLogger(__name__)
+
+
+class _OneLine(logging.Handler):
+    """The SDK's own log, one line a record: it logs a message it cannot read (a tool list
+    nested 900 deep) with its whole traceback, which reached the person's terminal."""
+
+    unreadable = 0  # messages the SDK could not read, so far (a timeout then says so)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            _OneLine.unreadable += 1
+        what = f" ({type(record.exc_info[1]).__name__})" if record.exc_info else ""
+        first = record.getMessage().splitlines()[0][:300] if record.getMessage() else ""
+        log.log(record.levelno, "the MCP SDK: %s%s", first, what)
+
+
+_SDK_LOG = logging.getLogger("mcp")
+if not any(isinstance(h, _OneLine) for h in _SDK_LOG.handlers):
+    _SDK_LOG.addHandler(_OneLine())
+    _SDK_LOG.propagate = False
 
 
 class ToolServerError(GalahadError):
@@ -133,6 +157,7 @@ def _run(
     """Run `work` on a fresh session; Stop and the server's time limit end it. Every way it
     can fail becomes a message that names the server."""
     stopped = False
+    unreadable = _OneLine.unreadable
     refused: list[int] = []  # HTTP statuses a URL server answered with
     started: list[bool] = []  # the handshake answered: what times out after is the work
 
@@ -181,9 +206,14 @@ def _run(
                     f"handshake within {CONNECT_TIMEOUT_S:.0f} s; it was stopped."
                 ) from None
             if isinstance(exc, TimeoutError):
+                garbled = (
+                    ": what it sent could not be read as MCP (see the log)"
+                    if _OneLine.unreadable > unreadable
+                    else ""
+                )
                 raise ToolServerError(
                     f"The tool server '{server.name}' did not answer within "
-                    f"{server.timeout_s:.0f} s ({what}); it was stopped."
+                    f"{server.timeout_s:.0f} s ({what}){garbled}; it was stopped."
                 ) from None
             if isinstance(exc, FileNotFoundError):
                 raise ToolServerError(
