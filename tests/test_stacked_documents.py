@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from galahad_desktop.errors import InputError, NotFoundError
+from galahad_desktop.errors import InputError, IntegrityError, NotFoundError
 from galahad_desktop.memory.documents.stacked import QUALITY_PROBE_TOKENS
 from galahad_desktop.memory.galahad import Galahad
 from tests.helpers import cli_json, run_cli, story
@@ -118,6 +118,38 @@ def test_bad_stacks_are_refused_by_name_and_change_nothing(
     assert core.messages(conversation) == messages and core.chain_links(conversation) == links
 
 
+def test_a_stacked_document_whose_memory_was_given_back_is_read_once_and_kept_again(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    north, south = _two_documents(core)
+    core.give_back(south)
+    conversation = core.new_conversation(document_id=north)
+    turn = core.add_stored_documents(conversation, [south])
+    assert turn.stack is not None and turn.stack.reread_tokens > 100
+    stored = {i.id: i.state for i in core.storage().items}
+    assert stored[south] == "stored"  # read once, stored again
+    again = core.add_stored_documents(core.new_conversation(document_id=north), [south])
+    assert again.stack is not None and again.stack.reread_tokens == 0
+
+
+def test_a_tampered_stored_block_is_refused_and_nothing_is_added(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core()
+    north, south = _two_documents(core)
+    row = core.vault.records.block(core.documents.part_rows(south)[0]["block_id"])
+    assert row is not None
+    path = core.vault.blocks_dir / row["file_name"]
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x40
+    path.write_bytes(bytes(data))
+    conversation = core.new_conversation(document_id=north)
+    with pytest.raises(IntegrityError):
+        core.add_stored_documents(conversation, [south])
+    assert core.messages(conversation) == [] and core.chain_links(conversation) == 0
+
+
 @pytest.mark.model
 @pytest.mark.keyring
 @pytest.mark.usefixtures("real_keyring")
@@ -156,3 +188,37 @@ def test_the_command_stacks_documents_and_a_new_process_resumes_them_exactly(
     assert resumed["proof"] == "exact" and resumed["recomputed_tokens"] == 0
     shown = cli_json("show", conversation, data_dir=data)
     assert [m["role"] for m in shown["messages"]].count("document") == 2
+
+
+@pytest.mark.model
+@pytest.mark.keyring
+@pytest.mark.usefixtures("real_keyring")
+def test_killed_while_stacking_loses_nothing(tmp_path: Path) -> None:
+    import signal
+
+    data = tmp_path / "data"
+    ids = []
+    for name in ("north", "south"):
+        path = tmp_path / f"{name}.txt"
+        path.write_text(story(20, f"The {name} gate code is 4417."))
+        ids.append(cli_json("deposit", str(path), data_dir=data)["document_id"])
+    chat = cli_json(
+        "chat", "--document", ids[0], "--message", "Hi.", "--max-tokens", "4", data_dir=data
+    )
+    conversation = chat["conversation_id"]
+    before = cli_json("show", conversation, data_dir=data)["messages"]
+    killed = run_cli(
+        "add-document",
+        conversation,
+        ids[1],
+        data_dir=data,
+        check=False,
+        env={"GALAHAD_CRASHPOINT": "stack-before-persist"},
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert cli_json("show", conversation, data_dir=data)["messages"] == before
+    assert cli_json("audit", data_dir=data)["problems"] == []
+    resumed = cli_json("resume", conversation, data_dir=data)
+    assert resumed["proof"] == "exact" and resumed["recomputed_tokens"] == 0
+    added = cli_json("add-document", conversation, ids[1], data_dir=data)  # and again, whole
+    assert added["stack"]["documents"] == ["south.txt"]
