@@ -88,6 +88,30 @@ def test_slow_connections_without_the_key_never_lock_out_a_client_with_it(
     assert {_body(a)["error"]["code"] for a in answers} == {"request_timeout"}
 
 
+@pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
+def test_clients_that_pipeline_without_the_key_never_lock_out_one_with_it(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve(limits=Limits(max_connections=8))
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 20_000
+    hostile = []
+    for _ in range(12):  # more than the cap: each pipelines 20,000 requests, reads nothing
+        sock = socket.create_connection(("127.0.0.1", served.address.port), timeout=5)
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.send(health)
+        hostile.append(sock)
+    time.sleep(1.0)  # the server has answered into their full buffers and waits on them
+    try:
+        for _ in range(5):
+            started = time.monotonic()
+            assert served.raw("GET", "/v1/models")[0] == 200  # never 429 server_overloaded
+            assert time.monotonic() - started < 2.0
+    finally:
+        for sock in hostile:
+            sock.close()
+
+
 def test_a_body_that_trickles_after_a_refusal_does_not_hold_the_connection(
     serve: Callable[..., Served],
 ) -> None:

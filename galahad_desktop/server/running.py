@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -82,10 +83,32 @@ class ConnectionGuard:
     """One server's limits, its open connections, and those whose request head has not
     arrived, oldest first."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, key: Callable[[], str] | None = None) -> None:
         self.limits = limits
+        self.key = key  # the server's API key (None: every connection counts as keyed)
         self.waiting: dict[GuardedH11Protocol, None] = {}  # insertion order: oldest first
+        self.connections: dict[GuardedH11Protocol, None] = {}  # open, oldest first
         self.open = 0
+
+    def holds_key(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        if self.key is None:
+            return True
+        expected = b"bearer " + self.key().encode()
+        return any(
+            name.lower() == b"authorization"
+            and hmac.compare_digest(value.strip().lower()[:7] + value.strip()[7:], expected)
+            for name, value in headers
+        )
+
+    def evictable(self, newcomer: GuardedH11Protocol) -> GuardedH11Protocol | None:
+        """The oldest connection that has sent requests, none of them with the key: what it
+        holds is nobody's work (a health check, a refusal), so a new connection takes its
+        place rather than being refused. Connections still sending their first request are
+        the head deadline's to judge."""
+        for connection in self.connections:
+            if connection is not newcomer and connection.requests and not connection.keyed:
+                return connection
+        return None
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -94,12 +117,15 @@ class GuardedH11Protocol(H11Protocol):
 
     guard = ConnectionGuard(Limits())  # replaced per server by `guarded_protocol`
     waiting_since = 0.0  # the event loop's time its current wait for a head began
+    requests = 0  # request heads it has sent
+    keyed = False  # one of them carried the server's key
     _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         guard, limits = self.guard, self.guard.limits
         guard.open += 1
+        guard.connections[self] = None
         crowded = guard.open > limits.max_connections
         oldest = next(iter(guard.waiting), None)
         if (crowded or len(guard.waiting) >= limits.max_waiting_heads) and (
@@ -111,10 +137,14 @@ class GuardedH11Protocol(H11Protocol):
                     "Too many connections are waiting to send a request; this one waited longest."
                 ),
             )
+        elif crowded and (victim := guard.evictable(self)) is not None:
+            # Connections without the key never lock out one with it (260 clients that
+            # pipeline health checks and never read held every place): the oldest goes.
+            victim.transport.abort()  # its client reads nothing: a close would wait on it
         elif crowded:
-            # Every connection holds a request or has just opened: this one's request is
-            # answered 429 once it arrives (read first, so the client sees the answer rather
-            # than a reset connection).
+            # Every connection holds a request with the key or has just opened: this one's
+            # request is answered 429 once it arrives (read first, so the client sees the
+            # answer rather than a reset connection).
             self.app = overloaded(limits)
         self._wait_for_head()
 
@@ -151,6 +181,10 @@ class GuardedH11Protocol(H11Protocol):
         super().handle_events()
         if self.conn.their_state is not h11.IDLE and self in self.guard.waiting:
             self._head_arrived()
+            self.requests += 1
+            scope = getattr(self, "scope", None)
+            if not self.keyed and scope is not None:
+                self.keyed = self.guard.holds_key(list(scope.get("headers", [])))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -165,13 +199,17 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
+        self.guard.connections.pop(self, None)
         self.guard.open -= 1
         super().connection_lost(exc)
 
 
-def guarded_protocol(limits: Limits) -> type[GuardedH11Protocol]:
+def guarded_protocol(
+    limits: Limits, key: Callable[[], str] | None = None
+) -> type[GuardedH11Protocol]:
     """A protocol class with its own guard: one per server."""
-    return type("ServerH11Protocol", (GuardedH11Protocol,), {"guard": ConnectionGuard(limits)})
+    guard = ConnectionGuard(limits, key)
+    return type("ServerH11Protocol", (GuardedH11Protocol,), {"guard": guard})
 
 
 @dataclass(frozen=True)
@@ -234,7 +272,7 @@ class LocalServer:
             access_log=False,
             lifespan="off",
             loop="asyncio",
-            http=guarded_protocol(limits),
+            http=guarded_protocol(limits, identity.key),
             ws="none",
             timeout_keep_alive=5,
             timeout_graceful_shutdown=5,
