@@ -212,6 +212,44 @@ def test_settings_open_filled_while_the_model_is_busy(qtbot: Any, make_window: A
     gate.set()
 
 
+def _wheel(widget: Any, notches: int = -3) -> None:
+    from PySide6.QtCore import QPoint, QPointF
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    centre = QPointF(widget.width() / 2, widget.height() / 2)
+    event = QWheelEvent(
+        centre,
+        widget.mapToGlobal(centre),
+        QPoint(0, 0),
+        QPoint(0, 120 * notches),
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QApplication.sendEvent(widget, event)
+
+
+def test_the_wheel_scrolls_settings_and_changes_no_value_it_passes(
+    qtbot: Any, make_window: Any
+) -> None:
+    win = make_window()
+    dialog = SettingsDialog(win, win)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    spin, combo = dialog.editors["n_ctx"], win.model_switcher
+    before = (spin.value(), combo.currentIndex())
+    _wheel(spin)
+    _wheel(combo)
+    assert (spin.value(), combo.currentIndex()) == before  # scrolled past, not changed
+    spin.setFocus()
+    qtbot.waitUntil(spin.hasFocus, timeout=WAIT_MS)
+    _wheel(spin)
+    assert spin.value() != before[0]  # once the person chose it, the wheel is theirs
+    dialog.deleteLater()
+
+
 def test_regenerate_keeps_versions_paged_on_the_card(qtbot: Any, make_window: Any) -> None:
     win = make_window(temperature=1.0)
     win.chat.input.setPlainText("Tell me something")

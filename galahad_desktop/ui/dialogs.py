@@ -40,6 +40,7 @@ from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import memory_summary
 from galahad_desktop.ui.host import Host
 from galahad_desktop.ui.render import markdown_html
+from galahad_desktop.ui.wheel import guard_wheel
 from galahad_desktop.ui.worker import CANCELLED, Request
 
 
@@ -511,6 +512,7 @@ class ConversationDialog(QDialog):
         self.presets = Galahad.system_prompt_presets()
         layout = QVBoxLayout(self)
         self.preset = QComboBox()
+        guard_wheel(self.preset)
         self.preset.addItem("Start from a preset…", "")
         for name in self.presets:
             if name != "none":
@@ -547,10 +549,12 @@ class ConversationDialog(QDialog):
         if started:
             self.system.setToolTip("Locked: set before the conversation's first message")
         self.temperature = QDoubleSpinBox()
+        guard_wheel(self.temperature)
         self.temperature.setRange(0.0, 5.0)
         self.temperature.setSingleStep(0.1)
         theme.describe(self.temperature, "Creativity", "0 always picks the likeliest word")
         self.max_tokens = QSpinBox()
+        guard_wheel(self.max_tokens)
         self.max_tokens.setRange(1, 131_072)
         self.max_tokens.setSuffix(" tokens")
         theme.describe(self.max_tokens, "Longest reply", "The longest a reply may be here")

@@ -56,6 +56,7 @@ from galahad_desktop.ui.prompts import Prompts
 from galahad_desktop.ui.server_panel import ServerHost, ServerPanel
 from galahad_desktop.ui.sidebar import Sidebar
 from galahad_desktop.ui.welcome import Welcome
+from galahad_desktop.ui.wheel import guard_wheel
 from galahad_desktop.ui.window_documents import DocumentActions
 from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
@@ -208,6 +209,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         theme.set_role(model_label, "muted")
         toolbar.addWidget(model_label)
         self.model_switcher = QComboBox()
+        guard_wheel(self.model_switcher)
         self.model_switcher.setMinimumWidth(320)
         self.model_switcher.setAccessibleName("Model")
         self.model_switcher.setToolTip(

@@ -33,6 +33,7 @@ from galahad_desktop.errors import GalahadError
 from galahad_desktop.server import DEFAULT_PORT
 from galahad_desktop.server.app import ServerIdentity
 from galahad_desktop.server.lane import Work
+from galahad_desktop.ui.wheel import guard_wheel
 from galahad_desktop.ui.worker import CANCELLED, CONVERSATIONS, CoreBridge
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class ServerPanel(QDialog):
         self.toggle = QCheckBox("Serve the OpenAI-compatible API on 127.0.0.1")
         self.toggle.setAccessibleName("Serve the local API")
         self.port = QSpinBox()
+        guard_wheel(self.port)
         self.port.setRange(1024, 65535)
         self.port.setValue(DEFAULT_PORT)
         self.port.setAccessibleName("Port")

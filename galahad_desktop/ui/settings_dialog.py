@@ -37,6 +37,7 @@ from galahad_desktop.sizes import human_size
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.host import Host
 from galahad_desktop.ui.tools_page import ToolsPage
+from galahad_desktop.ui.wheel import guard_wheel
 
 
 def describe_model(info: ModelInfo) -> str:
@@ -282,6 +283,8 @@ class SettingsDialog(QDialog):
             editor.setSuffix(f" {spec.unit}")
         if spec.special and isinstance(editor, QSpinBox | QDoubleSpinBox):
             editor.setSpecialValueText(spec.special)  # never "-1 layers"
+        if isinstance(editor, QSpinBox | QDoubleSpinBox | QComboBox):
+            guard_wheel(editor)
         return editor
 
     def _loaded(self, values: dict[str, Any]) -> None:

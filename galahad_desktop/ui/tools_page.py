@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from galahad_desktop.memory.results import Tool, ToolServerInfo
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.host import Host
+from galahad_desktop.ui.wheel import guard_wheel
 
 ABOUT = (
     "Chats can call tools from MCP servers: a program on this computer (its command line, "
@@ -74,6 +75,7 @@ class ToolsPage(QWidget):
         self.header.setToolTip("Sent with every request to a URL server; kept encrypted")
         self.header.setEchoMode(QLineEdit.EchoMode.Password)  # a token, often
         self.timeout = QDoubleSpinBox()
+        guard_wheel(self.timeout)
         self.timeout.setAccessibleName("Time limit of a call")
         self.timeout.setRange(1, 3600)
         self.timeout.setDecimals(0)
