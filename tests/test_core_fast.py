@@ -430,3 +430,26 @@ def test_a_model_given_for_this_run_is_the_one_listed_in_use(
     core = make_fake_core("gemma4")
     in_use = [f for f in core.model_files() if f.in_use]
     assert [Path(f.path).name for f in in_use] == ["fake-gemma4.gguf"]
+
+
+def test_a_message_longer_than_any_context_is_offered_no_way_that_fails(
+    make_fake_core: CoreFactory,
+) -> None:
+    core = make_fake_core(n_ctx=1024, max_tokens=64)
+    conversation = core.new_conversation()
+    _say(core, conversation, "Hello there.", tokens=8)
+    huge = "blah " * 1300  # more than the whole context
+    full = core.context_check(conversation, huge)
+    assert full is not None and not full.message_fits
+    assert [o.kind for o in full.options] == ["stop"]
+    assert "Shorten it, or add it as a document" in full.describe()
+    # One that fits a fresh conversation but not beside a summary: no summary offered.
+    for turn in range(4):
+        _say(core, conversation, f"Question {turn}: " + "blah " * 8, tokens=16)
+    target = 1024 - 60  # fits a fresh conversation, not this one, nor beside a summary
+    middling = "blah"
+    while len(core.engine.turns.user_turn(middling)) + core.continuation.reply_room() < target:
+        middling += " blah"
+    almost = core.context_check(conversation, middling)
+    assert almost is not None and almost.message_fits
+    assert "summary" not in [o.kind for o in almost.options]

@@ -33,12 +33,12 @@ def make_room(
     full = core.context_check(conversation_id, message)
     if full is None:
         return conversation_id
-    if when_full == "stop":
-        raise ContextFullError(
-            full.describe() + " Send again with --when-full summary or --when-full recent."
-        )
-    if when_full not in ("summary", "recent"):
+    if when_full not in ("stop", "summary", "recent"):
         raise InputError("--when-full takes stop, summary or recent.")
+    offered = [o.kind for o in full.options if o.kind != "stop"]
+    if when_full not in offered:  # stop, or a way on that cannot work for this message
+        hint = " or ".join(f"--when-full {kind}" for kind in offered)
+        raise ContextFullError(full.describe() + (f" Send again with {hint}." if hint else ""))
     if when_full == "summary":
         with command_job(out, "summarizing") as job:
             continued = core.continue_with_summary(conversation_id, job)

@@ -596,8 +596,11 @@ class ContextFull:
     needed_tokens: int
     n_ctx: int
     options: list[ContextOption]
+    message_fits: bool = True  # False: the message alone is longer than any context holds
 
     def describe(self) -> str:
+        if not self.message_fits:
+            return self.options[0].detail
         choices = "; ".join(
             f"{o.label} (re-reads {o.reread_tokens:,} tokens)" for o in self.options
         )

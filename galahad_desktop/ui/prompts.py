@@ -77,13 +77,17 @@ class ContextFullDialog(QDialog):
 
     def __init__(self, full: ContextFull, parent: QWidget) -> None:
         super().__init__(parent)
-        self.setWindowTitle("The conversation is full")
+        self.setWindowTitle(
+            "The conversation is full" if full.message_fits else "The message is too long"
+        )
         self.choice = "stop"
         layout = QVBoxLayout(self)
         head = QLabel(
             f"This conversation uses {full.context_tokens:,} of {full.n_ctx:,} tokens; the "
             f"next message needs {full.needed_tokens:,} more. Nothing is dropped silently — "
             "choose how to go on:"
+            if full.message_fits
+            else "This message does not fit in any conversation with this model: nothing was sent."
         )
         head.setWordWrap(True)
         layout.addWidget(head)

@@ -30,6 +30,7 @@ SUMMARY_PROMPT = (
 )
 SUMMARY_OPENING = "A summary of our earlier conversation:\n\n"
 SUMMARY_ACK = "Thank you; I have the summary. Let us continue."
+SUMMARY_TURNS = 64  # the summary's opening and acknowledgement, as turns, at most
 
 
 PICTURE = "\x00picture:"  # marks a picture's turn among the pairs (never a message's text)
@@ -56,18 +57,34 @@ class Continuation(TurnRoom):
         needed = len(turns.user_turn(text)) + self.reply_room()
         if used + needed <= engine.n_ctx:
             return None
+        # Only what can work is offered: a new conversation starts with the system words
+        # (and a summary's turns), and must still hold the message and a reply.
+        fresh = len(turns.start(self.conversations.system_text(conv)))
+        if fresh + needed > engine.n_ctx:
+            stop = ContextOption(
+                "stop",
+                "Stop",
+                0,
+                f"The message alone needs {needed:,} tokens with its reply, more than this "
+                f"model's context holds ({engine.n_ctx:,}). Shorten it, or add it as a "
+                "document: a long document is read in parts and asked about.",
+            )
+            return ContextFull(conversation_id, used, needed, engine.n_ctx, [stop], False)
         summary_cost = self._transcript_budget() + self.summary_tokens()
         recent = self._recent_plan(conv, needed)
         options = [
-            ContextOption("stop", "Stop", 0, "Nothing is sent; the conversation stays as it is."),
-            ContextOption(
-                "summary",
-                "Continue from a summary",
-                min(summary_cost, self._transcript_tokens(conv) + self.summary_tokens()),
-                "The model summarizes this conversation; a new conversation starts from the "
-                "summary.",
-            ),
+            ContextOption("stop", "Stop", 0, "Nothing is sent; the conversation stays as it is.")
         ]
+        if fresh + self.summary_tokens() + SUMMARY_TURNS + needed <= engine.n_ctx:
+            options.append(
+                ContextOption(
+                    "summary",
+                    "Continue from a summary",
+                    min(summary_cost, self._transcript_tokens(conv) + self.summary_tokens()),
+                    "The model summarizes this conversation; a new conversation starts from "
+                    "the summary.",
+                )
+            )
         if recent is not None:
             options.append(
                 ContextOption(
