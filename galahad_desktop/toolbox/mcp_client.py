@@ -3,7 +3,8 @@
 Each request opens its own connection (a stdio server is started, used and stopped; an
 HTTP session is opened and closed): a server that crashed is simply started again next time,
 and nothing outlives the call that needed it. A call is stopped by the job's Stop (checked
-every 50 ms) or by the server's time limit; the SDK then stops the server's process tree.
+every 50 ms) or by the server's time limit; a stdio server's whole process group is then
+stopped. What a server sends is read within bounds (toolbox/bounds.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import anyio
 
 from galahad_desktop.errors import CancelledError, GalahadError
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.toolbox.bounds import Guard, http_transport, stdio_transport
 from galahad_desktop.toolbox.servers import ToolServer
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 30.0  # starting a server and the protocol's handshake
 MAX_RESULT_CHARS = 16_000  # what a result may put in the context (the rest is cut, and said)
-MAX_TOOLS = 128
+MAX_TOOLS = 128  # offered from one server (a longer list is cut, and the log says so)
+MAX_DESCRIPTION_CHARS = 2_000  # of one tool: it is in the prompt of every chat that offers it
 
 
 log = logging.getLogger(__name__)
@@ -113,18 +116,17 @@ async def _session_run(
     errlog: TextIO,
     work: Callable[[ClientSession], Awaitable[T]],
     refused: list[int],
+    guard: Guard,
 ) -> T:
-    # The SDK is imported when a tool is first used: the app starts without it, and its
-    # POSIX-only imports are only reached on the platforms whose transport needs them.
+    # The SDK is imported when a tool is first used: the app starts without it.
     from mcp import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
     if server.url:
         import httpx2
 
-        # Our own client carries the server's headers; redirects stay off (the SDK follows
-        # those within the endpoint's origin itself).
+        # Our own client carries the server's headers and reads within the bounds;
+        # redirects stay off (the SDK follows those within the endpoint's origin itself).
         async def note(response: httpx2.Response) -> None:
             if response.status_code >= 400:  # the SDK's error does not say which
                 refused.append(response.status_code)
@@ -134,6 +136,7 @@ async def _session_run(
                 headers=dict(server.headers),
                 follow_redirects=False,
                 event_hooks={"response": [note]},
+                transport=http_transport(guard),
             ) as http,
             streamable_http_client(server.url, http_client=http) as (read, write),
             ClientSession(read, write) as session,
@@ -141,9 +144,8 @@ async def _session_run(
             with anyio.fail_after(CONNECT_TIMEOUT_S):
                 await session.initialize()
             return await work(session)
-    params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]))
     async with (
-        stdio_client(params, errlog=errlog) as (read, write),
+        stdio_transport(server.command, errlog, guard) as (read, write),
         ClientSession(read, write) as session,
     ):
         with anyio.fail_after(CONNECT_TIMEOUT_S):
@@ -159,6 +161,7 @@ def _run(
     stopped = False
     unreadable = _OneLine.unreadable
     refused: list[int] = []  # HTTP statuses a URL server answered with
+    guard = Guard()  # what the server may send: the first bound it passes stops the session
     started: list[bool] = []  # the handshake answered: what times out after is the work
 
     async def bounded(session: ClientSession) -> T:
@@ -178,13 +181,16 @@ def _run(
             scope.cancel()
 
         async def go(scope: anyio.CancelScope) -> None:
-            result.append(await _session_run(server, errlog, bounded, refused))
+            result.append(await _session_run(server, errlog, bounded, refused, guard))
             scope.cancel()
 
         with anyio.fail_after(server.timeout_s + CONNECT_TIMEOUT_S):
             async with anyio.create_task_group() as group:
+                guard.arm(group.cancel_scope.cancel)
                 group.start_soon(watch, group.cancel_scope)
                 group.start_soon(go, group.cancel_scope)
+        if guard.hit:
+            raise _passed_bound(server, what, guard)
         if not result:
             raise CancelledError(f"Stopped: {what} was stopped before it answered.")
         return result[0]
@@ -196,6 +202,8 @@ def _run(
             return anyio.run(main)
         except Exception as raised:  # the SDK's, the transport's, a server's protocol errors
             exc = _leaf(raised)
+            if guard.hit:
+                raise _passed_bound(server, what, guard) from None
             if isinstance(exc, GalahadError):
                 raise exc from None
             if stopped or job.cancelled:
@@ -243,6 +251,13 @@ def _run(
             ) from None
 
 
+def _passed_bound(server: ToolServer, what: str, guard: Guard) -> ToolServerError:
+    return ToolServerError(
+        f"The tool server '{server.name}' sent more than Galahad reads ({what}): "
+        f"{guard.hit}; it was stopped."
+    )
+
+
 def _leaf(exc: BaseException) -> BaseException:
     """The first error inside exception groups (task groups wrap what their tasks raise)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -279,12 +294,26 @@ def list_tools(server: ToolServer, job: Job = NO_JOB) -> list[OfferedTool]:
 
     async def work(session: ClientSession) -> list[OfferedTool]:
         listed = await session.list_tools()
+        if len(listed.tools) > MAX_TOOLS:
+            log.warning(
+                "the tool server %s offers %d tools: the first %d are used",
+                server.name,
+                len(listed.tools),
+                MAX_TOOLS,
+            )
         return [
-            OfferedTool(t.name, t.description or "", _clean_schema(t.input_schema or {}))
+            OfferedTool(t.name, _cut(t.description or ""), _clean_schema(t.input_schema or {}))
             for t in listed.tools[:MAX_TOOLS]
         ]
 
     return _run(server, job, "listing its tools", work)
+
+
+def _cut(description: str) -> str:
+    if len(description) <= MAX_DESCRIPTION_CHARS:
+        return description
+    cut = len(description) - MAX_DESCRIPTION_CHARS
+    return description[:MAX_DESCRIPTION_CHARS] + f" … (cut: {cut:,} more characters)"
 
 
 def call_tool(
