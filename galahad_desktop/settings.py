@@ -21,7 +21,7 @@ from typing import Any
 from galahad_desktop.errors import InputError
 from galahad_desktop.setting_values import SYSTEM_PROMPTS as SYSTEM_PROMPTS  # its home before
 from galahad_desktop.setting_values import SettingValues, parse_bool
-from galahad_desktop.sizes import parse_size
+from galahad_desktop.sizes import parse_size, within_the_disk
 from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 log = logging.getLogger(__name__)
@@ -692,9 +692,8 @@ class Settings:
     def update(self, changes: dict[str, Any]) -> bool:
         """Apply and save changes; return True when the runtime fingerprint inputs changed."""
         converted = {key: coerce(key, value) for key, value in changes.items()}
-        runtime_changed = any(
-            BY_KEY[k].runtime and self._values[k] != v for k, v in converted.items()
-        )
+        within_the_disk(converted.get("disk_budget"), self.path.parent, "Setting 'disk_budget'")
+        runtime = any(BY_KEY[k].runtime and self._values[k] != v for k, v in converted.items())
         self._values.update(converted)
         atomic_write_bytes(self.path, json.dumps(self._values, indent=2).encode("utf-8"))
-        return runtime_changed
+        return runtime

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 from galahad_desktop.errors import InputError
 
@@ -44,3 +46,20 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.2f} TB"
+
+
+def within_the_disk(size: int | None, folder: Path, what: str) -> None:
+    """Refuse a limit larger than the whole disk under `folder`: it could never be reached
+    (a budget of 9,000 TB was saved as given)."""
+    if not size:
+        return
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    disk = shutil.disk_usage(folder).total
+    if size > disk:
+        raise InputError(
+            f"{what} is {human_size(size)}, more than the whole disk that holds the data "
+            f"directory ({human_size(disk)}): it could never be reached. Choose at most "
+            f"{human_size(disk)}, 0 for no limit, or leave it empty for the automatic "
+            "budget. Nothing was saved."
+        )

@@ -4,7 +4,8 @@
 red team used — chat messages with arithmetic and stray bytes, sampling flags, settings values
 and settings files that are not files, paths under a user that does not exist, loopback
 services that are not llama.cpp's device server (closing, stalling, answering garbage or
-HTTP), the local server's hostile clients (redteam_server.py), and kill -9 at random
+HTTP), MCP tool servers that send too much or nest too deep (and one whose background child
+must not outlive it), the local server's hostile clients (redteam_server.py), and kill -9 at random
 moments of `backup` and `restore` followed by the next start and `audit` — and counts what
 a user must never see: internal errors (exit 70, a traceback, a 5xx), aborts (a signal, exit
 134), hangs (or an answer past its bound), lock-outs, temporary folders left behind, empty
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from galahad_dev import hostile_mcp_server
 from galahad_dev.hardening import kill_after
 from galahad_dev.redteam_server import server_clients
 
@@ -327,6 +329,37 @@ def device_servers(h: Harness, pick: Callable[[Sequence[Any]], Sequence[Any]]) -
             service.close()
 
 
+# Issue #60's hostile stdio MCP servers (galahad_dev/hostile_mcp_server.py): each is
+# refused, named, within seconds; the well-behaved one with a background child answers.
+MCP_SERVERS = (
+    ("endless",),
+    ("describe", "100"),
+    ("deep", "900"),
+    ("deep", "100000"),
+    ("tools", "5000"),
+    ("child", "{pid_file}"),
+)
+
+
+def tool_servers(h: Harness, pick: Callable[[Sequence[Any]], Sequence[Any]]) -> None:
+    """`tools show` on each hostile server: refused or answered, never a traceback or a
+    hang; and a background child the server started is gone once `show` is done."""
+    for number, words in enumerate(pick(MCP_SERVERS)):
+        pid_file = h.root / f"mcp-child-{number}.pid"
+        argv = [sys.executable, hostile_mcp_server.__file__]
+        argv += [w.format(pid_file=pid_file) for w in words]
+        name = f"hostile{number}"
+        h.run("tools", f"add {' '.join(words[:1])}", ["tools", "add", name, "--", *argv])
+        h.run("tools", f"show {' '.join(words)}", ["tools", "show", name])
+        h.run("tools", f"remove {words[0]}", ["tools", "remove", name])
+        if pid_file.exists():
+            pid = int(pid_file.read_text())
+            with contextlib.suppress(FileNotFoundError):
+                if "State:\tZ" not in Path(f"/proc/{pid}/status").read_text():
+                    h.findings.append(f"tools/{words[0]}: its background child {pid} outlived show")
+                    os.kill(pid, 9)
+
+
 def kill_trials(h: Harness, trials: int, rng: random.Random) -> None:
     """kill -9 `backup` and `restore` at random moments; the next start and `audit` must
     leave no temporary folder, no phantom backup and nothing lost."""
@@ -381,6 +414,7 @@ def redteam(
             ("files", settings_files),
             ("paths", paths),
             ("device", device_servers),
+            ("tools", tool_servers),
             *([("server", server_clients)] if server else []),
         ):
             before = h.snapshot()

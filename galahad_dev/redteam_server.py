@@ -1,7 +1,8 @@
 """The local server's hostile clients, for `eval redteam`: issue #49's findings replayed
 against a real `galahad serve` on the real model.
 
-Slow heads (40 connections without the key, a header line now and then), a slow body, a
+Slow heads (40 connections without the key, a header line now and then), 260 no-key
+clients pipelining requests they never read, a slow body, hostile JSON schemas (#60), a
 1 MB stop string and a 1,000-character one, a 10,001-message history, a body nested 100,000
 deep, 5,000-digit integers, 50 clients at once, a foreign Host, and ports that are not
 ports. Each must be answered or refused within its bound (BOUNDS_S), in OpenAI's JSON shape
@@ -38,6 +39,7 @@ BOUNDS_S = {
     "bounded grammar": 30.0,  # issue #60's limit for a forced call with many properties
 }
 Answer = tuple[int, bytes, dict[str, str]]  # status (0: none), body, headers
+PIPELINING_CLIENTS = 260
 ASK_TIMEOUT_S = 90.0  # past any bound: a request still unanswered then is a hang
 
 
@@ -96,10 +98,11 @@ class RunningServer:
 
 
 _TOOL = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+_CALLED = {"name": "get_time", "arguments": "{}"}
 
 
-def _chat(messages: list[dict[str, str]], **extra: Any) -> bytes:
-    return json.dumps({"messages": messages, "max_tokens": 4, **extra}).encode()
+def _chat(messages: list[dict[str, Any]], **extra: Any) -> bytes:
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 4, **extra}).encode()
 
 
 def _user(text: str) -> dict[str, str]:
@@ -140,6 +143,7 @@ def server_clients(h: Harness, pick: Callable[[Sequence[Any]], Sequence[Any]]) -
     server = RunningServer(h)
     try:
         _slow_heads(h, server)
+        _pipelining(h, server)
         _slow_body(h, server)
         _refusals(h, server)
         _overload(h, server)
@@ -205,6 +209,36 @@ def _slow_heads(h: Harness, server: RunningServer) -> None:
     bodies_ok = all(_judge(408, a.partition(b"\r\n\r\n")[2], [408]) == "refused" for a in answers)
     verdict = "refused" if statuses == [408] and bodies_ok else "hang"
     _record(h, "40 slow heads without the key", verdict, closed_after, "slow heads", f"{statuses}")
+
+
+def _pipelining(h: Harness, server: RunningServer) -> None:
+    """260 connections without the key, each pipelining 20,000 requests and reading none of
+    the answers (issue #60 item 1): a client with the key is never refused meanwhile."""
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 20_000
+    hostile = []
+    try:
+        for _ in range(PIPELINING_CLIENTS):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):  # a full buffer, or closed as unkeyed
+                sock.send(health)
+            hostile.append(sock)
+        time.sleep(1.0)  # the server has answered into their full buffers and waits on them
+        for attempt in range(5):
+            started = time.monotonic()
+            status, body, _ = server.ask("/v1/models")
+            verdict = "answered" if _judge(status, body, [200]) == "answered" else "lockout"
+            _record(
+                h,
+                f"models while {PIPELINING_CLIENTS} no-key clients pipeline ({attempt + 1})",
+                verdict,
+                time.monotonic() - started,
+                "served while held",
+                f"{status}",
+            )
+    finally:
+        for sock in hostile:
+            sock.close()
 
 
 def _slow_body(h: Harness, server: RunningServer) -> None:
@@ -280,14 +314,16 @@ def _refusals(h: Harness, server: RunningServer) -> None:
         ("a body nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000, None, [400], "refusal"),
         (
             "a 5,000-digit seed",
-            b'{"messages": [{"role": "user", "content": "a"}], "seed": 1' + b"7" * 5000 + b"}",
+            b'{"model": "m", "messages": [{"role": "user", "content": "a"}], "seed": 1'
+            + b"7" * 5000
+            + b"}",
             None,
             [400],
             "refusal",
         ),
         (
             "a 5,000-digit max_tokens",
-            b'{"messages": [{"role": "user", "content": "a"}], "max_tokens": 9'
+            b'{"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 9'
             + b"9" * 5000
             + b"}",
             None,
@@ -305,6 +341,27 @@ def _refusals(h: Harness, server: RunningServer) -> None:
         (
             "a tool result no call asked for",
             _chat([_user("a"), {"role": "tool", "tool_call_id": "x", "content": "r"}]),
+            None,
+            [400],
+            "refusal",
+        ),
+        (
+            "two tool calls under one id, one answer",
+            _chat(
+                [
+                    _user("a"),
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "c", "type": "function", "function": _CALLED},
+                            {"id": "c", "type": "function", "function": _CALLED},
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c", "content": "12:00"},
+                ],
+                tools=_TOOL,
+            ),
             None,
             [400],
             "refusal",

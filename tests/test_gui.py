@@ -5,10 +5,13 @@ window manager, so focus, drag and drop and dialogs behave as on a desktop)."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -168,6 +171,54 @@ def test_chat_streams_and_resumes_exactly_in_a_new_window(qtbot, open_window) ->
     assert "Tell me about Camelot." in again.chat.transcript.toPlainText()
     follow_up = _send(qtbot, again, "And then?")
     assert follow_up.counters.recomputed_tokens == 0 and follow_up.counters.restored_tokens == 0
+
+
+def test_the_window_s_local_server_refuses_a_hostile_schema_and_goes_on(  # type: ignore[no-untyped-def]
+    qtbot, open_window
+) -> None:
+    """Issue #60 item 3: a program's JSON schema with maxItems 20,000 crashed llama.cpp's
+    grammar parser (signal 11) and, through the window's local server, the window with it."""
+    window = open_window()
+    panel = window.open_server_panel()
+    qtbot.waitUntil(lambda: bool(panel.key.text()), timeout=WAIT_MS)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        panel.port.setValue(int(probe.getsockname()[1]))
+    with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
+        qtbot.mouseClick(panel.toggle, Qt.MouseButton.LeftButton)
+    client = openai.OpenAI(
+        base_url=panel.address.text(), api_key=panel.key.text(), timeout=60, max_retries=0
+    )
+    said: list[Any] = []
+
+    def held_to(schema: dict[str, Any], max_tokens: int) -> Any:
+        return client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Numbers."}],
+            max_tokens=max_tokens,
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        )
+
+    def program() -> None:
+        for count in (20_000, 100_000):
+            try:
+                held_to({"type": "array", "items": {"type": "integer"}, "maxItems": count}, 4)
+            except openai.BadRequestError as refused:
+                said.append(refused.body)
+        small = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        said.append(held_to(small, 12))
+
+    caller = threading.Thread(target=program)
+    caller.start()
+    qtbot.waitUntil(lambda: not caller.is_alive(), timeout=WAIT_MS)
+    assert len(said) == 3, said
+    for body in said[:2]:  # each refused in OpenAI's shape, naming the schema's part
+        assert "maxItems" in body["message"] and body["param"].startswith("response_format")
+    assert said[2].choices[0].message.content.startswith("{")  # held to the small schema
+    result = _send(qtbot, window, "Still there?")  # the window goes on
+    assert result.reply.strip()
+    with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
+        qtbot.mouseClick(panel.toggle, Qt.MouseButton.LeftButton)
 
 
 def test_rename_search_copy_and_keyboard(qtbot, open_window) -> None:  # type: ignore[no-untyped-def]

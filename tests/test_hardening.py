@@ -124,7 +124,15 @@ def test_the_hostile_input_harness_scaled_down() -> None:
     assert result["internal_errors"] == result["aborts"] == result["hangs"] == 0
     assert result["silent_failures"] == result["empty_conversations"] == 0
     assert result["leftover_folders"] == result["audit_problems"] == 0
-    assert set(result["by_area"]) >= {"chat", "flags", "settings", "file", "paths", "device"}
+    assert set(result["by_area"]) >= {
+        "chat",
+        "flags",
+        "settings",
+        "file",
+        "paths",
+        "device",
+        "tools",
+    }
     assert result["by_area"]["device"].get("refused") == 3  # settings, info, chat: all named
 
 

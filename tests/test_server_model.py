@@ -112,7 +112,13 @@ def test_serve_remembers_the_history_across_a_restart(
     assert cached >= usage.prompt_tokens + usage.completion_tokens  # the history, grafted
     assert restored.usage.prompt_tokens - cached < 40  # only the new message was read
     _json_replies_validate_and_are_remembered(again)
-    again.stop()
+    _code, log = again.stop()
+    # One line per request and nothing of one (issue #60 item 13: llama.cpp's grammar dump,
+    # the schema's field names with it, reached the log).
+    requests = [line for line in log.splitlines() if " /v1/" in line]
+    assert len(requests) == 3, log[-2000:]
+    for word in ("population", "root ::=", "secret", "harbour"):
+        assert word not in log, f"{word!r} in the server's log"
     # The same history sent to a server that never saw it is read in full: same reply.
     _a_fresh_server_reads_it_all_and_says_the_same(tmp_path, servers, history, restored)
     shown = run_cli("serve", "--show-key", data_dir=data).stdout.strip()

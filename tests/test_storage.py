@@ -49,6 +49,28 @@ def test_sizes_are_read_as_people_write_them() -> None:
     assert parse_size(human_size(20_000_000_000).replace(" ", "")) == 20_000_000_000
 
 
+def test_a_budget_past_the_whole_disk_is_not_saved(tmp_path: Path) -> None:
+    """Issue #60 item 15: a disk budget no disk could reach was saved as given."""
+    import shutil
+
+    from galahad_desktop.settings import Settings
+
+    settings = Settings(tmp_path)
+    settings.update({"disk_budget": "20GB"})
+    saved = (tmp_path / Settings.FILE_NAME).read_bytes()
+    disk = shutil.disk_usage(tmp_path).total
+    for past in (disk + 1, "9000TB", 2**62):
+        with pytest.raises(InputError, match="more than the whole disk") as refused:
+            settings.update({"disk_budget": past})
+        assert "Nothing was saved" in str(refused.value)
+    with pytest.raises(InputError, match="at most"):  # past the setting's own maximum
+        settings.update({"disk_budget": 2**62 + 1})
+    assert (tmp_path / Settings.FILE_NAME).read_bytes() == saved
+    assert Settings(tmp_path).values.disk_budget == 20_000_000_000
+    settings.update({"disk_budget": disk})  # the whole disk is a budget that can hold
+    assert Settings(tmp_path).values.disk_budget == disk
+
+
 def test_storage_reports_what_is_on_disk(make_fake_core: CoreFactory, tmp_path: Path) -> None:
     core = make_fake_core(disk_budget=0, n_ctx=8192)
     first = _chat(core, 3, "first")

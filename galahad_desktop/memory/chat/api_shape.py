@@ -120,6 +120,14 @@ def shape(messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> ChatSh
             else:
                 steps.append(Reply(message.text, message.calls))
             pending = {c.id: c.name for c in message.calls}
+            if len(pending) < len(message.calls):
+                # Two calls under one id would both be taken as answered by one result.
+                ids = [c.id for c in message.calls]
+                twice = next(i for i in ids if ids.count(i) > 1)
+                raise InputError(
+                    f"{where}.tool_calls: the id {twice!r} is given to more than one call; "
+                    "each call needs its own id, answered by its own tool message."
+                )
             continue
         said = UserTurn(message.text, message.pictures)
         if isinstance(last, UserTurn) and not last.results:

@@ -1,5 +1,6 @@
-"""A stdio MCP server that misbehaves on purpose, written without the SDK so that it can send
-what the SDK would never send: `python tests/hostile_mcp_server.py MODE [N]`.
+"""A stdio MCP server that misbehaves on purpose (for tests and `eval redteam`), written
+without the SDK so that it can send what the SDK would never send:
+`python galahad_dev/hostile_mcp_server.py MODE [N]` (it imports nothing of Galahad).
 
 endless      tools/list is answered with a line that never ends
 deep N       a tool whose argument schema nests N levels deep
@@ -14,14 +15,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 
-def send(message: dict) -> None:  # type: ignore[type-arg]
+def send(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
 
-def tool(name: str, description: str = "Add.", schema: dict | None = None) -> dict:  # type: ignore[type-arg]
+def tool(
+    name: str, description: str = "Add.", schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "name": name,
         "description": description,
