@@ -250,6 +250,47 @@ def test_a_home_that_does_not_exist_is_a_clear_error(
     assert code == 4 and "~nosuchuser" in err and "Traceback" not in err
 
 
+def test_a_reading_command_says_at_once_that_the_window_holds_the_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], keystore: Any
+) -> None:
+    """Issue #59 item 6: `galahad storage` waited 10.6 s while the window was open, then
+    said only "Another Galahad process is using …"."""
+    import subprocess
+    import sys
+    import time
+
+    from galahad_desktop import cli
+    from galahad_desktop.system.lock import LOCK_NAME
+
+    data = ["--data-dir", str(tmp_path / "d")]
+    with mock.patch("galahad_desktop.vault.keys.KeyringKeyStore", lambda *a, **k: keystore):
+        assert cli.main([*data, "list"]) == 0
+        holder = subprocess.Popen(  # the window, as far as the lock is concerned
+            [
+                sys.executable,
+                "-c",
+                "import filelock, sys, time; held = filelock.FileLock(sys.argv[1]); "
+                "held.acquire(); print('held', flush=True); time.sleep(60)",
+                str(tmp_path / "d" / LOCK_NAME),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            for command in (["storage"], ["audit"]):
+                capsys.readouterr()
+                started = time.monotonic()
+                code = cli.main([*data, *command])
+                err = capsys.readouterr().err
+                assert code == 8 and time.monotonic() - started < 5, (command, err)
+                assert f"`galahad {command[0]}` reads it only when nothing else does" in err
+                assert "Memory panel" in err and "Traceback" not in err
+        finally:
+            holder.kill()
+            holder.wait()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_a_settings_file_that_is_not_a_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
     import os

@@ -239,6 +239,7 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
     (
         json.dumps(
             {
+                "model": "m",
                 "messages": [
                     {
                         "role": "user",
@@ -247,41 +248,55 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
                             {"type": "image_url", "image_url": {"url": PNG_1PX}},
                         ],
                     }
-                ]
+                ],
             }
         ).encode(),
         None,
     ),
     (b"{not json", None),
     (b"[1, 2]", None),
-    (json.dumps({"messages": "hi"}).encode(), "messages"),
-    (json.dumps({"messages": []}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": "hi"}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": []}).encode(), "messages"),
     (
-        json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(),
+        json.dumps({"model": "m", "messages": [{"role": "tool", "content": "x"}]}).encode(),
         "messages[0].tool_call_id",
     ),
-    (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), "messages[0].role"),
     (
-        json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
+        json.dumps({"model": "m", "messages": [{"role": "robot", "content": "x"}]}).encode(),
+        "messages[0].role",
+    ),
+    (
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": 5}]}).encode(),
         "messages[0].content",
     ),
-    (json.dumps({"messages": [{"role": "user"}]}).encode(), "messages[0].content"),
-    (json.dumps({"messages": [user("a"), assistant("b")]}).encode(), None),
-    (json.dumps({"messages": [user("a")], "temperature": "hot"}).encode(), "temperature"),
-    (json.dumps({"messages": [user("a")], "temperature": 9}).encode(), "temperature"),
-    (json.dumps({"messages": [user("a")], "max_tokens": 0}).encode(), "max_tokens"),
-    (json.dumps({"messages": [user("a")], "seed": -1}).encode(), "seed"),
-    (json.dumps({"messages": [user("a")], "stop": [1]}).encode(), "stop"),
-    (json.dumps({"messages": [user("a")], "stream": "yes"}).encode(), "stream"),
-    (json.dumps({"messages": [user("a")], "n": 2}).encode(), "n"),
-    (json.dumps({"messages": [user("a")], "tools": [{"type": "function"}]}).encode(), "tools[0]"),
+    (json.dumps({"model": "m", "messages": [{"role": "user"}]}).encode(), "messages[0].content"),
+    (json.dumps({"model": "m", "messages": [user("a"), assistant("b")]}).encode(), None),
     (
-        json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
+        json.dumps({"model": "m", "messages": [user("a")], "temperature": "hot"}).encode(),
+        "temperature",
+    ),
+    (json.dumps({"model": "m", "messages": [user("a")], "temperature": 9}).encode(), "temperature"),
+    (json.dumps({"model": "m", "messages": [user("a")], "max_tokens": 0}).encode(), "max_tokens"),
+    (json.dumps({"model": "m", "messages": [user("a")], "seed": -1}).encode(), "seed"),
+    (json.dumps({"model": "m", "messages": [user("a")], "stop": [1]}).encode(), "stop"),
+    (json.dumps({"model": "m", "messages": [user("a")], "stream": "yes"}).encode(), "stream"),
+    (json.dumps({"model": "m", "messages": [user("a")], "n": 2}).encode(), "n"),
+    (
+        json.dumps(
+            {"model": "m", "messages": [user("a")], "tools": [{"type": "function"}]}
+        ).encode(),
+        "tools[0]",
+    ),
+    (
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}
+        ).encode(),
         "messages[0].content[0]",
     ),
     (
         json.dumps(
             {
+                "model": "m",
                 "messages": [
                     {
                         "role": "user",
@@ -289,7 +304,7 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
                             {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}
                         ],
                     }
-                ]
+                ],
             }
         ).encode(),
         "messages[0].content[0]",
@@ -297,6 +312,7 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
     (
         json.dumps(
             {
+                "model": "m",
                 "messages": [
                     {
                         "role": "assistant",
@@ -308,16 +324,18 @@ BAD_REQUESTS: list[tuple[bytes, str | None]] = [
                         ],
                     },
                     user("a"),
-                ]
+                ],
             }
         ).encode(),
         "messages[0].content",
     ),
     (
-        json.dumps({"messages": [user("a"), {"role": "system", "content": "late"}]}).encode(),
+        json.dumps(
+            {"model": "m", "messages": [user("a"), {"role": "system", "content": "late"}]}
+        ).encode(),
         None,
     ),
-    (json.dumps({"messages": [user("bad \udcff")]}).encode(), None),
+    (json.dumps({"model": "m", "messages": [user("bad \udcff")]}).encode(), None),
 ]
 
 
@@ -335,7 +353,7 @@ def test_bad_requests_are_400_and_change_nothing(serve: Callable[..., Served]) -
 @pytest.mark.model  # seconds of work: the full suite's, not the fast tier's
 def test_limits_answer_in_openais_terms(serve: Callable[..., Served]) -> None:
     served = serve(limits=Limits(max_body_bytes=2_000, body_timeout_s=0.5, queue_limit=1))
-    big = json.dumps({"messages": [user("x" * 5_000)]}).encode()
+    big = json.dumps({"model": "m", "messages": [user("x" * 5_000)]}).encode()
     assert served.raw("POST", "/v1/chat/completions", big)[0] == 413
     assert served.raw("GET", "/v1/nowhere")[0] == 404
     assert served.raw("DELETE", "/v1/models")[0] == 405
@@ -352,7 +370,9 @@ def test_limits_answer_in_openais_terms(serve: Callable[..., Served]) -> None:
     served.lane.submit("busy", lambda core: release.wait(10), threading.Event())
     try:
         status, body, headers = served.raw(
-            "POST", "/v1/chat/completions", json.dumps({"messages": [user("a")]}).encode()
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": "m", "messages": [user("a")]}).encode(),
         )
         assert status == 429 and body["error"]["type"] == "rate_limit_error"
         assert headers.get("retry-after") == "5"
@@ -365,7 +385,7 @@ def test_a_client_that_leaves_cancels_its_request(serve: Callable[..., Served]) 
     served = serve()
     release = threading.Event()
     served.lane.submit("busy", lambda core: release.wait(10), threading.Event())
-    body = json.dumps({"messages": [user("never answered")]}).encode()
+    body = json.dumps({"model": "m", "messages": [user("never answered")]}).encode()
     with socket.create_connection(("127.0.0.1", served.address.port), timeout=5) as leaving:
         leaving.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"

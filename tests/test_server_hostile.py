@@ -132,7 +132,7 @@ def test_overload_is_a_429_with_retry_after_never_a_bare_503(
     served = serve(limits=Limits(max_connections=6, queue_limit=50))
     release = threading.Event()
     served.lane.submit("busy", lambda core: release.wait(20), threading.Event())
-    body = json.dumps({"messages": [user("hello")], "max_tokens": 2}).encode()
+    body = json.dumps({"model": "m", "messages": [user("hello")], "max_tokens": 2}).encode()
     try:
         with ThreadPoolExecutor(12) as pool:
             asked = [
@@ -160,37 +160,78 @@ def test_overload_is_a_429_with_retry_after_never_a_bare_503(
 
 HOSTILE_BODIES: list[tuple[bytes, str | None]] = [
     (b"[" * 100_000 + b"]" * 100_000, None),  # nested too deeply
-    (b'{"messages": [{"role": "user", "content": "a"}], "seed": 1' + b"7" * 5000 + b"}", None),
+    (json.dumps({"messages": [user("a")]}).encode(), "model"),  # OpenAI requires it (#59)
     (
-        b'{"messages": [{"role": "user", "content": "a"}], "max_tokens": 9' + b"9" * 5000 + b"}",
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}], "seed": 1'
+        + b"7" * 5000
+        + b"}",
         None,
     ),
-    (json.dumps({"messages": [user("a")], "seed": 10**400}).encode(), "seed"),
-    (json.dumps({"messages": [user("a")], "tools": 0}).encode(), "tools"),
-    (json.dumps({"messages": [user("a")], "logprobs": 0}).encode(), "logprobs"),
-    (json.dumps({"messages": [user("a")], "logit_bias": {"50": 10}}).encode(), "logit_bias"),
-    (json.dumps({"messages": [user("a")], "frequency_penalty": 0.5}).encode(), "frequency_penalty"),
-    (json.dumps({"messages": [user("a")], "presence_penalty": 1}).encode(), "presence_penalty"),
-    (json.dumps({"messages": [user("a")], "top_logprobs": 3}).encode(), "top_logprobs"),
     (
-        json.dumps({"messages": [user("a")], "response_format": {"type": "xml"}}).encode(),
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 9'
+        + b"9" * 5000
+        + b"}",
+        None,
+    ),
+    (json.dumps({"model": "m", "messages": [user("a")], "seed": 10**400}).encode(), "seed"),
+    (json.dumps({"model": "m", "messages": [user("a")], "tools": 0}).encode(), "tools"),
+    (json.dumps({"model": "m", "messages": [user("a")], "logprobs": 0}).encode(), "logprobs"),
+    (
+        json.dumps({"model": "m", "messages": [user("a")], "logit_bias": {"50": 10}}).encode(),
+        "logit_bias",
+    ),
+    (
+        json.dumps({"model": "m", "messages": [user("a")], "frequency_penalty": 0.5}).encode(),
+        "frequency_penalty",
+    ),
+    (
+        json.dumps({"model": "m", "messages": [user("a")], "presence_penalty": 1}).encode(),
+        "presence_penalty",
+    ),
+    (
+        json.dumps({"model": "m", "messages": [user("a")], "top_logprobs": 3}).encode(),
+        "top_logprobs",
+    ),
+    (
+        json.dumps(
+            {"model": "m", "messages": [user("a")], "response_format": {"type": "xml"}}
+        ).encode(),
         "response_format",
     ),
     (
         json.dumps(
-            {"messages": [user("a")], "response_format": {"type": "json_schema", "json_schema": 3}}
+            {
+                "model": "m",
+                "messages": [user("a")],
+                "response_format": {"type": "json_schema", "json_schema": 3},
+            }
         ).encode(),
         "response_format.json_schema.schema",
     ),
-    (json.dumps({"messages": [user("a")], "modalities": ["text", "audio"]}).encode(), "modalities"),
     (
         json.dumps(
-            {"messages": [user("a")], "stream": True, "stream_options": {"include_usage": "no"}}
+            {"model": "m", "messages": [user("a")], "modalities": ["text", "audio"]}
+        ).encode(),
+        "modalities",
+    ),
+    (
+        json.dumps(
+            {
+                "model": "m",
+                "messages": [user("a")],
+                "stream": True,
+                "stream_options": {"include_usage": "no"},
+            }
         ).encode(),
         "stream_options.include_usage",
     ),
-    (json.dumps({"messages": [user("a")], "stop": "x" * 1_000_000}).encode(), "stop"),
-    (json.dumps({"messages": [user("a")], "stop": ["a", "b", "c", "d", "e"]}).encode(), "stop"),
+    (json.dumps({"model": "m", "messages": [user("a")], "stop": "x" * 1_000_000}).encode(), "stop"),
+    (
+        json.dumps(
+            {"model": "m", "messages": [user("a")], "stop": ["a", "b", "c", "d", "e"]}
+        ).encode(),
+        "stop",
+    ),
 ]
 
 
@@ -211,6 +252,7 @@ def test_hostile_bodies_are_4xx_json_and_never_a_traceback(
     assert served.lane.call(lambda c: c.list_conversations()) == []
     # Fields that change nothing are taken, and the reply has the spec's nullable refusal.
     fine = {
+        "model": "m",
         "messages": [user("hello")],
         "max_tokens": 3,
         "n": 1,
@@ -286,7 +328,7 @@ def test_a_history_that_cannot_fit_is_refused_before_any_of_it_is_read(
     served = serve()
     started = time.monotonic()
     status, answer, _ = served.raw(
-        "POST", "/v1/chat/completions", json.dumps({"messages": history}).encode()
+        "POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": history}).encode()
     )
     assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
     assert time.monotonic() - started < 10 and read == []

@@ -193,6 +193,14 @@ def test_gemma_3_refuses_tools_and_bad_histories_are_named(
             ],
             "not all answered",
         ),
+        (  # one answer would stand for both calls
+            [
+                ChatMessage("user", "x"),
+                ChatMessage("assistant", "", calls=(call, ToolCall("call_1", "get_time", {}))),
+                ChatMessage("tool", "12:00", call_id="call_1"),
+            ],
+            "'call_1' is given to more than one call",
+        ),
     ):
         with pytest.raises(Exception, match=problem):
             gemma4.complete_chat(messages, reply=ReplyShape(tools=(Tool("get_time", "", {}),)))
@@ -219,6 +227,37 @@ def test_a_malformed_call_is_kept_as_text(make_fake_core: Callable[..., Galahad]
         max_tokens=40,
     )
     assert not named.calls and "unknown" in named.text  # a tool nobody offered: not a call
+
+
+def test_a_call_cut_by_the_token_limit_is_left_out_and_the_complete_one_kept(
+    make_fake_core: Callable[..., Galahad],
+) -> None:
+    """Issue #59 item 7: the cut reply's content was Gemma's raw call markup, and the
+    complete call before it was dropped."""
+    core = make_fake_core("gemma4")
+    engine: Any = core.live.engine
+    ids = engine.ids
+    whole = [ids["<|tool_call>"], *b"call:get_time{}", ids["<tool_call|>"]]
+    engine.script = [*whole, ids["<|tool_call>"], *b"call:get_ti", ids["<turn|>"]]
+    tools = ReplyShape(tools=(Tool("get_time", "", {}),))
+    asked = [ChatMessage("user", "Time?")]
+    cut = core.complete_chat(asked, reply=tools, max_tokens=len(whole) + 5)
+    assert cut.finish_reason == "length"
+    assert [(c.name, c.arguments) for c in cut.calls] == [("get_time", {})]
+    assert "call:" not in cut.text and "<|tool_call>" not in cut.text
+    # The client runs the call and sends its result: answered, the history re-read (the
+    # stored turn was closed, never left waiting for results).
+    engine.script = [*b"Noon.", ids["<turn|>"]]
+    said = core.complete_chat(
+        [
+            *asked,
+            ChatMessage("assistant", cut.text, calls=cut.calls),
+            ChatMessage("tool", "12:00", call_id=cut.calls[0].id),
+        ],
+        reply=tools,
+        max_tokens=20,
+    )
+    assert said.finish_reason == "stop" and said.text == "Noon." and not said.calls
 
 
 def _deep(levels: int) -> dict[str, Any]:
@@ -267,7 +306,9 @@ def test_hostile_tools_are_400s_naming_tools_and_store_nothing(
     problem: str,
 ) -> None:
     served = serve(make_fake_core("gemma4"))
-    body = json.dumps({"messages": [ASK], "tools": tools, "tool_choice": choice}).encode()
+    body = json.dumps(
+        {"model": "m", "messages": [ASK], "tools": tools, "tool_choice": choice}
+    ).encode()
     status, answer, _ = served.raw("POST", "/v1/chat/completions", body)
     assert status == 400, answer
     assert problem in answer["error"]["message"]

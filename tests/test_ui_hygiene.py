@@ -65,3 +65,22 @@ def test_signals_do_not_leak_references_to_bools() -> None:
         emitter.flag.emit(True)
         emitter.value.emit(1, token)
     assert sys.getrefcount(token) - before == 0  # 6.12.0 lost one per delivery
+
+
+def test_the_window_starts_without_importing_llama_cpp() -> None:
+    """Issue #59: importing the window loaded llama.cpp (249 ms before it could show); the
+    engine is imported when the worker opens a model, never with the window's modules."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, galahad_desktop.ui.app, galahad_desktop.ui.main_window; "
+        "print(sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith('llama_cpp.')))"
+    )
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -23,13 +23,14 @@ from tests.helpers import window_opener
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QGuiApplication
 
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 from galahad_desktop.memory.galahad import Galahad, ModelDownloads
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.ui.dialogs import AskDialog
 from galahad_desktop.ui.main_window import MainWindow, first_size
+from galahad_desktop.ui.server_panel import ServerPanel
 from galahad_desktop.ui.settings_dialog import SettingsDialog
 from galahad_desktop.ui.sidebar import API_GROUP
 from galahad_desktop.ui.window_documents import READ_ANYWAY
@@ -324,7 +325,7 @@ def test_typing_with_no_text_field_focused_goes_to_the_message_box(
     qtbot: Any, make_window: Any
 ) -> None:
     win = make_window()
-    win.new_chat()  # the chat page, with its message box (the welcome page has none)
+    win.new_chat()  # the chat page, with its message box
     for focused in (win.sidebar.conversation_list, win.sidebar.new_button, win.chat.transcript):
         win.chat.input.clear()
         focused.setFocus()
@@ -342,6 +343,24 @@ def test_typing_with_no_text_field_focused_goes_to_the_message_box(
     qtbot.keyClick(win.sidebar.new_button, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
     qtbot.keyClick(win.sidebar.new_button, Qt.Key.Key_Space)
     assert win.chat.input.toPlainText() == ""
+
+
+def test_the_first_screen_opens_with_a_message_box_ready(qtbot: Any, make_window: Any) -> None:
+    """Issue #59 item 5: the focus started in the search box ("No conversation matches."
+    for a greeting) and there was no message box until Start a chat."""
+    win = make_window()
+    assert win.pages.currentWidget() is win.welcome
+    assert win.focusWidget() is win.welcome.message
+    win.welcome.drop_zone.setFocus()  # typed anywhere on the first screen: into the box
+    for char in "Hello":
+        qtbot.keyClick(win.focusWidget(), char)
+    assert win.welcome.message.toPlainText() == "Hello" and not win.sidebar.search.text()
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        qtbot.keyClick(win.welcome.message, Qt.Key.Key_Return)
+    assert win.pages.currentWidget() is win.chat and win.chat.input.hasFocus()
+    assert "Hello" in win.chat.transcript.toPlainText()
+    assert not win.welcome.message.toPlainText()
+    assert len(_wait_stored(qtbot, win)) == 2  # a new chat: the message and its reply
 
 
 def test_a_new_chat_shows_nothing_of_the_conversation_left(qtbot: Any, make_window: Any) -> None:
@@ -478,6 +497,82 @@ def test_the_window_serves_the_api_and_lists_what_it_made(qtbot: Any, make_windo
         openai.OpenAI(
             base_url=client.base_url, api_key=panel.key.text(), max_retries=0, timeout=2
         ).models.list()
+
+
+def test_quitting_with_the_server_on_asks_and_copy_says_it_copied(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 7: quitting gave programs no warning; Copy gave no sign it worked."""
+    win: MainWindow = make_window()
+    panel = _serving(qtbot, win)
+    qtbot.mouseClick(panel.copy_key, qtbot_left())
+    assert QGuiApplication.clipboard().text() == panel.key.text()
+    assert "copied" in panel.status.text()
+    asked: list[str] = []
+    answer = False
+
+    def confirm(title: str, text: str) -> bool:
+        asked.append(text)
+        return answer
+
+    win.prompts.confirm = confirm  # type: ignore[method-assign]
+    win.close()
+    assert asked and panel.address.text() in asked[0] and "programs using it" in asked[0]
+    assert win.isVisible() and win.server_host.server is not None  # kept on: it was asked
+    answer = True
+    win.close()
+    assert not win.isVisible() and win.server_host.server is None
+
+
+def test_the_window_s_server_answers_a_refusal_as_the_server_does(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 7: through the window's lane a refusal came back as a 500
+    (`server_error`/`GalahadError`): tools on Gemma 3, a schema past its bounds."""
+    win: MainWindow = make_window()
+    panel = _serving(qtbot, win)
+    client = openai.OpenAI(
+        base_url=panel.address.text(), api_key=panel.key.text(), timeout=20, max_retries=0
+    )
+    asked = [{"role": "user", "content": "Hi"}]
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 20_000}
+    requests: list[dict[str, Any]] = [
+        {"tools": [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": schema},
+            }
+        },
+    ]
+    refused: list[Any] = []
+
+    def program() -> None:
+        for extra in requests:
+            try:
+                client.chat.completions.create(model="m", messages=asked, max_tokens=4, **extra)
+            except openai.APIStatusError as error:
+                refused.append(error)
+
+    caller = threading.Thread(target=program)
+    caller.start()
+    qtbot.waitUntil(lambda: not caller.is_alive(), timeout=WAIT_MS)
+    assert [e.status_code for e in refused] == [400, 400], [e.message for e in refused]
+    assert refused[0].body["param"] == "tools" and "tool syntax" in refused[0].body["message"]
+    assert refused[1].body["param"].startswith("response_format")
+    assert "maxItems" in refused[1].body["message"]
+    with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
+        qtbot.mouseClick(panel.toggle, qtbot_left())
+
+
+def _serving(qtbot: Any, win: MainWindow) -> ServerPanel:
+    """File ▸ Local server…, switched on at a free port."""
+    panel = win.open_server_panel()
+    qtbot.waitUntil(lambda: bool(panel.key.text()), timeout=WAIT_MS)
+    panel.port.setValue(_free_port())
+    with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
+        qtbot.mouseClick(panel.toggle, qtbot_left())
+    return panel
 
 
 def qtbot_left() -> Any:

@@ -16,7 +16,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from galahad_desktop.engine.sampling import SamplingParams
-from galahad_desktop.errors import InputError, KeyAccessError, StorageError, user_path
+from galahad_desktop.errors import (
+    BusyError,
+    InputError,
+    KeyAccessError,
+    StorageError,
+    user_path,
+)
 from galahad_desktop.jobs import Job, Progress
 from galahad_desktop.memory.results import to_jsonable
 from galahad_desktop.paths import DATA_DIR_ENV, default_data_dir
@@ -152,16 +158,41 @@ def passphrase_for(args: argparse.Namespace, data_dir: Path) -> str | None:
     return getpass.getpass("Passphrase for Galahad: ")
 
 
+# Commands that only read: while the window (or another command) holds the data directory
+# they are told so at once, with what to do, instead of waiting 10 s for the lock.
+READING_COMMANDS = ("list", "show", "info", "routing-log", "storage", "audit")
+READING_LOCK_S = 0.5
+
+
+def reads_only(args: argparse.Namespace) -> bool:
+    if getattr(args, "command", None) not in READING_COMMANDS:
+        return False
+    changes = ("keep", "unkeep", "give_back", "repair")
+    return not any(getattr(args, name, None) for name in changes)
+
+
 def open_core(args: argparse.Namespace) -> Galahad:
     from galahad_desktop.memory.galahad import Galahad
 
     data_dir = data_dir_of(args)
-    core = Galahad(
-        data_dir,
-        model_path=args.model,
-        overrides=parse_pairs(args.set),
-        passphrase=passphrase_for(args, data_dir),
-    )
+    reading = reads_only(args)
+    try:
+        core = Galahad(
+            data_dir,
+            model_path=args.model,
+            overrides=parse_pairs(args.set),
+            passphrase=passphrase_for(args, data_dir),
+            lock_timeout_s=READING_LOCK_S if reading else 10.0,
+        )
+    except BusyError:
+        if not reading:
+            raise
+        raise BusyError(
+            f"Galahad's window, or another galahad command, is using {data_dir}, and "
+            f"`galahad {args.command}` reads it only when nothing else does (one process "
+            "at a time keeps every write whole). The window shows the same: its Memory "
+            "panel and conversation list. Or close it and run this again."
+        ) from None
     for note in core.start_notes():
         print(f"galahad: {note}", file=sys.stderr)
     return core

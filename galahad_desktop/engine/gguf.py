@@ -6,18 +6,20 @@ from __future__ import annotations
 import mmap
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from galahad_desktop.engine import devices
 from galahad_desktop.engine.modelinfo import (
     ModelInfo,
     check_model_file,
     model_kind,
     quantization_name,
 )
-from galahad_desktop.engine.native import NativeModel
 from galahad_desktop.errors import ModelError
+
+if TYPE_CHECKING:
+    from galahad_desktop.engine.native import NativeModel
 
 
 def describe(model: NativeModel, path: Path, embedded: bool) -> ModelInfo:
@@ -44,6 +46,10 @@ def describe(model: NativeModel, path: Path, embedded: bool) -> ModelInfo:
 
 def vocabulary(path: Path) -> NativeModel:
     """The file's vocabulary and metadata only, on the CPU; the caller closes it."""
+    # llama.cpp is imported when a file is read, not with this module (the window's start).
+    from galahad_desktop.engine import devices
+    from galahad_desktop.engine.native import NativeModel
+
     devices.load_backends()
     try:
         return NativeModel(path, vocab_only=True)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import io
 import wave
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from galahad_desktop.errors import IntegrityError
+from galahad_desktop.errors import InputError, IntegrityError
 
 SOUND_RATE = 16_000  # what Gemma 4's audio encoder hears: 16 kHz mono
 MAX_PART_SECONDS = 30.0  # the most llama.cpp's Gemma 4 audio encoder reads at once
@@ -155,3 +156,49 @@ def media_from_kept(blob: bytes) -> Media:
     if blob.startswith(WAV_MAGIC):
         return Sound.from_wav(blob)
     return Picture.from_png(blob)
+
+
+# The ledger's placeholders for embedding positions (kept here, free of llama.cpp, so that
+# what only reads ledgers never loads it).
+def cannot_hear() -> InputError:
+    return InputError(
+        "This model cannot hear voice memos: it has no projector with an audio encoder (Gemma "
+        "4 E2B and E4B hear, with their projector). Nothing was stored.",
+        command="galahad models get --size E4B --vision",
+        window="Choose E2B or E4B with its projector file under File → Settings… (Model).",
+    )
+
+
+SEES_NOTHING = "This projector reads no pictures (it has no vision encoder)."
+
+
+def placeholder(index: int) -> int:
+    """The ledger's token at every embedding position of its `index`-th picture or sound."""
+    return -1 - index
+
+
+def picture_index(token: int) -> int | None:
+    return -1 - token if token < 0 else None
+
+
+def holds_pictures(tokens: Sequence[int]) -> bool:
+    return any(t < 0 for t in tokens)
+
+
+def pictures_in(tokens: Sequence[int]) -> list[int]:
+    """The picture indices a ledger (or a stretch of one) holds, in order."""
+    seen: list[int] = []
+    for token in tokens:
+        if token < 0 and (not seen or seen[-1] != -1 - token):
+            seen.append(-1 - token)
+    return seen
+
+
+@dataclass
+class LedgerRead:
+    elapsed_ms: float = 0.0
+    pictures: int = 0
+    image_tokens: int = 0  # a picture's embedding positions evaluated
+    encode_ms: float = 0.0  # in the projector's encoders
+    sounds: int = 0  # voice memo parts
+    audio_tokens: int = 0  # a sound's embedding positions evaluated

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,54 +35,17 @@ from galahad_desktop.engine import devices
 from galahad_desktop.engine import fingerprint as fp
 from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.picture import MAX_PART_SECONDS, SOUND_RATE, Media, Sound
+from galahad_desktop.engine.picture import SEES_NOTHING as SEES_NOTHING
+from galahad_desktop.engine.picture import LedgerRead as LedgerRead
+from galahad_desktop.engine.picture import cannot_hear as cannot_hear
+from galahad_desktop.engine.picture import holds_pictures as holds_pictures
+from galahad_desktop.engine.picture import picture_index as picture_index
+from galahad_desktop.engine.picture import pictures_in as pictures_in
+from galahad_desktop.engine.picture import placeholder as placeholder
 from galahad_desktop.errors import InputError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 
 CHUNK_TEXT = 0
-
-
-def cannot_hear() -> InputError:
-    return InputError(
-        "This model cannot hear voice memos: it has no projector with an audio encoder (Gemma "
-        "4 E2B and E4B hear, with their projector). Nothing was stored.",
-        command="galahad models get --size E4B --vision",
-        window="Choose E2B or E4B with its projector file under File → Settings… (Model).",
-    )
-
-
-SEES_NOTHING = "This projector reads no pictures (it has no vision encoder)."
-
-
-def placeholder(index: int) -> int:
-    """The ledger's token at every embedding position of its `index`-th picture or sound."""
-    return -1 - index
-
-
-def picture_index(token: int) -> int | None:
-    return -1 - token if token < 0 else None
-
-
-def holds_pictures(tokens: Sequence[int]) -> bool:
-    return any(t < 0 for t in tokens)
-
-
-def pictures_in(tokens: Sequence[int]) -> list[int]:
-    """The picture indices a ledger (or a stretch of one) holds, in order."""
-    seen: list[int] = []
-    for token in tokens:
-        if token < 0 and (not seen or seen[-1] != -1 - token):
-            seen.append(-1 - token)
-    return seen
-
-
-@dataclass
-class LedgerRead:
-    elapsed_ms: float = 0.0
-    pictures: int = 0
-    image_tokens: int = 0  # a picture's embedding positions evaluated
-    encode_ms: float = 0.0  # in the projector's encoders
-    sounds: int = 0  # voice memo parts
-    audio_tokens: int = 0  # a sound's embedding positions evaluated
 
 
 @mtmd.mtmd_helper_post_decode_callback  # type: ignore[untyped-decorator]

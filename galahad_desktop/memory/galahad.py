@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from galahad_desktop.engine.devices import probe_rpc_server
-from galahad_desktop.engine.engine import Engine
 from galahad_desktop.engine.gguf import inspect_gguf
 from galahad_desktop.engine.modelinfo import ModelInfo, check_model_file
 from galahad_desktop.engine.picture import Media
@@ -79,6 +77,14 @@ from galahad_desktop.vault.vault import Vault
 EngineFactory = Callable[[EngineConfig, Path | None], ChatEngine]
 
 
+def _llama_engine(config: EngineConfig, hash_cache: Path | None) -> ChatEngine:
+    """The real engine. llama.cpp is imported here, when a model opens (on the worker's
+    thread in the window), never when the facade is imported: the window shows first."""
+    from galahad_desktop.engine.engine import Engine
+
+    return Engine(config, hash_cache=hash_cache)
+
+
 class RoomSources:
     """What the live context asks of the rooms built on it (live.LiveSources): they are
     made after it, from it, so it reaches them through the façade that holds them all."""
@@ -112,6 +118,7 @@ class Galahad(DocumentFacade, StoreFacade, ToolFacade):
         overrides: dict[str, Any] | None = None,
         passphrase: str | None = None,
         engine_factory: EngineFactory | None = None,
+        lock_timeout_s: float = 10.0,
     ) -> None:
         self.data_dir = Path(data_dir)
         # Before anything touches the directory (a passphrase keystore writes into it): a
@@ -120,7 +127,11 @@ class Galahad(DocumentFacade, StoreFacade, ToolFacade):
         if keystore is None:
             keystore = open_keystore(self.data_dir, passphrase)
         self.vault = Vault(
-            self.data_dir, keystore, accept_older=finished, recovered=(note,) if note else ()
+            self.data_dir,
+            keystore,
+            lock_timeout_s,
+            accept_older=finished,
+            recovered=(note,) if note else (),
         )
         try:
             self.settings = Settings(self.data_dir)
@@ -130,7 +141,7 @@ class Galahad(DocumentFacade, StoreFacade, ToolFacade):
             self.vault.close()
             raise
         self.model_path = model_path
-        factory = engine_factory or (lambda config, cache: Engine(config, hash_cache=cache))
+        factory = engine_factory or _llama_engine
         hashes = self.data_dir / "model-hashes.json"
         self.live = LiveContext(
             self.vault,
@@ -274,6 +285,8 @@ class Galahad(DocumentFacade, StoreFacade, ToolFacade):
         servers = changes.get("rpc_servers")
         if isinstance(servers, str):
             for endpoint in (e.strip() for e in servers.split(",") if e.strip()):
+                from galahad_desktop.engine.devices import probe_rpc_server  # llama.cpp
+
                 try:
                     probe_rpc_server(endpoint)
                 except ModelError as exc:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from galahad_desktop.engine.picture import Media, Picture, Sound
-from galahad_desktop.engine.vision import holds_pictures
+from galahad_desktop.engine.picture import Media, Picture, Sound, holds_pictures
 from galahad_desktop.errors import InputError, NotFoundError
 from galahad_desktop.memory.chat.conversations import Conversations
 from galahad_desktop.memory.chat.live import GIVEN_BACK, LiveContext, Rendered, engine_answer

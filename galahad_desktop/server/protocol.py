@@ -359,7 +359,14 @@ def parse_chat(payload: Any, max_tokens_limit: int) -> ChatArgs:
     if n not in (None, 1):
         raise ApiError(400, "'n' must be 1: this server writes one reply per request.", "n")
     model = payload.get("model")
-    if model is not None and not isinstance(model, str):
+    if model is None:  # OpenAI requires it: a client that works here must work there
+        raise ApiError(
+            400,
+            "'model' is missing: name the model (GET /v1/models lists the one this server "
+            "runs; any name is answered by it).",
+            "model",
+        )
+    if not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", "model")
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):

@@ -132,6 +132,8 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         self.engine_changed()
         self.say_start_notes()
         self.refresh_lists()
+        # The first screen opens ready for a message, as peers do (the search box had it).
+        self.welcome.message.setFocus()
 
     # -- layout --------------------------------------------------------------------------
     def _build(self) -> None:
@@ -170,10 +172,6 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
             lambda: self.fill_attach_menu(self.chat.attach_menu)
         )
         self.chat.input.picture_pasted.connect(self.paste_picture)
-        self.typing = TypingToMessageBox(self, self.chat.input)
-        app = QApplication.instance()
-        if app is not None:
-            app.installEventFilter(self.typing)
         self.chat.stop_button.clicked.connect(self.stop)
         self.chat.regenerate_button.clicked.connect(self.regenerate)
         self.chat.edit_button.clicked.connect(self.edit_message)
@@ -191,9 +189,14 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         self.welcome.cancel_download.connect(self.cancel_download)
         self.welcome.choose_documents.connect(self.choose_document)
         self.welcome.start_chat.connect(self.new_chat)
+        self.welcome.send_message.connect(self.send_from_welcome)
         self.pages = QStackedWidget()
         self.pages.addWidget(self.welcome)
         self.pages.addWidget(self.chat)
+        self.typing = TypingToMessageBox(self, self.chat.input, self.welcome.message)
+        app = QApplication.instance()
+        if app is not None:
+            app.installEventFilter(self.typing)
         self.splitter = QSplitter()
         self.splitter.addWidget(self.sidebar)
         self.splitter.addWidget(self.pages)
@@ -651,7 +654,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
             enter_sends = bool(Galahad.stored_settings(self.data_dir).get("enter_sends", True))
         except (InputError, OSError):
             enter_sends = True
-        self.chat.input.enter_sends = enter_sends
+        self.chat.input.enter_sends = self.welcome.message.enter_sends = enter_sends
 
     def open_settings(self) -> None:
         from galahad_desktop.ui.settings_dialog import SettingsDialog
@@ -670,6 +673,9 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
 
     # -- closing -------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.server_host.may_quit(self.prompts.confirm):
+            event.ignore()
+            return
         self.ui_settings.setValue("geometry", self.saveGeometry())
         self.ui_settings.setValue("splitter", self.splitter.saveState())
         self.ui_settings.sync()

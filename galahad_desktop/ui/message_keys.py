@@ -34,10 +34,15 @@ def takes_text(widget: QWidget | None) -> bool:
 class TypingToMessageBox(QObject):
     """An application event filter for one window and its message box."""
 
-    def __init__(self, window: QWidget, box: QPlainTextEdit | QTextEdit) -> None:
+    def __init__(self, window: QWidget, *boxes: QPlainTextEdit | QTextEdit) -> None:
         super().__init__(window)
         self.window = window
-        self.box = box
+        self.boxes = boxes  # the first one shown takes the typing (the chat's, the welcome's)
+
+    @property
+    def box(self) -> QPlainTextEdit | QTextEdit:
+        shown = [b for b in self.boxes if b.isVisibleTo(self.window)]
+        return shown[0] if shown else self.boxes[0]
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() != QEvent.Type.KeyPress or not isinstance(event, QKeyEvent):
@@ -47,7 +52,7 @@ class TypingToMessageBox(QObject):
             watched is not focused
             or not isinstance(focused, QWidget)
             or takes_text(focused)
-            or not self.box.isVisibleTo(self.window)  # e.g. the welcome page is shown
+            or not self.box.isVisibleTo(self.window)  # e.g. a dialog's page is shown
             or not self.box.isEnabled()
         ):
             return False

@@ -9,7 +9,9 @@ makes a new key on request.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
@@ -50,6 +52,11 @@ def _error(kind: str, message: str) -> BaseException:
     return GalahadError(message)
 
 
+@dataclass(frozen=True)
+class _Refused:
+    error: GalahadError
+
+
 class BridgeLane(QObject):
     """The server's `CoreLane` over the window's model lane (submitted from the server's
     thread, run on the main thread's bridge)."""
@@ -87,9 +94,25 @@ class BridgeLane(QObject):
     @Slot(object)
     def _run(self, item: tuple[str, Work, threading.Event, Future[Any]]) -> None:
         _label, work, cancel, future = item
+
+        def run(core: Any, _job: Any) -> Any:
+            # The core's own error goes back whole (its type, the field it names, its
+            # words), not as the window's text: rebuilt from that, a refused schema or
+            # tools on Gemma 3 was a 500.
+            try:
+                return work(core)
+            except GalahadError as exc:
+                return _Refused(exc)
+
+        def done(result: Any) -> None:
+            if isinstance(result, _Refused):
+                self._settle(future, error=result.error)
+            else:
+                self._settle(future, result)
+
         self.bridge.run(
-            lambda core, _job: work(core),
-            on_done=lambda result: self._settle(future, result),
+            run,
+            on_done=done,
             on_error=lambda message, kind: self._settle(future, error=_error(kind, message)),
             label="Answering a program (local API)",
             cancel=cancel,
@@ -124,6 +147,14 @@ class ServerHost:
         )
         self.server.start()
         return self.address
+
+    def may_quit(self, confirm: Callable[[str, str], bool]) -> bool:
+        """Whether the window may close: asked first while programs may be using it."""
+        return self.server is None or confirm(
+            "Quit Galahad?",
+            f"The local server at {self.address} is on: programs using it lose it when "
+            "Galahad quits, and a request it is answering is stopped.",
+        )
 
     def stop(self) -> None:
         server, self.server = self.server, None
@@ -193,7 +224,7 @@ class ServerPanel(QDialog):
                 QLineEdit.EchoMode.Normal if on else QLineEdit.EchoMode.Password
             )
         )
-        self.copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.key.text()))
+        self.copy_key.clicked.connect(self._copy_key)
         self.new_key.clicked.connect(self._rotate)
         self._show()
         self._fetch_key(rotate=False)
@@ -224,6 +255,11 @@ class ServerPanel(QDialog):
     def _rotate(self) -> None:
         self._fetch_key(rotate=True)
         self.status.setText("A new key was made; programs using the old one must be given it.")
+
+    def _copy_key(self) -> None:
+        """The key to the clipboard, and said so (the button gave no sign it worked)."""
+        QGuiApplication.clipboard().setText(self.key.text())
+        self.status.setText("API key copied: paste it where the program asks for an API key.")
 
     def _toggled(self, on: bool) -> None:
         if not on:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from galahad_desktop.memory.results import EngineInfo
 from galahad_desktop.models.catalog import GIB, Candidate, Recommendation
 from galahad_desktop.ui import theme
+from galahad_desktop.ui.chat_view import MessageBox
 
 
 class DropZone(QLabel):
@@ -56,6 +57,7 @@ class Welcome(QWidget):
     cancel_download = Signal()
     choose_documents = Signal()
     start_chat = Signal()
+    send_message = Signal(str)  # typed on the first screen: a new chat's first message
 
     def __init__(self) -> None:
         super().__init__()
@@ -118,9 +120,31 @@ class Welcome(QWidget):
         chat.setAccessibleName("Start a chat")
         chat.setToolTip("Start a conversation with the model (Ctrl+N)")
         chat.clicked.connect(self.start_chat.emit)
-        for widget in (title, intro, self.model_label, self.offer, self.drop_zone, chat):
+        self.message = MessageBox()
+        self.message.setPlaceholderText(
+            "Write a message to start a chat — Enter sends, Shift+Enter breaks a line"
+        )
+        self.message.setAccessibleName("Message")
+        self.message.setFixedHeight(theme.SPACE[4] * 4)
+        self.message.setTabChangesFocus(True)
+        self.message.submitted.connect(self._submit)
+        for widget in (
+            title,
+            intro,
+            self.model_label,
+            self.message,
+            self.offer,
+            self.drop_zone,
+            chat,
+        ):
             layout.addWidget(widget)
         layout.addStretch(1)
+
+    def _submit(self) -> None:
+        text = self.message.toPlainText().strip()
+        if text:
+            self.message.clear()
+            self.send_message.emit(text)
 
     def show_model(self, info: EngineInfo) -> None:
         model = info.model

@@ -82,6 +82,7 @@ class TurnActions:
         def refresh_lists(self) -> None: ...
         def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None: ...
         def open_conversation(self, conversation_id: str) -> None: ...
+        def new_chat(self) -> None: ...
         def start_calls(self, result: TurnResult) -> None: ...
         def _conversation_open(self, opened: OpenedConversation) -> None: ...
 
@@ -115,6 +116,12 @@ class TurnActions:
             self.bridge.cancel(target)
 
     # -- sending ---------------------------------------------------------------------------
+    def send_from_welcome(self, text: str) -> None:
+        """The first screen's message box: a new chat, and the message sent in it."""
+        self.new_chat()
+        self.chat.input.setPlainText(text)
+        self.send()
+
     def send(self) -> None:
         text = self.chat.input.toPlainText().strip()
         if not text:

@@ -19,20 +19,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from galahad_desktop.engine import kvstate
 from galahad_desktop.engine import proof as proofs
 from galahad_desktop.engine.device_guard import lost_servers
-from galahad_desktop.engine.engine import Engine
-from galahad_desktop.engine.picture import Media
+from galahad_desktop.engine.picture import LedgerRead, Media, cannot_hear, holds_pictures
 from galahad_desktop.engine.protocol import ChatEngine, StateBuffer
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.engine.vision import LedgerRead, Vision, cannot_hear, holds_pictures
 from galahad_desktop.errors import DeviceLostError, InputError, IntegrityError, ModelError
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.results import GraftReport
 from galahad_desktop.settings import Settings
+
+if TYPE_CHECKING:  # llama.cpp is imported when a model opens, not with this module
+    from galahad_desktop.engine.vision import Vision
 from galahad_desktop.vault.names import BlockKind, BlockRow, Table, given_back
 from galahad_desktop.vault.vault import StoredBlock, Vault, tokens_digest
 
@@ -163,6 +164,8 @@ class LiveContext:
         configured = self.settings.values.projector
         if configured:
             return Path(configured)
+        from galahad_desktop.engine.engine import Engine  # loaded with the engine itself
+
         engine = self.engine
         if not isinstance(engine, Engine) or engine.config.embedded:
             return None
@@ -171,6 +174,9 @@ class LiveContext:
 
     def vision(self) -> Vision:
         """The projector loaded for this engine (InputError when there is none)."""
+        from galahad_desktop.engine.engine import Engine
+        from galahad_desktop.engine.vision import Vision
+
         engine = self.engine
         path = self.projector_path()
         if path is None or not isinstance(engine, Engine):

@@ -225,14 +225,17 @@ class StatelessChats(TurnRoom):
             if made is not None:
                 self.forget(made)
             raise
+        kept = () if result.stop_reason == "length" else calls  # as answer_prompt stored it
         if result.stop_reason != "cancelled":
             answered = dataclasses.replace(
-                request, pairs=(*request.pairs, (request.question, Reply(result.reply, calls)))
+                request, pairs=(*request.pairs, (request.question, Reply(result.reply, kept)))
             )
             self._index(conversation_id, answered, len(answered.pairs))
         counters.restored_tokens += held
         done = self._completion(result, counters, found.turns if found else 0)
-        return dataclasses.replace(done, calls=calls, finish_reason="tool_calls") if calls else done
+        if kept:
+            return dataclasses.replace(done, calls=calls, finish_reason="tool_calls")
+        return dataclasses.replace(done, calls=calls)  # cut by the limit: "length", its calls
 
     def _completion(self, result: TurnResult, before: Counters, matched: int) -> ChatCompletion:
         rows = self.conversations.message_rows(result.conversation_id)
@@ -393,7 +396,10 @@ class StatelessChats(TurnRoom):
         counters.generated_tokens += len(generation.tokens)
         counters.generate_ms += generation.elapsed_ms
         text, calls = read_reply(engine, generation, request.tools if calling else ())
-        if not calls:
+        # A reply the limit cut ends in a call's first tokens: its turn is closed and stored
+        # without calls (results sent for them later re-read the history, never this turn).
+        kept = () if generation.stop_reason == "length" else calls
+        if not kept:
             close = engine.model_close()
             engine.evaluate(close)
             counters.new_tokens += len(close)
@@ -403,7 +409,7 @@ class StatelessChats(TurnRoom):
             role,
             said,
             text,
-            calls,
+            kept,
             user_start,
             reply_start,
             generation,

@@ -140,15 +140,22 @@ def read_reply(
     engine: ChatEngine, generation: Generation, offered: Sequence[Tool]
 ) -> tuple[str, tuple[ToolCall, ...]]:
     """(the reply's text, the calls it made). A call that does not parse, or names a tool
-    not offered, is not a call: the reply keeps what the model wrote, as text."""
+    not offered, is not a call: the reply keeps what the model wrote, as text. A call the
+    token limit cut is left out; the complete ones before it are read."""
     markers = engine.tool_markers
-    if markers is None or markers.call_open not in generation.answer_tokens:
+    tokens = generation.answer_tokens
+    if markers is None or markers.call_open not in tokens:
         return generation.text, ()
+    if generation.stop_reason == "length":
+        # The limit cut a call part way: that call was never made; those before it were.
+        last_open = len(tokens) - 1 - tokens[::-1].index(markers.call_open)
+        if markers.call_close not in tokens[last_open:]:
+            tokens = tokens[:last_open]
+            if markers.call_open not in tokens:
+                return generation.text, ()
     names = {t.name for t in offered}
     try:
-        found, _outside = read_calls(
-            generation.answer_tokens, markers, lambda t: engine.detokenize([t])
-        )
+        found, _outside = read_calls(tokens, markers, lambda t: engine.detokenize([t]))
     except MalformedCall:
         return engine.detokenize(generation.answer_tokens), ()
     if not found or any(name not in names for name, _ in found):

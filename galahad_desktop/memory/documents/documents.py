@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from galahad_desktop.engine.picture import Media, Picture, Sound, media_from_kept
+from galahad_desktop.engine.picture import Media, Picture, Sound, media_from_kept, pictures_in
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError, NotFoundError, check_text
 from galahad_desktop.faults import crashpoint
 from galahad_desktop.jobs import NO_JOB, Job

@@ -10,11 +10,10 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from galahad_desktop.engine.embedder import Embedder
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, NotFoundError, StorageError, user_path
@@ -39,6 +38,9 @@ from galahad_desktop.memory.retrieval.router import (
 )
 from galahad_desktop.vault.names import NewPart, PartRow
 from galahad_desktop.vault.vault import Vault, new_id
+
+if TYPE_CHECKING:
+    from galahad_desktop.engine.embedder import Embedder
 
 ROUTING_LOG_KEEP = 1000
 log = logging.getLogger(__name__)
@@ -132,6 +134,8 @@ class Routing:
             self._embedder.close()
             self._embedder = None
         if wanted is not None and self._embedder is None:
+            from galahad_desktop.engine.embedder import Embedder  # llama.cpp: on first use
+
             self._embedder = Embedder(wanted, self.live.settings.values.n_threads)
         return self._embedder
 
