@@ -232,6 +232,24 @@ def test_the_automatic_budget_says_which_rule_set_it(
     assert chosen <= max(free // 2, 0) or chosen <= total // 4  # never more than the disk gives
 
 
+def test_the_automatic_budget_does_not_move_with_every_file_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue #59 item 3: bound by half the free space, it moved 40.5 -> 38.4 -> 41.2 GB
+    within an hour of use."""
+    from galahad_desktop.memory.storage import budget_for
+
+    budgets = []
+    for free in (81_000_000_000, 80_300_000_000, 79_100_000_000, 82_400_000_000):
+        _disk(monkeypatch, 240 * 10**9, free)  # a quarter: 60 GB; steps of 3 GB
+        _used, chosen, rule = budget_for(tmp_path, None)
+        budgets.append(chosen)
+        assert chosen <= free // 2 and "in steps of 3.0 GB" in rule
+    assert budgets == [39 * 10**9, 39 * 10**9, 39 * 10**9, 39 * 10**9]
+    _disk(monkeypatch, 240 * 10**9, 70 * 10**9)  # the disk really filled: it follows
+    assert budget_for(tmp_path, None)[1] == 33 * 10**9
+
+
 def test_on_a_small_full_disk_the_refusal_asks_for_disk_space_not_a_budget(
     make_fake_core: CoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

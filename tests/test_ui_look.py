@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.memory.results import TurnResult
 from galahad_desktop.settings import GROUPS, SETTINGS
+from galahad_desktop.sizes import human_size
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import proof_words
 from galahad_desktop.ui.main_window import MainWindow
@@ -376,6 +377,16 @@ def test_memory_panel_and_the_proof_in_plain_words(qtbot, window: MainWindow) ->
     )
     assert "byte-exact ✓" in panel.restore_label.text()
     assert "blocks on disk" in panel.totals_label.text()
+    # One unit with `galahad storage` (#59 item 3: the window divided by 1024, the command by
+    # 1000, so a 70 MB budget read 66.8 MB here).
+    stored: list[Any] = []
+    window.bridge.run(
+        lambda core, _job: core.list_conversations(), on_done=stored.append, label="list"
+    )
+    qtbot.waitUntil(lambda: bool(stored), timeout=WAIT_MS)
+    summary = next(c for c in stored[0] if c.id == first.conversation_id)
+    assert summary.block_bytes >= 1000  # where the two units part
+    assert f"{human_size(summary.block_bytes)} on disk" in panel.conversation_label.text()
     panel.proof_button.click()
     title, words = window.prompts.informed[-1]  # type: ignore[attr-defined]
     assert "proof" in title.lower() and "identical, bit for bit" in words

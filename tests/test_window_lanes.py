@@ -27,8 +27,10 @@ from PySide6.QtGui import QAction, QGuiApplication
 
 from galahad_desktop.jobs import NO_JOB, Job, Progress
 from galahad_desktop.memory.galahad import Galahad, ModelDownloads
+from galahad_desktop.memory.results import GiveBackResult
 from galahad_desktop.models.hub import Downloaded
 from galahad_desktop.ui.dialogs import AskDialog
+from galahad_desktop.ui.format import memory_line
 from galahad_desktop.ui.main_window import MainWindow, first_size
 from galahad_desktop.ui.server_panel import ServerPanel
 from galahad_desktop.ui.settings_dialog import SettingsDialog
@@ -563,6 +565,35 @@ def test_the_window_s_server_answers_a_refusal_as_the_server_does(
     assert "maxItems" in refused[1].body["message"]
     with qtbot.waitSignal(panel.changed, timeout=WAIT_MS):
         qtbot.mouseClick(panel.toggle, qtbot_left())
+
+
+def test_memory_given_back_is_said_as_given_back_and_named_whole(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 3: a chat that had given its memory back was still 'kept in 10.0 MB',
+    and the status line naming what gave memory back was cut mid-title."""
+    win: MainWindow = make_window()
+    win.new_chat()
+    win.chat.input.setPlainText("Tell me about owls")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as sent:
+        qtbot.mouseClick(win.chat.send_button, qtbot_left())
+    conversation = sent.args[0].conversation_id
+    win.new_chat()
+    win.storage_action(conversation, "give back")
+    qtbot.waitUntil(lambda: win.graft_label.text().startswith("Gave back"), timeout=WAIT_MS)
+    listed: list[Any] = []
+    win.bridge.run(lambda core, _job: core.list_conversations(), on_done=listed.append)
+    qtbot.waitUntil(lambda: bool(listed), timeout=WAIT_MS)
+    summary = next(c for c in listed[0] if c.id == conversation)
+    win.memory_panel.show_conversation(summary, None)
+    shown = win.memory_panel.conversation_label.text()
+    assert "none of their memory is kept on disk now" in shown and "kept in" not in shown
+    assert memory_line(summary)[0] == "Needs re-reading once (memory given back)"
+    long = "The quarterly planning notes for the northern harbour project, second draft"
+    win.given_back([GiveBackResult(f"c{i}", "conversation", 1, 10**7, long) for i in range(4)])
+    said = win.graft_label.text()
+    assert "'The quarterly planning notes…'" in said and "and 2 more" in said
+    assert long not in said and "30.0 MB" not in said and "40.0 MB" in said
 
 
 def _serving(qtbot: Any, win: MainWindow) -> ServerPanel:

@@ -71,10 +71,12 @@ class MemoryPanel(QWidget):
                 + ": the next open reads it again once, then stores it.",
                 "not stored": "Nothing stored yet.",
             }.get(summary.memory, memory_line(summary)[0])
-            self.conversation_label.setText(
-                f"<b>{summary.n_tokens:,}</b> tokens kept in "
-                f"{human_bytes(summary.block_bytes)} on disk, encrypted.<br>{state}"
+            kept = (  # memory given back keeps nothing on disk (it said "kept in 10.0 MB")
+                "; none of their memory is kept on disk now"
+                if summary.memory == "needs re-reading" and summary.given_back
+                else f" kept in {human_bytes(summary.block_bytes)} on disk, encrypted"
             )
+            self.conversation_label.setText(f"<b>{summary.n_tokens:,}</b> tokens{kept}.<br>{state}")
         self.restore_label.setText(
             graft_status(restore) if restore is not None else "Not restored in this session."
         )

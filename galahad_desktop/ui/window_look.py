@@ -15,7 +15,7 @@ from galahad_desktop.memory.results import (
     MemoryStats,
 )
 from galahad_desktop.ui import theme
-from galahad_desktop.ui.format import human_bytes, proof_words
+from galahad_desktop.ui.format import human_bytes, proof_words, short_title
 from galahad_desktop.ui.memory_panel import MemoryPanel
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
 
@@ -151,7 +151,10 @@ class LookActions:
     def given_back(self, done: list[GiveBackResult]) -> None:
         if done:
             freed = human_bytes(sum(d.bytes_freed for d in done))
-            names = ", ".join(f"'{d.title}'" for d in done[:3]) + (" …" if len(done) > 3 else "")
+            # Whole names, each short enough that the status bar never cuts one part way.
+            names = ", ".join(f"'{short_title(d.title)}'" for d in done[:2])
+            if len(done) > 2:
+                names += f" and {len(done) - 2} more"
             self.set_status(
                 f"To stay within the disk budget, {names} gave back {freed}; "
                 "each is read again once when next opened"
