@@ -207,6 +207,14 @@ def test_tool_servers_from_the_command_line(tmp_path: Path) -> None:
         env=env,
     )
     assert added["target"] == f"{sys.executable} {SERVER}" and added["timeout_s"] == 20
+    assert "add" in added["checked"]  # started and asked when added (#59 item 8)
+    # A server that does not start is not added (it failed only at the first message).
+    broken = run_cli(
+        "tools", "add", "broken", f"{sys.executable} -c 'raise SystemExit(3)'", "--passphrase",
+        data_dir=data, env=env, check=False,
+    )  # fmt: skip
+    assert broken.returncode == 69 and "Nothing was added" in broken.stderr
+    assert "--no-check" in broken.stderr and "Traceback" not in broken.stderr
     listed = cli_json("tools", "list", "--passphrase", data_dir=data, env=env)
     assert [s["name"] for s in listed["servers"]] == ["calc"]
     shown = cli_json("tools", "show", "calc", "--passphrase", data_dir=data, env=env)
@@ -226,6 +234,7 @@ def test_tool_servers_from_the_command_line(tmp_path: Path) -> None:
         "--header-env",
         "MCP_AUTH",
         "--headers-stdin",
+        "--no-check",  # nothing listens there: stored as given
         "--passphrase",
         data_dir=data,
         env={**env, "MCP_AUTH": "Authorization: Bearer sk-from-env"},

@@ -567,17 +567,54 @@ def test_the_window_s_server_answers_a_refusal_as_the_server_does(
         qtbot.mouseClick(panel.toggle, qtbot_left())
 
 
+def _chat_about(qtbot: Any, win: MainWindow, text: str) -> str:
+    win.new_chat()
+    win.chat.input.setPlainText(text)
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as sent:
+        qtbot.mouseClick(win.chat.send_button, qtbot_left())
+    return str(sent.args[0].conversation_id)
+
+
+def test_a_chat_being_read_again_shows_itself_never_the_last_one(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 4: opening a chat whose memory was given back showed the previous
+    chat for about 5 s while it was read again."""
+    win: MainWindow = make_window()
+    owls = _chat_about(qtbot, win, "Tell me about owls")
+    _chat_about(qtbot, win, "Tell me about lakes")
+    win.storage_action(owls, "give back")
+    qtbot.waitUntil(lambda: win.graft_label.text().startswith("Gave back"), timeout=WAIT_MS)
+    reading = threading.Event()
+    let_go = threading.Event()
+    core: Any = win.bridge.worker.core
+    opened_for_real = core.open_conversation
+
+    def slow_open(conversation_id: str, job: Job) -> Any:  # the re-read, held by the test
+        reading.set()
+        let_go.wait(WAIT_MS / 1000)
+        return opened_for_real(conversation_id, job)
+
+    core.open_conversation = slow_open
+    win.open_conversation(owls)
+    assert "lakes" not in win.chat.transcript.toPlainText()  # the chat left is gone at once
+    qtbot.waitUntil(reading.is_set, timeout=WAIT_MS)
+    shown = win.chat.transcript.toPlainText()
+    assert "owls" in shown and "lakes" not in shown  # its own words, while it is read
+    assert not win.chat.input.isEnabled()  # nothing is sent to a chat not open yet
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        let_go.set()
+    assert win.conversation_id == owls and win.chat.input.isEnabled()
+    assert "owls" in win.chat.transcript.toPlainText()
+
+
 def test_memory_given_back_is_said_as_given_back_and_named_whole(
     qtbot: Any, make_window: Any
 ) -> None:
     """Issue #59 item 3: a chat that had given its memory back was still 'kept in 10.0 MB',
     and the status line naming what gave memory back was cut mid-title."""
     win: MainWindow = make_window()
-    win.new_chat()
-    win.chat.input.setPlainText("Tell me about owls")
-    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as sent:
-        qtbot.mouseClick(win.chat.send_button, qtbot_left())
-    conversation = sent.args[0].conversation_id
+    conversation = _chat_about(qtbot, win, "Tell me about owls")
     win.new_chat()
     win.storage_action(conversation, "give back")
     qtbot.waitUntil(lambda: win.graft_label.text().startswith("Gave back"), timeout=WAIT_MS)

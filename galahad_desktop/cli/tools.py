@@ -37,8 +37,17 @@ def cmd_tools(core: Galahad, out: Output, args: argparse.Namespace) -> int:
             raise InputError("tools add needs NAME and a command line or URL.")
         # One argument is the command line as typed; several are its words.
         target = items[1] if len(items) == 2 else shlex.join(items[1:])
-        server = core.add_tool_server(name, target, args.timeout, header_lines(args))
-        out.result(server, f"Added the tool server '{server.name}': {server.target}")
+        server = core.add_tool_server(
+            name, target, args.timeout, header_lines(args), check=not args.no_check
+        )
+        offers = (
+            "; not started (--no-check)"
+            if args.no_check
+            else f"; it started and offers {len(server.checked)} tool(s)"
+            + (f": {', '.join(server.checked[:8])}" if server.checked else "")
+            + (" …" if len(server.checked) > 8 else "")
+        )
+        out.result(server, f"Added the tool server '{server.name}': {server.target}{offers}")
         return 0
     if args.action == "remove":
         core.remove_tool_server(name)
@@ -76,6 +85,11 @@ def register(add: Any) -> None:
     p.add_argument("action", choices=["list", "add", "show", "remove"])
     p.add_argument("items", nargs="*", help="NAME, then for add: a command line or URL")
     p.add_argument("--timeout", type=float, default=60.0, help="add: a call's time limit (s)")
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="add: store it without starting it first (a server that can only start later)",
+    )
     p.add_argument(
         "--header",
         action="append",

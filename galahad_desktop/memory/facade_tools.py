@@ -24,7 +24,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.memory.tool_servers import ToolServers
 from galahad_desktop.toolbox.mcp_client import ToolServerError, call_tool, list_tools, sdk_version
-from galahad_desktop.toolbox.servers import DEFAULT_TIMEOUT_S
+from galahad_desktop.toolbox.servers import DEFAULT_TIMEOUT_S, ToolServer
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,28 @@ class ToolFacade:
         target: str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         headers: Sequence[str] = (),
+        check: bool = False,
+        job: Job = NO_JOB,
     ) -> ToolServerInfo:
         """Add an MCP server: a command line (run with stdio) or an http(s) URL, with the
-        "Name: value" headers it needs (kept encrypted, never shown again)."""
-        server = self.tool_servers_room.add(name, target, timeout_s, headers)
-        return ToolServerInfo(server.name, server.target, server.timeout_s, ())
+        "Name: value" headers it needs (kept encrypted, never shown again). `check`: it is
+        started (or reached) and asked for its tools first; one that fails is not added."""
+        offered: list[str] = []
+
+        def starts(server: ToolServer) -> None:
+            try:
+                offered.extend(t.name for t in list_tools(server, job))
+            except ToolServerError as exc:
+                raise ToolServerError(
+                    f"{exc} Nothing was added. A server that can only start later is added "
+                    "without this check (tools add --no-check; in Settings → Tools, untick "
+                    "'Check that it starts')."
+                ) from None
+
+        server = self.tool_servers_room.add(
+            name, target, timeout_s, headers, starts if check else None
+        )
+        return ToolServerInfo(server.name, server.target, server.timeout_s, (), tuple(offered))
 
     def remove_tool_server(self, name: str) -> None:
         """Remove an MCP server (and what of it was allowed to run without asking)."""

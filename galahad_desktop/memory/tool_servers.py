@@ -5,7 +5,7 @@ command line or URL can hold a token)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from galahad_desktop.errors import InputError, IntegrityError, NotFoundError
@@ -68,13 +68,18 @@ class ToolServers:
         target: str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         headers: Sequence[str] = (),
+        check: Callable[[ToolServer], None] | None = None,
     ) -> ToolServer:
+        """Store a server; `check` (which raises) runs first, so nothing is stored when it
+        fails."""
         server = parse_server(name, target, timeout_s, headers)
         config = self.load()
         if any(s.name == server.name for s in config.servers):
             raise InputError(f"A tool server is already named '{server.name}'.")
         if len(config.servers) >= MAX_SERVERS:
             raise InputError(f"At most {MAX_SERVERS} tool servers can be added.")
+        if check is not None:
+            check(server)
         self._save(replace(config, servers=(*config.servers, server)))
         return server
 

@@ -59,6 +59,7 @@ class ToolServerInfo:
     target: str
     timeout_s: float
     always: tuple[str, ...]  # its tools the user allowed to run without asking
+    checked: tuple[str, ...] = ()  # the tools it offered when it was checked on adding
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,10 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.models.catalog import Recommendation
 from galahad_desktop.ui import theme
-from galahad_desktop.ui.chat_view import ChatView, ShownMessage
+from galahad_desktop.ui.chat_view import ChatView
 from galahad_desktop.ui.format import (
     graft_status,
-    message_text,
-    message_thoughts,
     resume_note,
-    shown_roles,
 )
 from galahad_desktop.ui.message_keys import TypingToMessageBox
 from galahad_desktop.ui.prompts import Prompts
@@ -61,7 +58,7 @@ from galahad_desktop.ui.window_documents import DocumentActions
 from galahad_desktop.ui.window_look import LookActions
 from galahad_desktop.ui.window_models import ModelActions
 from galahad_desktop.ui.window_tools import ToolActions
-from galahad_desktop.ui.window_turns import STOP_NOTES, TurnActions
+from galahad_desktop.ui.window_turns import TurnActions, shown_messages
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS, CoreBridge, Request
 
 
@@ -508,12 +505,28 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
             self.set_status("A reply is being written here; Stop it before opening another.")
             return
         self.set_status("Resuming…")
+        # The chat being opened shows at once, the one left never lingers: its words come
+        # first (quick), then its memory is restored or, given back, read again with
+        # progress (seconds). Nothing can be sent until it is open.
+        self.chat.set_messages([])
+        self.chat.set_documents([])
+        self.chat.input.setEnabled(False)
+        self.pages.setCurrentWidget(self.chat)
+        self.bridge.run(
+            lambda core, _job: core.messages(conversation_id),
+            on_done=lambda messages: self.chat.set_messages(shown_messages(messages)),
+            label="Opening the conversation",
+        )
         self.bridge.run(
             lambda core, job: core.open_conversation(conversation_id, job),
             on_done=self._conversation_open,
-            on_error=self.show_error,
+            on_error=self._open_failed,
             on_progress=self._reread_progress,
         )
+
+    def _open_failed(self, message: str, kind: str = "") -> None:
+        self.chat.input.setEnabled(True)
+        self.show_error(message, kind)
 
     def _reread_progress(self, done: int, total: int, tps: float, eta: float) -> None:
         eta_text = f" · ETA {eta:.0f} s" if eta != float("inf") else ""
@@ -523,24 +536,9 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         self.conversation_id = opened.summary.id
         self.sidebar.current = self.conversation_id
         self.library_action.setChecked(opened.library_enabled)
-        roles = shown_roles(opened.messages)
         self.chat.set_documents(list(opened.documents))
-        self.chat.set_messages(
-            [
-                ShownMessage(
-                    roles[i],
-                    message_text(m, opened.messages[i - 1] if i else None),
-                    message_thoughts(m),
-                    created_at=m.created_at,
-                    picture=m.picture,
-                    sound=m.sound,
-                    version=m.version,
-                    versions=m.versions,
-                    note=STOP_NOTES.get(m.stop, ""),
-                )
-                for i, m in enumerate(opened.messages)
-            ]
-        )
+        self.chat.set_messages(shown_messages(opened.messages))
+        self.chat.input.setEnabled(True)
         self.last_graft = opened.graft
         note = resume_note(opened.graft)
         if note:

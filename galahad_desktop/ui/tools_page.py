@@ -6,6 +6,7 @@ server). The list is kept in the catalog, encrypted: a command or URL can hold a
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -81,6 +82,11 @@ class ToolsPage(QWidget):
         self.timeout.setDecimals(0)
         self.timeout.setValue(60)
         self.timeout.setSuffix(" s")
+        self.check_start = QCheckBox("Check that it starts")
+        self.check_start.setChecked(True)
+        self.check_start.setToolTip(
+            "Start the server (or reach its URL) and ask for its tools before adding it"
+        )
         self.add_button = QPushButton("Add server")
         self.add_button.setAccessibleName("Add server")
         self.add_button.clicked.connect(self.add)
@@ -88,6 +94,7 @@ class ToolsPage(QWidget):
         form.addRow("Command or URL", self.target)
         form.addRow("Header (optional)", self.header)
         form.addRow("Time limit of a call", self.timeout)
+        form.addRow("", self.check_start)
         form.addRow("", self.add_button)
         layout.addLayout(form)
         self.problem = QLabel()
@@ -124,6 +131,7 @@ class ToolsPage(QWidget):
 
     def add(self) -> None:
         name, target, timeout = self.name.text(), self.target.text(), self.timeout.value()
+        check = self.check_start.isChecked()
         headers = [self.header.text()] if self.header.text().strip() else []
         self.problem.clear()
 
@@ -131,13 +139,15 @@ class ToolsPage(QWidget):
             self.name.clear()
             self.target.clear()
             self.header.clear()
-            self.host.set_status(f"Added the tool server '{server.name}'.")
+            offers = f"; it offers {len(server.checked)} tool(s)" if check else ""
+            self.host.set_status(f"Added the tool server '{server.name}'{offers}.")
             self.reload()
 
         self.host.bridge.run(
-            lambda core, _job: core.add_tool_server(name, target, timeout, headers),
+            lambda core, job: core.add_tool_server(name, target, timeout, headers, check, job),
             on_done=added,
             on_error=self._failed,
+            label=f"Starting {name} to check it" if check else "Adding a tool server",
         )
 
     def remove(self) -> None:

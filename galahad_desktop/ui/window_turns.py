@@ -22,11 +22,18 @@ from galahad_desktop.memory.results import (
     Continued,
     ConversationSummary,
     EngineInfo,
+    Message,
     OpenedConversation,
     TurnResult,
 )
 from galahad_desktop.ui.chat_view import ShownMessage
-from galahad_desktop.ui.format import calls_text, turn_status
+from galahad_desktop.ui.format import (
+    calls_text,
+    message_text,
+    message_thoughts,
+    shown_roles,
+    turn_status,
+)
 from galahad_desktop.ui.worker import CANCELLED, CONVERSATIONS, MODEL_LANE
 
 if TYPE_CHECKING:
@@ -48,6 +55,25 @@ STOP_NOTES = {
     "device_lost": "cut: the device server went away",
     "tool_calls": "called a tool",
 }
+
+
+def shown_messages(messages: list[Message]) -> list[ShownMessage]:
+    """A stored transcript as the chat shows it: roles, a turn's words, how each ended."""
+    roles = shown_roles(messages)
+    return [
+        ShownMessage(
+            roles[i],
+            message_text(m, messages[i - 1] if i else None),
+            message_thoughts(m),
+            created_at=m.created_at,
+            picture=m.picture,
+            sound=m.sound,
+            version=m.version,
+            versions=m.versions,
+            note=STOP_NOTES.get(m.stop, ""),
+        )
+        for i, m in enumerate(messages)
+    ]
 
 
 class TurnActions:
