@@ -318,7 +318,10 @@ def test_settings_are_grouped_explained_and_checked_as_typed(qtbot, window: Main
     assert dialog.problems.text() == "" and dialog.save_button.isEnabled()
     assert dialog.warning.text() == ""
     dialog.editors["n_batch"].setValue(256)  # type: ignore[attr-defined]
-    assert "Reading batch" in dialog.warning.text() and "read again once" in dialog.warning.text()
+    assert (
+        "Tokens read at once" in dialog.warning.text()
+        and "read again once" in dialog.warning.text()
+    )
     privacy = dialog.sections["Privacy"]
     assert any("keyring" in w.text() for w in privacy.findChildren(type(dialog.warning)))
     dialog.reject()
@@ -497,3 +500,27 @@ def test_the_memory_chart_is_wide_enough_for_its_legend(qapp: Any) -> None:
     chart = TokenChart()
     legend = chart.fontMetrics().horizontalAdvance(CHART_LEGEND)
     assert chart.minimumWidth() >= 40 + legend  # drawn from the plot's left edge, 40 px in
+
+
+def test_settings_and_menus_speak_plainly() -> None:
+    """Issue #59 item 9: engine words a person should not need ("Logical batch size for
+    prompt evaluation", "ring buffer", "Read in f16, keep in q8_0", "Store turns as a
+    chain", "Merge a chain after 24 links … the newest `checkpoints` turns")."""
+    from galahad_desktop.engine.values import Counters
+    from galahad_desktop.settings import SETTINGS
+    from galahad_desktop.ui.format import reuse_words
+
+    jargon = ("batch size", "ring buffer", "f16,", "in f16", "chain", "links", "`", "micro-batch")
+    for setting in SETTINGS:
+        words = f"{setting.label} {setting.description} {setting.unit or ''}"
+        found = [j for j in jargon if j in words]
+        assert not found, (setting.key, found)
+    assert reuse_words(Counters()) == ""  # nothing restored or read again: nothing said
+    assert reuse_words(Counters(restored_tokens=300, recomputed_tokens=2)) == (
+        " · 300 tokens restored from memory · 2 read again"
+    )
+
+
+def test_delete_is_called_delete(window: MainWindow) -> None:
+    labels = [a.text() for menu in window.menuBar().actions() for a in menu.menu().actions()]
+    assert "Delete conversation…" in labels and not [t for t in labels if "Forget" in t]

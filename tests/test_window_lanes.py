@@ -419,6 +419,9 @@ def test_a_document_in_a_chat_is_a_chip_and_its_acknowledgement_a_note(
     qtbot.waitUntil(lambda: win.bridge.pending() == 0, timeout=WAIT_MS)
     assert win.chat.messages[-1].role == "note" and "notes.txt" in win.chat.documents
     assert win.chat.documents_label.isVisible() or not win.isVisible()
+    said = win.graft_label.text()  # what happened, only (#59 item 9: "restored 0, re-read 0")
+    assert said.startswith("Added 'notes.txt': read ") and " 0" not in said.split(" · ")[0][-2:]
+    assert "restored 0" not in said and "re-read" not in said
     conversation = win.conversation_id
     win.new_chat()
     assert not win.chat.documents

@@ -70,7 +70,7 @@ class SecurityDialog(SummaryDialog):
         self.lock_button.clicked.connect(self.toggle_lock)
         self.audit_button = QPushButton("Run audit")
         self.audit_button.clicked.connect(self.audit)
-        self.forget_button = QPushButton("Forget this conversation…")
+        self.forget_button = QPushButton("Delete conversation…")
         self.forget_button.clicked.connect(host.forget_conversation)
         for button, name, tip in (
             (
@@ -82,7 +82,7 @@ class SecurityDialog(SummaryDialog):
             (self.audit_button, "Run audit", "Check every stored record and block, read-only"),
             (
                 self.forget_button,
-                "Forget this conversation",
+                "Delete conversation",
                 "Delete the open conversation, its blocks and its keys",
             ),
         ):

@@ -9,6 +9,7 @@ from datetime import date, datetime, timedelta
 
 from galahad_desktop.memory.results import (
     ConversationSummary,
+    Counters,
     DepositResult,
     GraftReport,
     MemoryStats,
@@ -23,6 +24,17 @@ def human_bytes(n: float) -> str:
     """Sizes in the decimal units `galahad storage` and disks use (a 70 MB budget read
     66.8 MB here when this divided by 1024)."""
     return human_size(n)
+
+
+def reuse_words(counters: Counters) -> str:
+    """What a read took from memory and read again, said only when it happened ("restored
+    0, re-read 0" said nothing)."""
+    parts = []
+    if counters.restored_tokens:
+        parts.append(f"{counters.restored_tokens:,} tokens restored from memory")
+    if counters.recomputed_tokens:
+        parts.append(f"{counters.recomputed_tokens:,} read again")
+    return "".join(f" · {p}" for p in parts)
 
 
 def short_title(title: str, limit: int = 32) -> str:
@@ -188,7 +200,12 @@ def memory_summary(stats: MemoryStats) -> str:
         f"{budget}<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
         f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
         f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
-        f"{stats.library_saved_tokens_total:,} decode tokens saved by verified answers"
+        + (
+            f"{stats.library_saved_tokens_total:,} tokens of answers taken from verified "
+            "answers instead of written again"
+            if stats.library_saved_tokens_total
+            else "No verified answer has been reused yet"
+        )
     )
 
 

@@ -337,11 +337,11 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         action(chat_menu, "Previous conversation", lambda: self.step_conversation(-1), "Alt+Up")
         action(chat_menu, "Next conversation", lambda: self.step_conversation(1), "Alt+Down")
         action(chat_menu, "Add a document to this conversation…", self.choose_stacked_document)
-        action(chat_menu, "Forget this conversation…", self.forget_conversation)
+        action(chat_menu, "Delete conversation…", self.forget_conversation)
         self.library_action = action(chat_menu, "Use verified answers", self.toggle_library)
         self.library_action.setCheckable(True)
         self.library_action.setChecked(True)
-        action(chat_menu, "Forget selected document…", self.forget_document)
+        action(chat_menu, "Delete selected document…", self.forget_document)
         view_menu = self.menuBar().addMenu("&View")
         themes = QActionGroup(self)
         current = str(self.ui_settings.value("theme", "system"))
@@ -612,7 +612,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
 
     # -- forgetting ----------------------------------------------------------------------
     def _confirm(self, text: str) -> bool:
-        return self.prompts.confirm("Forget", text)
+        return self.prompts.confirm("Delete", text)
 
     def forget(self, item_id: str) -> None:
         if self._confirm(
@@ -632,7 +632,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
 
     def forget_document(self) -> None:
         document_id = self.sidebar.selected_document()
-        if document_id and self._confirm("Forget this document and the conversations built on it?"):
+        if document_id and self._confirm("Delete this document and the conversations built on it?"):
             self.bridge.run(
                 lambda core, _job: core.forget(document_id),
                 on_done=self._forgotten,

@@ -230,7 +230,7 @@ class Sidebar(QWidget):
         self.document_list.setIconSize(QSize(28, 28))
         self.document_list.setAccessibleName("Documents")
         self.document_list.setToolTip(
-            "Documents read once and kept: select one to chat with it or forget it"
+            "Documents read once and kept: select one to chat with it or delete it"
         )
         self.add_document_button = QPushButton(theme.icon("add-document"), "Add document…")
         self.add_document_button.setToolTip(

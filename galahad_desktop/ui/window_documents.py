@@ -21,7 +21,7 @@ from galahad_desktop.memory.results import (
     TurnResult,
 )
 from galahad_desktop.ui import theme
-from galahad_desktop.ui.format import deposit_note
+from galahad_desktop.ui.format import deposit_note, reuse_words
 from galahad_desktop.ui.worker import CONVERSATIONS, DOCUMENTS
 
 READ_ANYWAY = "Read it anyway"
@@ -449,22 +449,19 @@ class DocumentActions:
         elif result.audio_tokens:
             self.set_status(
                 f"Heard voice memo '{path.name}' ({result.audio_tokens:,} audio tokens) in "
-                f"{c.prefill_ms / 1e3:.1f} s · stored · restored {c.restored_tokens:,}, "
-                f"re-read {c.recomputed_tokens:,}"
+                f"{c.prefill_ms / 1e3:.1f} s · stored{reuse_words(c)}"
             )
             self._show_pictures(result.conversation_id)
         elif result.image_tokens:
             self.set_status(
                 f"Read picture '{path.name}' ({result.image_tokens:,} tokens) in "
-                f"{c.prefill_ms / 1e3:.1f} s · stored · restored {c.restored_tokens:,}, "
-                f"re-read {c.recomputed_tokens:,}"
+                f"{c.prefill_ms / 1e3:.1f} s · stored{reuse_words(c)}"
             )
             self._show_pictures(result.conversation_id)
         else:
             self.set_status(
-                f"Added '{path.name}': read {c.new_tokens:,} new tokens, restored "
-                f"{c.restored_tokens:,}, re-read {c.recomputed_tokens:,} · saved in "
-                f"{c.persist_ms:.0f} ms"
+                f"Added '{path.name}': read {c.new_tokens:,} new tokens{reuse_words(c)} · "
+                f"saved in {c.persist_ms:.0f} ms"
             )
         self.turn_finished.emit(result)
 
