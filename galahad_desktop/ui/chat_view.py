@@ -123,7 +123,7 @@ class ChatView(QWidget):
         self.focus_index = -1
         self.show_times = False
         self.busy = False
-        self.tools_on = False  # the open chat offers tools (set by the window)
+        self._tools_on = False  # the open chat offers tools (set by the window)
         self._html: dict[int, tuple[tuple[object, ...], str]] = {}  # index -> (key, html)
         self._shown: list[str] = []  # each turn's HTML as the document holds it
         self.thumbnails = Thumbnails()
@@ -246,6 +246,7 @@ class ChatView(QWidget):
             ("Ctrl+Shift+C", self.copy_focused),
         ):
             QShortcut(QKeySequence(keys), self, slot)
+        self.refresh_actions()  # an empty chat: nothing to write again, edit or verify
 
     def dark(self) -> bool:
         return theme.current().name == "dark"
@@ -253,15 +254,35 @@ class ChatView(QWidget):
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
         self.stop_button.setEnabled(busy)
-        for widget in (
-            self.send_button,
-            self.regenerate_button,
-            self.edit_button,
-            self.verify_button,
+        self.send_button.setEnabled(not busy)
+        self.refresh_actions()
+
+    @property
+    def tools_on(self) -> bool:
+        return self._tools_on
+
+    @tools_on.setter
+    def tools_on(self, on: bool) -> None:
+        self._tools_on = on
+        self.refresh_actions()
+
+    def refresh_actions(self) -> None:
+        """The turn's icon buttons only where they can act (they were enabled on an empty
+        chat): a reply to write again or verify, a message to edit; a chat with tools says
+        why it has no Regenerate or Edit."""
+        replied = any(m.role == "model" and m.text for m in self.messages)
+        self.verify_button.setEnabled(not self.busy and replied)
+        for button, tip in (
+            (self.regenerate_button, "Write the last reply again (Ctrl+R)"),
+            (self.edit_button, "Change a message you sent and continue in a new branch (Ctrl+E)"),
         ):
-            widget.setEnabled(not busy)
-        for widget in (self.regenerate_button, self.edit_button):
-            widget.setEnabled(not busy and not self.tools_on)
+            button.setEnabled(not self.busy and replied and not self.tools_on)
+            button.setToolTip(
+                "Not in a chat with tools: a reply there ran tools, and writing it again "
+                "would run them again. Start a new chat to ask differently."
+                if self.tools_on
+                else tip
+            )
 
     # -- the transcript ------------------------------------------------------------------
     def set_documents(self, names: list[str]) -> None:
@@ -279,6 +300,7 @@ class ChatView(QWidget):
         self._html.clear()
         self._shown = []
         self.focus_index = len(messages) - 1
+        self.refresh_actions()
         self.redraw()
         self.scroll_to_newest()
         # Again once the cards are laid out (pictures and long cards grow the document).
@@ -356,6 +378,7 @@ class ChatView(QWidget):
 
     def append(self, role: str, text: str = "", created_at: float = 0.0) -> None:
         self.messages.append(ShownMessage(role, text, created_at=created_at or time.time()))
+        self.refresh_actions()
         self.redraw()
 
     def stream(self, piece: str, thought: bool = False) -> None:
