@@ -15,6 +15,26 @@ ImageBudget = Literal[70, 140, 280, 560, 1120]  # Gemma 4's soft-token budgets f
 
 
 @dataclass(frozen=True)
+class Setting:
+    key: str
+    type: type
+    default: Any
+    description: str
+    runtime: bool  # True when a change alters the runtime fingerprint (stored blocks re-read)
+    choices: tuple[Any, ...] | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    optional: bool = False  # None means "the model's recommendation"
+    # How the Settings dialog shows it: its section, a plain name, the unit, and whether it
+    # is folded under "Advanced" (most people never need it).
+    group: str = "Advanced"
+    label: str = ""
+    unit: str = ""
+    advanced: bool = False
+    special: str = ""  # what the minimum means, shown in its place ("as much as fits")
+
+
+@dataclass(frozen=True)
 class SettingValues:
     model_path: str
     n_ctx: int
@@ -45,6 +65,7 @@ class SettingValues:
     route_strong_coverage: float
     rerank: bool
     rerank_candidates: int
+    route_across: bool
     route_min_pmi: float
     route_pmi_margin: float
     route_pmi_alone: float

@@ -14,38 +14,18 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from galahad_desktop.errors import InputError
 from galahad_desktop.setting_values import SYSTEM_PROMPTS as SYSTEM_PROMPTS  # its home before
+from galahad_desktop.setting_values import Setting as Setting  # declared beside its values
 from galahad_desktop.setting_values import SettingValues, parse_bool
 from galahad_desktop.sizes import parse_size, within_the_disk
 from galahad_desktop.system.files import atomic_write_bytes, read_regular_file
 
 log = logging.getLogger(__name__)
 AUTO = ("", "auto", "model", "none", "null")  # spellings of "use the model's recommendation"
-
-
-@dataclass(frozen=True)
-class Setting:
-    key: str
-    type: type
-    default: Any
-    description: str
-    runtime: bool  # True when a change alters the runtime fingerprint (stored blocks re-read)
-    choices: tuple[Any, ...] | None = None
-    minimum: int | float | None = None
-    maximum: int | float | None = None
-    optional: bool = False  # None means "the model's recommendation"
-    # How the Settings dialog shows it: its section, a plain name, the unit, and whether it
-    # is folded under "Advanced" (most people never need it).
-    group: str = "Advanced"
-    label: str = ""
-    unit: str = ""
-    advanced: bool = False
-    special: str = ""  # what the minimum means, shown in its place ("as much as fits")
 
 
 # The Settings dialog's sections, in order.
@@ -430,6 +410,16 @@ SETTINGS: tuple[Setting, ...] = (
         label="Candidates the model checks",
         unit="parts",
         advanced=True,
+    ),
+    Setting(
+        "route_across",
+        bool,
+        True,
+        "Router: a question whose words are in several parts (two documents, say) is "
+        "answered from the best two or three read together, each cited; off, from one part.",
+        runtime=False,
+        group="Memory and documents",
+        label="Answer from several parts",
     ),
     Setting(
         "route_min_pmi",

@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
             "needles",
             "memory",
             "routing",
+            "across",
             "tamper",
             "catalog",
             "crashes",
@@ -147,7 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="routing: retrieval alone (the model reranker reads every document first)",
     )
-    ev.add_argument("--ledgers", type=int, default=4, help="routing: generated ledger documents")
+    ev.add_argument(
+        "--ledgers", type=int, default=None, help="routing, across: generated ledgers (4, 8)"
+    )
+    ev.add_argument("--pairs", type=int, default=24, help="across: two-document questions")
     ev.add_argument(
         "--vector-cache",
         action="store_true",
@@ -254,9 +258,14 @@ def model_eval(args: argparse.Namespace, run: Run) -> dict[str, Any] | None:
             embedding_model=args.embedding_model,
             rerank=not args.no_rerank,
             only=only,
-            ledgers=args.ledgers,
+            ledgers=4 if args.ledgers is None else args.ledgers,
             vector_cache=args.vector_cache,
         )
+    if args.kind == "across":
+        from galahad_dev.across_eval import eval_across
+
+        ledgers = 8 if args.ledgers is None else args.ledgers
+        return eval_across(run, ledgers, args.pairs, args.seed)
     if args.kind == "flywheel":
         from galahad_dev.flywheel import eval_flywheel
 

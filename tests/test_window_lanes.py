@@ -202,6 +202,31 @@ def test_closing_the_ask_dialog_stops_its_question_on_a_busy_lane(
     assert log[0] == []  # the question never ran
 
 
+def test_the_ask_dialog_answers_from_two_documents_and_says_so(
+    qtbot: Any, make_window: Any
+) -> None:
+    from tests.helpers import story
+
+    win = make_window()
+    done: list[Any] = []
+    for bird, code in (("falcon", 5521), ("heron", 7340)):
+        text = story(10, f"The {bird}'s ring number is {code}.")
+        win.bridge.run(
+            lambda core, _job, b=bird, t=text: core.deposit_text(f"{b}.txt", t), on_done=done.append
+        )
+    qtbot.waitUntil(lambda: len(done) == 2, timeout=WAIT_MS)
+    dialog = AskDialog(win, win)
+    dialog.question.setText("What are the falcon's and the heron's ring numbers?")
+    with qtbot.waitSignal(dialog.answered, timeout=WAIT_MS) as asked:
+        qtbot.mouseClick(dialog.ask_button, Qt.MouseButton.LeftButton)
+    assert asked.args[0].across
+    source = dialog.source.text()
+    assert "From falcon.txt, part 1 of 1 and heron.txt, part 1 of 1" in source
+    assert "first part byte-exact ✓, the others stacked: close, not byte-exact" in source
+    assert "Answered from 2 parts of 2 documents read together" in source
+    dialog.deleteLater()
+
+
 def test_settings_open_filled_while_the_model_is_busy(qtbot: Any, make_window: Any) -> None:
     win = make_window()
     gate = _block(win, "Writing a reply")

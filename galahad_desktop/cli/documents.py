@@ -85,11 +85,17 @@ def cmd_ask(core: Galahad, out: Output, args: argparse.Namespace) -> int:
     if not out.as_json:
         print()
     graft = answer.graft
+    verdict: str = graft.proof.verdict if graft else "already loaded"
+    restored = graft.restored_tokens if graft else 0
+    recomputed = graft.recomputed_tokens if graft else 0
+    if answer.across and answer.counters is not None:  # the later parts stacked
+        verdict = f"first part {verdict}, the others stacked: close, not byte-exact"
+        restored += answer.counters.stacked_tokens
+        recomputed = answer.counters.recomputed_tokens
     out.result(
         answer,
-        f"[{answer.citation} · restored {graft.restored_tokens if graft else 0:,} tokens, "
-        f"recomputed {graft.recomputed_tokens if graft else 0:,} · "
-        f"{graft.proof.verdict if graft else 'already loaded'}] {answer.why}",
+        f"[{answer.citation} · restored {restored:,} tokens, recomputed {recomputed:,} · "
+        f"{verdict}] {answer.why}",
     )
     return 0
 

@@ -342,6 +342,8 @@ class AskResult:
     counters: Counters | None = None
     stop_reason: str = ""
     candidates_cited: list[str] = field(default_factory=list)
+    citations: list[str] = field(default_factory=list)  # each part read, when several were
+    across: bool = False  # answered from several parts read together (the later stacked)
 
     @property
     def why(self) -> str:
@@ -362,6 +364,8 @@ class AskResult:
             "document_id": self.document_id,
             "routing": self.decision.as_dict(),
             "candidates_cited": self.candidates_cited,
+            "citations": self.citations or ([self.citation] if self.citation else []),
+            "across": self.across,
             "graft": self.graft.as_dict() if self.graft else None,
             "counters": self.counters.as_dict() if self.counters else None,
             "stop_reason": self.stop_reason,

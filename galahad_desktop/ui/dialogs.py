@@ -468,12 +468,18 @@ class AskDialog(QDialog):
             proof = ""
             if graft is not None:
                 proof = "byte-exact ✓" if graft.proof.verdict == "exact" else graft.proof.verdict
+            restored = graft.restored_tokens if graft else 0
+            reread = graft.recomputed_tokens if graft else 0
+            if result.across and result.counters is not None:
+                restored += result.counters.stacked_tokens
+                reread = result.counters.recomputed_tokens
+                proof = (f"first part {proof}, " if proof else "") + (
+                    "the others stacked: close, not byte-exact"
+                )
             checked = result.decision.checked
             self.source.setText(
                 (f"{checked[0].upper()}{checked[1:]} · " if checked else "")
-                + f"From {result.citation} · restored "
-                f"{graft.restored_tokens if graft else 0:,} tokens, re-read "
-                f"{graft.recomputed_tokens if graft else 0:,}"
+                + f"From {result.citation} · restored {restored:,} tokens, re-read {reread:,}"
                 + (f" · {proof}" if proof else "")
                 + f" · {result.why}"
             )

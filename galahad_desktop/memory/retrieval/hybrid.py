@@ -159,6 +159,11 @@ class HybridIndex:
             self._matrix[document_id] = (ids, matrix)
         return self._matrix[document_id]
 
+    def coverage(self, question: str, part_ids: Iterable[str], document_id: str | None) -> float:
+        """The share of the question's words the parts hold between them (in any passage)."""
+        held = [pid for p in part_ids if p in self._parts for pid in self._parts[p].passage_ids]
+        return self.lexical.coverage(question, held, document_id)
+
     def search(
         self, question: str, document_id: str | None = None, limit: int = 8
     ) -> tuple[list[str], list[Candidate]]:

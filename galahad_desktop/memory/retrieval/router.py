@@ -73,6 +73,8 @@ class RouteDecision:
         if not self.candidates:
             return "Not answered: no stored document holds any of the question's words."
         best = self.candidates[0]
+        if "across" in self.extra:
+            return self._explain_across()
         rerank = self.extra.get("rerank")
         if rerank is not None:
             return self._explain_reranked(best, rerank)
@@ -102,6 +104,26 @@ class RouteDecision:
                 )
             return f"Answered from part {best.part_no} of {best.n_parts}: {holds}, {lead}{also}."
         return f"Not answered: {self.reason}."
+
+    def _explain_across(self) -> str:
+        """An answer from several parts read together (memory/retrieval/across.py)."""
+        info = self.extra["across"]
+        documents = len({c.document_id for c in self.cited})
+        held = ", ".join(
+            f"part {c.part_no} of {c.n_parts} holds {share:.0%}"
+            for c, share in zip(self.cited, info["each"], strict=True)
+        )
+        why = (
+            "no one of them holds it all"
+            if max(info["each"]) < info["together"] - 0.005
+            else "they match about as well"
+        )
+        where = f"{documents} documents" if documents > 1 else "one document"
+        return (
+            f"Answered from {len(self.cited)} parts of {where} read together: between them "
+            f"they hold {info['together']:.0%} of what the question asks about ({held}); "
+            f"{why}."
+        )
 
     def pmi_of(self, part_id: str) -> float | None:
         """The model's score of a candidate (nats), when the model checked it."""
@@ -151,6 +173,7 @@ class RouteDecision:
             "scope": self.scope,
             "method": self.method,
             "rerank": self.extra.get("rerank"),
+            "across": self.extra.get("across"),
         }
 
 
@@ -325,6 +348,39 @@ class PartIndex:
             args.append(document_id)
         return {r[0] for r in self.db.execute(sql, args)}
 
+    def _hits(
+        self, question: str, document_id: str | None
+    ) -> tuple[list[str], float, list[tuple[float, dict[str, int]]]]:
+        """The question's terms, their whole IDF weight, and for each word or adjacent
+        word pair its IDF and the parts holding it (with how often)."""
+        terms = query_terms(question)
+        if not terms:
+            raise InputError("The question has no words to look for in the documents.")
+        # Words, and adjacent word pairs as phrases: a full name or a term of art scores as
+        # itself, not as two common words.
+        n = self.count(document_id)
+        if n == 0:
+            return terms, 0.0, []
+        ideal = 0.0
+        hits: list[tuple[float, dict[str, int]]] = []
+        for phrase in [*terms, *adjacent_pairs(question)]:
+            found = self._matching(phrase, document_id)
+            idf = math.log(1 + (n - len(found) + 0.5) / (len(found) + 0.5))
+            ideal += idf
+            needle = f" {phrase} "
+            # FTS5 can match across punctuation the word list keeps apart: counted as absent.
+            counts = {p: self.words[p].count(needle) for p in found}
+            hits.append((idf, {p: tf for p, tf in counts.items() if tf}))
+        return terms, ideal, hits
+
+    def coverage(self, question: str, part_ids: Iterable[str], document_id: str | None) -> float:
+        """The share of the question's weight that the parts hold between them (each word or
+        word pair counted once, in whichever holds it)."""
+        wanted = set(part_ids)
+        _terms, ideal, hits = self._hits(question, document_id)
+        held = sum(idf for idf, found in hits if wanted & found.keys())
+        return held / ideal if ideal > 0 else 0.0
+
     def search(
         self,
         question: str,
@@ -334,32 +390,18 @@ class PartIndex:
     ) -> tuple[list[str], list[Candidate]]:
         """(terms, best candidates first): those holding most of the question first, then
         by BM25; or by BM25 alone (`by_score`, for fusion with another ranking)."""
-        terms = query_terms(question)
-        if not terms:
-            raise InputError("The question has no words to look for in the documents.")
-        # Words, and adjacent word pairs as phrases: a full name or a term of art scores as
-        # itself, not as two common words.
-        phrases = [*terms, *adjacent_pairs(question)]
-        n = self.count(document_id)
-        if n == 0:
-            return terms, []
+        terms, ideal, hits = self._hits(question, document_id)
         lengths = {p: w.count(" ") - 1 for p, w in self.words.items()}
         avg = sum(lengths.values()) / max(1, len(lengths))
         scores: dict[str, float] = {}
         covered: dict[str, float] = {}
-        ideal = 0.0
-        for phrase in phrases:
-            found = self._matching(phrase, document_id)
-            idf = math.log(1 + (n - len(found) + 0.5) / (len(found) + 0.5))
-            ideal += idf
-            needle = f" {phrase} "
-            for part_id in found:
-                tf = self.words[part_id].count(needle)
-                if tf == 0:
-                    continue  # FTS5 matched across punctuation the word list keeps apart
+        for idf, found in hits:
+            for part_id, tf in found.items():
                 covered[part_id] = covered.get(part_id, 0.0) + idf
                 norm = self.K1 * (1 - self.B + self.B * lengths[part_id] / avg)
                 scores[part_id] = scores.get(part_id, 0.0) + idf * tf * (self.K1 + 1) / (tf + norm)
+        if not scores:
+            return terms, []
         # Most of the question first (coordination level), then BM25.
         if by_score:
             best = sorted(scores.items(), key=lambda item: -item[1])[:limit]

@@ -3,6 +3,7 @@ gate), and the answer from that part's graft. The index exists only in memory af
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import sqlite3
@@ -16,11 +17,19 @@ import numpy as np
 
 from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
-from galahad_desktop.errors import InputError, NotFoundError, StorageError, user_path
+from galahad_desktop.errors import (
+    InputError,
+    IntegrityError,
+    NotFoundError,
+    StorageError,
+    user_path,
+)
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.documents import Documents
+from galahad_desktop.memory.documents.stacked import STACK_RECOMPUTE
 from galahad_desktop.memory.results import AskResult
+from galahad_desktop.memory.retrieval.across import across
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
 from galahad_desktop.memory.retrieval.rerank import (
     Reranker,
@@ -316,6 +325,112 @@ class Routing:
         name = self.documents.name(self.documents.row(part["document_id"]))
         return f"{name}, part {part['part_no']} of {part['n_parts']}"
 
+    def across(
+        self, question: str, decision: RouteDecision, document_id: str | None
+    ) -> RouteDecision | None:
+        """The decision to answer from several parts read together (across.py), when the
+        question needs them and they fit the context together."""
+        values = self.live.settings.values
+        if not values.route_across:
+            return None
+        index = self.index()
+        joined = across(
+            decision,
+            lambda ids: index.coverage(question, ids, document_id),
+            values.route_min_strength,
+            values.route_min_margin,
+        )
+        if joined is None:
+            return None
+        engine = self.live.engine
+        room = engine.n_ctx - len(engine.turns.question(question)) - 64
+        fitting: list[Candidate] = []
+        used = 0
+        for candidate in joined.cited:  # best first; those that do not fit are left out
+            part = self.vault.records.part(candidate.part_id)
+            if part is not None and used + int(part["n_tokens"]) <= room:
+                fitting.append(candidate)
+                used += int(part["n_tokens"])
+        if len(fitting) < 2:
+            return None
+        if len(fitting) < len(joined.cited):
+            each = [index.coverage(question, [c.part_id], document_id) for c in fitting]
+            together = index.coverage(question, [c.part_id for c in fitting], document_id)
+            extra = {**joined.extra, "across": {"together": together, "each": each}}
+            joined = dataclasses.replace(joined, cited=fitting, strength=together, extra=extra)
+        return joined
+
+    def ask_across(
+        self, question: str, decision: RouteDecision, params: SamplingParams, job: Job = NO_JOB
+    ) -> AskResult:
+        """Answer from several parts read together: the first grafted (proved, as a single
+        part is), the others stacked after it (each moved into place, its first tokens read
+        on top: close to a full read, not byte-exact), then the question."""
+        self.log(decision, "answered", None)
+        parts = []
+        for candidate in decision.cited:
+            part = self.vault.records.part(candidate.part_id)
+            if part is None:
+                raise NotFoundError(f"No document part has the id '{candidate.part_id}'.")
+            self.live.records.check("parts", part)
+            parts.append(part)
+        counters = Counters()
+        for part in parts[1:]:  # given back (or another model's): read once, stored again
+            block = self.vault.records.block(part["block_id"])
+            if block is None:
+                raise IntegrityError(f"Part {part['id']}'s block is missing from the catalog.")
+            if not self.live.graftable(block["id"]):
+                self.live.reread(block, "its memory was given back", counters, job)
+        parts = [self.vault.records.part(p["id"]) or p for p in parts]  # re-read: new blocks
+        engine = self.live.engine
+        first = parts[0]
+        graft = None
+        if not self.live.holds(first["document_id"], first["block_id"]):
+            graft = self.live.graft(first["block_id"], first["document_id"], counters, job)
+        self.live.drop()  # the context now holds a one-off stack
+        bos, opening = engine.bos(), list(engine.probe_tokens)
+        skip = len(bos) + len(opening)
+        for part in parts[1:]:
+            stored = self.live.read_state(part["block_id"], {part["document_id"]})
+            try:
+                if stored.tokens[:skip] != bos + opening:
+                    raise IntegrityError(
+                        f"Part {part['id']} was stored in another turn format; forget its "
+                        "document and add it again."
+                    )
+                placed = engine.stack(
+                    stored.payload, stored.size, stored.tokens, skip, STACK_RECOMPUTE, job
+                )
+            finally:
+                self.vault.wipe([stored])
+            counters.restore_ms += placed.elapsed_ms
+            counters.recomputed_tokens += placed.recomputed
+            counters.stacked_tokens += placed.n_tokens - placed.recomputed
+            counters.prefill_ms += engine.evaluate(opening, job)
+            counters.new_tokens += len(opening)
+        question_tokens = engine.turns.question(question)
+        counters.prefill_ms += engine.evaluate(question_tokens, job)
+        counters.new_tokens += len(question_tokens)
+        generation = engine.generate(params, job).check_device()
+        counters.generated_tokens += len(generation.tokens)
+        counters.generate_ms += generation.elapsed_ms
+        citations = [self.citation(p["id"]) for p in parts]
+        return AskResult(
+            question,
+            decision,
+            True,
+            generation.text,
+            " and ".join(citations),
+            first["id"],
+            first["document_id"],
+            graft,
+            counters,
+            generation.stop_reason,
+            [self.citation(c.part_id) for c in decision.candidates],
+            citations,
+            across=True,
+        )
+
     # -- asking --------------------------------------------------------------------------
     def ask(
         self,
@@ -331,6 +446,10 @@ class Routing:
         if not question.strip():
             raise InputError("The question is empty.")
         decision = self.retrieve(question, document_id)
+        if part_id is None:
+            joined = self.across(question, decision, document_id)
+            if joined is not None:
+                return self.ask_across(question, joined, params, job)
         counters = Counters()
         scored: Scored | None = None
         try:
