@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from galahad_desktop.engine import kvstate, stacking
+from galahad_desktop.errors import ModelError
 
 SPEC = stacking.RopeSpec(head_dim=8, n_rot=8, freq_base=10_000.0)
 
@@ -183,6 +184,17 @@ def test_the_fake_engine_stacks_a_block_at_the_positions_after_its_context(
     assert len(engine.tokens) == len(first) + len(block) - 1 + 9
     with pytest.raises(Exception, match="more tokens"):
         engine.stack(buffer, size, block * 40, 1, 8)  # what does not fit is refused first
+    # Its opening read in the same step as its first tokens, its last token moved, not read:
+    # one step, and no logits handed out until something is read after it.
+    held = list(engine.tokens)
+    decoded = engine.decoded_tokens
+    quick = engine.stack(buffer, size, block, 2, 8, lead=block[1:2], read_last=False)
+    assert engine.decoded_tokens - decoded == 1 + 8 and quick.recomputed == 8
+    assert engine.tokens == held + block[1:]
+    with pytest.raises(ModelError, match="last token was not read"):
+        engine.last_logits()
+    engine.evaluate(list(b" next"))
+    assert engine.last_logits().shape == (engine.n_vocab,)
     engine.close()
 
 

@@ -114,6 +114,7 @@ class ContextEngine(ABC):
         self.probe_tokens = self.turns.probe
         self._held: int | None = None
         self._resumed_logits: np.ndarray | None = None  # after resume(), until the next eval
+        self._logits_stale = False  # a stack that did not read its last token
         self.reads_in_f16 = False  # an engine with an f16 reader sets it (engine.py)
 
     # -- what a subclass provides
@@ -256,6 +257,7 @@ class ContextEngine(ABC):
         if wipe:
             self._wipe_window_buffer()
         self._resumed_logits = None
+        self._logits_stale = False
         self.tokens = []
         self._held = None
 
@@ -274,6 +276,7 @@ class ContextEngine(ABC):
         to `job` and stopping when it is cancelled; return ms."""
         self._check_room(tokens)
         self._resumed_logits = None
+        self._logits_stale = False
         if self.reads_in_f16 and not self.tokens and len(tokens) >= READ_IN_F16_MIN:
             return self._read_in_f16(tokens, job)
         start = time.perf_counter()
@@ -287,6 +290,8 @@ class ContextEngine(ABC):
         return (time.perf_counter() - start) * 1e3
 
     def last_logits(self) -> np.ndarray:
+        if self._logits_stale:
+            raise ModelError("No logits yet: a stacked block's last token was not read.")
         if self._resumed_logits is not None:
             return self._resumed_logits.copy()
         return self.context.logits(1, self.n_vocab)
@@ -304,6 +309,7 @@ class ContextEngine(ABC):
             return out, 0.0
         out[0] = log_softmax_at(self.last_logits()[None, :], tokens[:1])[0]
         self._resumed_logits = None
+        self._logits_stale = False
         step = self.config.n_batch
         for offset in range(0, len(tokens), step):
             job.check()
@@ -327,6 +333,7 @@ class ContextEngine(ABC):
         """Put the context back to a snapshot exactly (nothing re-read); returns ms."""
         elapsed = self.restore(snapshot.state, snapshot.tokens, snapshot.size)
         self._resumed_logits = snapshot.logits.copy()
+        self._logits_stale = False
         return elapsed
 
     def generate(self, params: SamplingParams, job: Job = NO_JOB) -> Generation:
@@ -339,6 +346,7 @@ class ContextEngine(ABC):
     def accept(self, token: int) -> None:
         self.context.decode([token], len(self.tokens))
         self._resumed_logits = None
+        self._logits_stale = False
         self.tokens.append(token)
 
     def token_bytes(self, token: int) -> bytes:
@@ -457,18 +465,25 @@ class ContextEngine(ABC):
         skip: int,
         recompute: int,
         job: Job = NO_JOB,
+        lead: Sequence[int] = (),
+        read_last: bool = True,
     ) -> Stacked:
         """Put a stored block (read alone, from position 0) after what the context holds,
         without reading it again. The context must end with the block's first `skip` tokens
-        (the turn opening it already holds); the next `recompute` are read on top of the
-        context (each block otherwise starts with a false attention sink), and the rest are
-        moved into place from the stored cells, their keys re-rotated (stacking.py), but
-        the last, which is read on top: the next token's logits come from reading it."""
+        (the turn opening it already holds) once `lead` (the end of that opening, when the
+        context does not hold it yet) is read; `lead` and the block's next `recompute` are
+        read on top of the context in one step (each block otherwise starts with a false
+        attention sink), and the rest are moved into place from the stored cells, their
+        keys re-rotated (stacking.py). With `read_last` the block's last token is read
+        too, so that the next token's logits are real; without it the caller reads
+        something next (a turn opening, a question) and a step is saved."""
         placed = list(block_tokens[skip:])
-        self._check_room(placed)
+        self._check_room([*lead, *placed])
         start = time.perf_counter()
-        recompute = max(0, min(recompute, len(placed) - 1))  # the last is read anyway
-        recompute_ms = self.evaluate(placed[:recompute], job) if recompute else 0.0
+        kept_back = 1 if read_last else 0  # the last token, read after the move
+        recompute = max(0, min(recompute, len(placed) - kept_back))
+        read = [*lead, *placed[:recompute]]
+        recompute_ms = self.evaluate(read, job) if read else 0.0
         job.check()
         delta = len(self.tokens) - skip - recompute
         base_buffer, base_size, _ms = self.capture()
@@ -476,20 +491,23 @@ class ContextEngine(ABC):
         block = kvstate.parse(payload, size)
         window = self.sliding_window()
         windows = [0, window] if len(base.sections) == 2 else [0]
-        last = skip + len(placed) - 1
+        stop = skip + len(placed) - kept_back
         state = stacking.stack_state(
-            base, block, skip + recompute, last, delta, self.rope_specs(), windows
+            base, block, skip + recompute, stop, delta, self.rope_specs(), windows
         )
         del base, block
         out, used = kvstate.write(state)
         del state
         ctypes.memset(base_buffer, 0, ctypes.sizeof(base_buffer))
-        tokens = self.tokens + placed[recompute:-1]
+        tokens = self.tokens + placed[recompute : len(placed) - kept_back]
         self.restore(out, tokens, used)
         ctypes.memset(out, 0, ctypes.sizeof(out))
-        recompute_ms += self.evaluate(placed[-1:], job)
+        if read_last:
+            recompute_ms += self.evaluate(placed[-1:], job)
+        else:
+            self._logits_stale = True
         return Stacked(
-            len(placed), recompute + 1, recompute_ms, (time.perf_counter() - start) * 1e3
+            len(placed), recompute + kept_back, recompute_ms, (time.perf_counter() - start) * 1e3
         )
 
     def _counted(self, n: int) -> None:

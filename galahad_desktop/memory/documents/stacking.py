@@ -165,10 +165,10 @@ class DocumentStacks(TurnRoom):
         stack_ms = 0.0
         names: list[str] = []
         for row, name in documents:
-            if engine.tokens[-len(opening) :] != opening:
-                counters.prefill_ms += engine.evaluate(opening, job)
-                counters.new_tokens += len(opening)
-            user_start = len(engine.tokens) - len(opening)
+            # Each part's turn opening is read in one step with its recomputed tokens; the
+            # first part's may be held already (a chat's last turn ends with it).
+            held = engine.tokens[-len(opening) :] == opening
+            user_start = len(engine.tokens) - (len(opening) if held else 0)
             for part in self._stack_parts(row):
                 stored = self.live.read_state(part["block_id"], {row["id"]})
                 try:
@@ -177,12 +177,20 @@ class DocumentStacks(TurnRoom):
                             f"'{name}' was stored in another turn format; forget it and add "
                             "it again."
                         )
-                    if part["part_no"] > 1:  # the next part's own turn opens after this one
-                        counters.prefill_ms += engine.evaluate(opening, job)
-                        counters.new_tokens += len(opening)
+                    lead = [] if held and part["part_no"] == 1 else opening
+                    # The last token is not read: what follows (the probe, when the turn
+                    # is stored) gives the next logits, one step sooner.
                     placed = engine.stack(
-                        stored.payload, stored.size, stored.tokens, skip, recompute, job
+                        stored.payload,
+                        stored.size,
+                        stored.tokens,
+                        skip,
+                        recompute,
+                        job,
+                        lead=lead,
+                        read_last=False,
                     )
+                    counters.new_tokens += len(lead)
                 finally:
                     self.vault.wipe([stored])
                 stack_ms += placed.elapsed_ms

@@ -390,6 +390,7 @@ class Routing:
         self.live.drop()  # the context now holds a one-off stack
         bos, opening = engine.bos(), list(engine.probe_tokens)
         skip = len(bos) + len(opening)
+        lead: list[int] = []  # the graft left the next turn's opening in the context
         for part in parts[1:]:
             stored = self.live.read_state(part["block_id"], {part["document_id"]})
             try:
@@ -398,17 +399,26 @@ class Routing:
                         f"Part {part['id']} was stored in another turn format; forget its "
                         "document and add it again."
                     )
+                # Each part's opening is read with its first tokens, its last token with
+                # what follows it: one step per part.
                 placed = engine.stack(
-                    stored.payload, stored.size, stored.tokens, skip, STACK_RECOMPUTE, job
+                    stored.payload,
+                    stored.size,
+                    stored.tokens,
+                    skip,
+                    STACK_RECOMPUTE,
+                    job,
+                    lead=lead,
+                    read_last=False,
                 )
             finally:
                 self.vault.wipe([stored])
             counters.restore_ms += placed.elapsed_ms
             counters.recomputed_tokens += placed.recomputed
             counters.stacked_tokens += placed.n_tokens - placed.recomputed
-            counters.prefill_ms += engine.evaluate(opening, job)
-            counters.new_tokens += len(opening)
-        question_tokens = engine.turns.question(question)
+            counters.new_tokens += len(lead)
+            lead = opening
+        question_tokens = [*lead, *engine.turns.question(question)]
         counters.prefill_ms += engine.evaluate(question_tokens, job)
         counters.new_tokens += len(question_tokens)
         generation = engine.generate(params, job).check_device()
