@@ -123,6 +123,7 @@ def test_the_answer_reads_both_parts_and_cites_each(make_fake_core: CoreFactory)
     assert 0 < counters.recomputed_tokens <= 17 < counters.stacked_tokens
     assert answer.graft is not None and answer.graft.proof.verdict == "exact"
     assert answer.as_dict()["citations"] == answer.citations
+    assert "(falcon.txt, part 1 of 1 holds " in answer.why  # each part by its name
     core.give_back(heron)  # a part whose memory was given back is read once, kept again
     again = core.ask(QUESTION, params=core.sampling(max_tokens=4))
     assert again.counters is not None and again.counters.recomputed_tokens > 100

@@ -347,10 +347,11 @@ class AskResult:
 
     @property
     def why(self) -> str:
-        """Why the question was answered or refused, in words. An answer from a part the
-        person chose after the router held back says so, not the router's refusal."""
+        """Why the question was answered or refused (or that the person chose the part)."""
         if self.answered and not self.decision.confident:
             return f"Answered from the part you chose ({self.citation})"
+        if self.across:
+            return self.decision.explain_across(self.citations)
         return self.decision.explain()
 
     def as_dict(self) -> dict[str, Any]:

@@ -74,7 +74,7 @@ class RouteDecision:
             return "Not answered: no stored document holds any of the question's words."
         best = self.candidates[0]
         if "across" in self.extra:
-            return self._explain_across()
+            return self.explain_across()
         rerank = self.extra.get("rerank")
         if rerank is not None:
             return self._explain_reranked(best, rerank)
@@ -105,13 +105,15 @@ class RouteDecision:
             return f"Answered from part {best.part_no} of {best.n_parts}: {holds}, {lead}{also}."
         return f"Not answered: {self.reason}."
 
-    def _explain_across(self) -> str:
-        """An answer from several parts read together (memory/retrieval/across.py)."""
+    def explain_across(self, names: list[str] | None = None) -> str:
+        """An answer from several parts read together (memory/retrieval/across.py); each
+        part by its citation when `names` gives them (the router knows no names)."""
         info = self.extra["across"]
         documents = len({c.document_id for c in self.cited})
+        named = names if names and len(names) == len(self.cited) else None
         held = ", ".join(
-            f"part {c.part_no} of {c.n_parts} holds {share:.0%}"
-            for c, share in zip(self.cited, info["each"], strict=True)
+            f"{named[i] if named else f'part {c.part_no} of {c.n_parts}'} holds {share:.0%}"
+            for i, (c, share) in enumerate(zip(self.cited, info["each"], strict=True))
         )
         why = (
             "no one of them holds it all"
