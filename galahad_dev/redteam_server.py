@@ -276,6 +276,14 @@ def _hostile_schemas() -> list[tuple[str, bytes, None, list[int], str]]:
         ("a 100,000-value enum", {"enum": [f"v{i}" for i in range(100_000)]}),
         ("minItems 5 with maxItems 2", {"type": "array", "minItems": 5, "maxItems": 2}),
         ("an unbalanced pattern", {"type": "string", "pattern": "^(a$"}),
+        # The converter's pattern reader looped forever on these (a thread at full CPU).
+        ("a pattern with a ']' that closes nothing", {"type": "string", "pattern": "^[]a]$"}),
+        ("a pattern with a '}' that closes nothing", {"type": "string", "pattern": "^a}$"}),
+        ("a pattern 900 groups deep", {"type": "string", "pattern": "(" * 900 + "a" + ")" * 900}),
+        (
+            "a reference to itself",
+            {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"},
+        ),
     ]
     found = [_schema_case(f"a JSON schema with {n}", s) for n, s in cases]
     optional = {f"p{i}": {"type": "string"} for i in range(26)}

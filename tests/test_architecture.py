@@ -57,6 +57,22 @@ def test_the_library_uses_no_private_member_of_another_class() -> None:
     assert offenders == []
 
 
+def test_memory_asks_storage_and_never_reaches_into_its_tables_or_ciphers() -> None:
+    """Storage owns its catalog and its field cipher; the memory layer asks the vault and
+    its records (`vault.catalog.update(...)`, `vault.fields.decrypt_bytes(...)` were 7)."""
+    offenders = []
+    for path in (PACKAGE / "memory").rglob("*.py"):
+        for node in _nodes(path):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("catalog", "fields")
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "vault"
+            ):
+                offenders.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert offenders == []
+
+
 BLOCKER = """
 import importlib, importlib.abc, pkgutil, sys
 class Block(importlib.abc.MetaPathFinder):

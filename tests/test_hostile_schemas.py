@@ -41,6 +41,17 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
     ({"type": "string", "pattern": "a{5000}"}, "at most 1000 repetitions"),
     ({"$ref": "#/$defs/b"}, "names nothing in the schema"),
     ({"type": "object", "properties": {"x": {"type": "teapot"}}}, "x.type is 'teapot'"),
+    # The converter's pattern reader looped forever on a ']' or '}' it does not close.
+    ({"type": "string", "pattern": "^[]a]$"}, "']' that closes nothing"),
+    ({"type": "string", "pattern": "^a}$"}, "'}' that closes nothing"),
+    # Python's re and the converter both recursed once per group: a RecursionError.
+    ({"type": "string", "pattern": "^" + "(" * 900 + "a" + ")" * 900 + "$"}, "nests more than 32"),
+    (
+        {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}},
+        "has 2,000 names",
+    ),
+    # x is `anyOf: [x, string]` (it is wrapped as the property x): a left-recursive grammar.
+    ({"anyOf": [{"$ref": "#/properties/x"}, {"type": "string"}]}, "leads back to itself"),
 ]
 
 
@@ -63,6 +74,7 @@ def _ask_with_schema(
     )
 
 
+@pytest.mark.timeout(20)  # the converter's endless loop on '^[]a]$' never returned
 @pytest.mark.parametrize(("schema", "named"), HOSTILE, ids=[n for _, n in HOSTILE])
 def test_a_hostile_schema_is_refused_by_the_part_it_names(
     schema: dict[str, Any], named: str
@@ -155,6 +167,29 @@ def test_a_tool_schema_is_checked_the_same_whether_or_not_a_call_is_forced(
     assert time.perf_counter() - started < 20
 
 
+def test_a_recursive_schema_sent_the_usual_way_is_held() -> None:
+    """`{"$defs": ..., "$ref": ...}` at the top: the converter read no key beside the
+    `$ref`, so the references inside `$defs` were never resolved ("cannot be used:
+    '#/$defs/node'"). A tree is a reference inside an array: it writes '[' first."""
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["name"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    grammar = json_grammar(tree)
+    assert _matches(grammar, '{"name": "a", "kids": [{"name": "b", "kids": [{"name": "c"}]}]}')
+    assert not _matches(grammar, '{"name": "a", "kids": [{"kids": []}]}')  # a name missing
+
+
+@pytest.mark.timeout(60)
 def test_the_server_refuses_each_hostile_schema_and_goes_on(
     serve: Callable[..., Served],
 ) -> None:

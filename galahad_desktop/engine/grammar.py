@@ -48,7 +48,7 @@ def json_grammar(schema: Mapping[str, Any] | None, where: str = "the JSON schema
     # Bounded before the converter sees it: the converter would spend gigabytes on
     # minItems 10^8, and llama.cpp's parser overflows its stack on deep repetitions.
     check_schema_bounds({"type": "object"} if schema is None else schema, "the schema", refuse)
-    text = json.dumps({"type": "object"} if schema is None else dict(schema))
+    text = json.dumps(_refs_readable({"type": "object"} if schema is None else schema))
     try:
         grammar: str = json_schema_to_gbnf(text)
     except RecursionError:
@@ -57,6 +57,23 @@ def json_grammar(schema: Mapping[str, Any] | None, where: str = "the JSON schema
         raise GrammarError(f"{where} cannot be used: {_reason(exc)}.") from None
     check_grammar_bounds(grammar, "the schema", refuse)
     return grammar.replace(_LOOSE_CHAR, _STRICT_CHAR)
+
+
+def _refs_readable(schema: Any) -> Any:
+    """The schema with each `$ref` that has other keys beside it moved into an `anyOf`.
+    The converter reads no key beside a `$ref` (it reads the reference alone) and so never
+    resolves the references inside them: `{"$defs": {...}, "$ref": "#/$defs/a"}`, the
+    usual way to send a recursive schema, failed with "cannot be used: '#/$defs/a'"."""
+    if isinstance(schema, list):
+        return [_refs_readable(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    readable = {key: _refs_readable(value) for key, value in schema.items()}
+    if "$ref" in readable and len(readable) > 1:
+        ref = readable.pop("$ref")
+        readable.pop("oneOf", None)  # the converter read neither beside a $ref
+        readable["anyOf"] = [{"$ref": ref}]
+    return readable
 
 
 def _reason(exc: BaseException) -> str:

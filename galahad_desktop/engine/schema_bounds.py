@@ -12,6 +12,7 @@ llama.cpp: the checks are plain Python and cheap.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ from typing import Any
 MAX_REPEAT = 1000
 MAX_ENUM = 1000  # values of one enum: each is an alternative the sampler tries every token
 MAX_NODES = 5000  # schema objects in one schema
+MAX_PROPERTIES = 500  # of one object: the converter recurses once per optional property
+MAX_PATTERN = 2000  # characters of one pattern
+MAX_PATTERN_GROUPS = 32  # groups nested in one another in a pattern (each is a recursion)
 MAX_JSON_DEPTH = 64  # JSON levels of one schema (each schema level is two: properties, name)
 MAX_GRAMMAR_BYTES = 256 * 1024
 MAX_GRAMMAR_RULES = 4000
@@ -47,6 +51,7 @@ def check_schema_bounds(schema: Any, where: str, refuse: Refuse) -> None:
     pattern that is no regular expression, a $ref to nothing)."""
     todo: list[tuple[Any, str, int]] = [(schema, where, 1)]
     nodes = 0
+    refs: list[tuple[str, str]] = []  # (the $ref, where it is)
     while todo:
         value, path, depth = todo.pop()
         if depth > MAX_JSON_DEPTH:
@@ -64,7 +69,10 @@ def check_schema_bounds(schema: Any, where: str, refuse: Refuse) -> None:
         if nodes > MAX_NODES:
             raise refuse(f"{where} has more than {MAX_NODES} parts; send a smaller schema.")
         _check_keywords(value, path, schema, refuse)
+        if "$ref" in value:
+            refs.append((value["$ref"], f"{path}.$ref"))
         todo.extend((child, f"{path}.{key}", depth + 1) for key, child in value.items())
+    _check_ref_cycles(schema, refs, refuse)
 
 
 def _check_keywords(node: dict[str, Any], path: str, root: Any, refuse: Refuse) -> None:
@@ -99,6 +107,12 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any, refuse: Refuse) 
         for kind in kinds:
             if kind not in _TYPES:
                 raise refuse(f"{path}.type is {_shown(kind)}; one of {', '.join(_TYPES)}.")
+    properties = node.get("properties")
+    if isinstance(properties, dict) and len(properties) > MAX_PROPERTIES:
+        raise refuse(
+            f"{path}.properties has {len(properties):,} names; an object can be held to at "
+            f"most {MAX_PROPERTIES}."
+        )
     if "pattern" in node:
         _check_pattern(node["pattern"], f"{path}.pattern", refuse)
     if "$ref" in node:
@@ -108,8 +122,13 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any, refuse: Refuse) 
 def _check_pattern(pattern: Any, path: str, refuse: Refuse) -> None:
     if not isinstance(pattern, str):
         raise refuse(f"{path} must be a string.")
+    if len(pattern) > MAX_PATTERN:
+        raise refuse(f"{path} has {len(pattern):,} characters; at most {MAX_PATTERN:,}.")
+    _check_pattern_reading(pattern, path, refuse)  # before re: it recurses on deep groups
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():  # re's FutureWarnings ("nested set") would reach the log
+            warnings.simplefilter("ignore")
+            re.compile(pattern)
     except re.error as exc:
         raise refuse(f"{path} is not a regular expression ({exc.msg}).") from None
     for match in _QUANTIFIER.finditer(pattern):
@@ -122,19 +141,97 @@ def _check_pattern(pattern: Any, path: str, refuse: Refuse) -> None:
             raise refuse(f"{path} has {match.group(0)}, whose minimum is over its maximum.")
 
 
+def _check_pattern_reading(pattern: str, path: str, refuse: Refuse) -> None:
+    """Read the pattern as llama-cpp-python's converter does: a class ends at its first
+    unescaped ']', a count at its '}'. A ']' or '}' left over is a character to Python's re
+    but stops the converter's reader, which then loops forever (`^[]a]$` held a request's
+    thread at full CPU). Groups nested past MAX_PATTERN_GROUPS are refused as well: the
+    converter and re both recurse once per group."""
+    depth = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char in "[{":
+            close = "]" if char == "[" else "}"
+            i += 1
+            while i < n and pattern[i] != close:
+                i += 2 if pattern[i] == "\\" and char == "[" else 1
+            if i >= n:
+                raise refuse(f"{path} has a {char!r} that is never closed; write it as '\\{char}'.")
+        elif char in "]}":
+            raise refuse(
+                f"{path} has a {char!r} that closes nothing (at character {i + 1}); write it "
+                f"as '\\{char}'."
+            )
+        elif char == "(":
+            depth += 1
+            if depth > MAX_PATTERN_GROUPS:
+                raise refuse(f"{path} nests more than {MAX_PATTERN_GROUPS} groups in one another.")
+        elif char == ")":
+            depth -= 1
+        i += 1
+
+
 def _check_ref(ref: Any, path: str, root: Any, refuse: Refuse) -> None:
     if not isinstance(ref, str) or not ref.startswith("#"):
         raise refuse(
             f"{path} must point inside the schema ('#/$defs/NAME'); other references "
             "cannot be fetched."
         )
+    if _target(root, ref) is _NOTHING:
+        raise refuse(f"{path} is {ref!r}, which names nothing in the schema.")
+
+
+_NOTHING = object()
+
+
+def _target(root: Any, ref: str) -> Any:
     target = root
     for part in [p for p in ref[1:].split("/") if p]:
         part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, dict) and part in target:
-            target = target[part]
-        else:
-            raise refuse(f"{path} is {ref!r}, which names nothing in the schema.")
+        if not isinstance(target, dict) or part not in target:
+            return _NOTHING
+        target = target[part]
+    return target
+
+
+def _leading_refs(node: Any, depth: int = 0) -> list[str]:
+    """The $refs a value of `node` may begin with before it writes a character (through
+    anyOf, oneOf and allOf; depth is bounded by the walk's MAX_JSON_DEPTH)."""
+    if not isinstance(node, dict) or depth > MAX_JSON_DEPTH:
+        return []
+    if isinstance(node.get("$ref"), str):
+        return [node["$ref"]]
+    found: list[str] = []
+    for key in ("anyOf", "oneOf", "allOf"):
+        options = node.get(key)
+        if isinstance(options, list):
+            for option in options:
+                found += _leading_refs(option, depth + 1)
+    return found
+
+
+def _check_ref_cycles(root: Any, refs: list[tuple[str, str]], refuse: Refuse) -> None:
+    """Refuse a $ref that leads back to itself before anything is written (`a` is
+    `anyOf: [a, string]`): its grammar is left-recursive, which no parser can follow. A
+    reference inside an array or object (a tree) writes '[' or '{' first and is fine."""
+    following = {ref: _leading_refs(_target(root, ref)) for ref, _ in refs}
+    for start, path in refs:
+        seen: set[str] = set()
+        todo = list(following.get(start, []))
+        while todo:
+            ref = todo.pop()
+            if ref == start:
+                raise refuse(
+                    f"{path} ({start!r}) leads back to itself before anything is written: "
+                    "no value could ever end."
+                )
+            if ref not in seen:
+                seen.add(ref)
+                todo.extend(following.get(ref, _leading_refs(_target(root, ref))))
 
 
 def _shown(value: Any) -> str:

@@ -33,7 +33,7 @@ from galahad_desktop.memory.results import (
 )
 from galahad_desktop.sizes import human_size
 from galahad_desktop.vault import giveback
-from galahad_desktop.vault.names import BlockRow, file_bytes, given_back
+from galahad_desktop.vault.names import BlockRow, Table, file_bytes, given_back
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Storage:
         """Before `owner_id` writes a block of `incoming` bytes: give back the blocks of
         what was used longest ago until it fits the budget. Inside a catalog transaction
         nothing is given back (the next save makes room)."""
-        if self.vault.catalog.db.conn.in_transaction:
+        if self.vault.records.in_transaction():
             return []
         chosen = self.live.settings.values.disk_budget
         if chosen == 0:
@@ -276,10 +276,12 @@ class Storage:
 
     def keep(self, item_id: str, kept: bool) -> StoredItem:
         """Pin an item (its blocks are never given back) or let it go again."""
-        table = "conversations" if self.vault.records.conversation(item_id) else "documents"
+        table: Table = (
+            "conversations" if self.vault.records.conversation(item_id) else "documents"
+        )
         if table == "documents" and self.vault.records.document(item_id) is None:
             raise NotFoundError(f"No conversation or document has the id '{item_id}'.")
-        self.vault.catalog.update(table, item_id, {"kept": 1 if kept else 0})
+        self.vault.records.update(table, item_id, {"kept": 1 if kept else 0})
         return next(i for i in self._items(self._protected(None)) if i.id == item_id)
 
     def _give_back(self, item: StoredItem) -> GiveBackResult:

@@ -33,11 +33,10 @@ class ToolServers:
         self.vault = vault
 
     def load(self) -> ToolConfig:
-        blob = self.vault.catalog.meta_get(META_KEY)
-        if blob is None:
-            return ToolConfig()
         try:
-            raw = self.vault.fields.decrypt_bytes(blob, "meta", META_KEY, self.vault.vault_id)
+            raw = self.vault.records.secret_setting(META_KEY, self.vault.vault_id)
+            if raw is None:
+                return ToolConfig()
             stored = json.loads(raw)
             servers = tuple(server_from_record(r) for r in stored["servers"])
             always = frozenset(str(a) for a in stored["always"])
@@ -52,9 +51,8 @@ class ToolServers:
         raw = json.dumps(
             {"servers": [s.record() for s in config.servers], "always": sorted(config.always)}
         ).encode("utf-8")
-        blob = self.vault.fields.encrypt_bytes(raw, "meta", META_KEY, self.vault.vault_id)
         with self.vault.transaction():
-            self.vault.catalog.meta_set(META_KEY, blob)
+            self.vault.records.put_secret_setting(META_KEY, raw, self.vault.vault_id)
 
     def server(self, name: str) -> ToolServer:
         for server in self.load().servers:

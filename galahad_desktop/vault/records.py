@@ -213,6 +213,20 @@ class Records:
         value = self._fields().encrypt_bytes(data, "part_vectors", "vectors", row_id)
         self.catalog.insert("part_vectors", {"id": row_id, **plain, "vectors_enc": value})
 
+    def secret_setting(self, key: str, vault_id: str) -> bytes | None:
+        """A setting kept encrypted in the catalog's meta table (bound to its key and this
+        vault); None when absent. Raises DecryptionFailed when it fails authentication."""
+        blob = self.catalog.meta_get(key)
+        if blob is None:
+            return None
+        return bytes(self._fields().decrypt_bytes(blob, "meta", key, vault_id))
+
+    def put_secret_setting(self, key: str, value: bytes, vault_id: str) -> None:
+        self.catalog.meta_set(key, self._fields().encrypt_bytes(value, "meta", key, vault_id))
+
+    def in_transaction(self) -> bool:
+        return bool(self.catalog.db.conn.in_transaction)
+
     def verified_matching(self, key: str) -> list[Row]:
         """Verified answers whose lookup tag is the keyed hash of `key` (a question)."""
         return self.catalog.select("verified", lookup=self.lookup_tag(key))

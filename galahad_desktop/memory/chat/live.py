@@ -261,7 +261,7 @@ class LiveContext:
         tables: dict[str, Table] = {"c-": "conversations", "d-": "documents"}
         table = tables.get(owner_id[:2])
         if table is not None:
-            self.vault.catalog.update_where(table, {"used_at": time.time()}, id=owner_id)
+            self.vault.records.update_where(table, {"used_at": time.time()}, id=owner_id)
 
     def drop(self, owners: set[str] | None = None) -> None:
         """Stop relying on what the context holds (for `owners`, or whatever it is)."""
