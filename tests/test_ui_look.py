@@ -7,6 +7,7 @@ and the proof in plain words. The keyboard walkthrough with the real model is in
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -524,3 +525,18 @@ def test_settings_and_menus_speak_plainly() -> None:
 def test_delete_is_called_delete(window: MainWindow) -> None:
     labels = [a.text() for menu in window.menuBar().actions() for a in menu.menu().actions()]
     assert "Delete conversation…" in labels and not [t for t in labels if "Forget" in t]
+
+
+def test_the_model_line_says_in_words_what_a_missing_chat_template_means() -> None:
+    from galahad_desktop.engine.modelinfo import ModelInfo
+    from galahad_desktop.ui.settings_dialog import describe_model
+
+    base = dict(path="m.gguf", name="Gemma 3 270m", architecture="gemma3", description="")
+    info = ModelInfo(
+        **base, n_params=268_000_000, size_bytes=1, n_ctx_train=32768, n_layers=18,
+        has_chat_template=False, quantization="Q4_K_M", kind="chat", label="built in",
+    )  # fmt: skip
+    line = describe_model(info)
+    assert "chat template: no" not in line and "Gemma's is used" in line
+    with_template = describe_model(dataclasses.replace(info, has_chat_template=True))
+    assert "chat format" not in with_template and "chat template" not in with_template

@@ -960,3 +960,71 @@ def test_how_a_reply_ended_stays_on_its_card_when_paged_and_reopened(
     with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
         win.open_conversation(conversation)  # and when the conversation is opened again
     assert win.chat.messages[-1].note == "stopped"
+
+
+# -- the third pass's smaller things (#59 item 10) -------------------------------------------
+def test_enter_while_a_reply_writes_says_the_message_waits_unsent(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Enter during a reply sent nothing and said so only in the status line, which the
+    reply's own lines overwrote: the next text was joined to the waiting one unseen."""
+    win = make_window(max_tokens=2000)
+    _slow_long_reply(qtbot, win)
+    win.chat.input.setPlainText("Write a long story")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        win.send()
+        qtbot.waitUntil(lambda: bool(win.chat.messages[-1].text), timeout=WAIT_MS)
+        win.chat.input.setPlainText("And a second one")
+        qtbot.keyClick(win.chat.input, Qt.Key.Key_Return)
+        assert win.chat.input.toPlainText() == "And a second one"  # kept, not sent
+        assert win.chat.input_note.isVisibleTo(win.chat)
+        assert "Not sent yet" in win.chat.input_note.text()
+        win.stop()
+    assert "press Enter to send it" in win.chat.input_note.text()
+    assert win.speed_label.text().startswith("last reply ")  # a past figure, said as one
+    short: list[Any] = []
+
+    def short_reply(core: Galahad, _job: Job) -> None:
+        engine: Any = core.engine
+        engine.script = list(b"ok")
+
+    win.bridge.run(short_reply, on_done=short.append)
+    qtbot.waitUntil(lambda: bool(short), timeout=WAIT_MS)
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
+        qtbot.keyClick(win.chat.input, Qt.Key.Key_Return)
+    assert not win.chat.input_note.isVisibleTo(win.chat)
+    assert [m.text for m in win.chat.messages if m.role == "user"][-1] == "And a second one"
+
+
+def test_the_sidebar_previews_words_not_markdown_and_the_lists_share_the_height(
+    qtbot: Any, make_window: Any
+) -> None:
+    from galahad_desktop.ui.render import plain_text
+    from galahad_desktop.ui.sidebar import PREVIEW_ROLE
+
+    assert plain_text("- - 1. Project **Falcon** uses `x=1`") == "Project Falcon uses x=1"
+    assert plain_text("# Plan\n\n1. one\n2. two") == "Plan one two"
+    win = make_window()
+    done: list[Any] = []
+
+    def markdown_reply(core: Galahad, _job: Job) -> None:
+        engine: Any = core.engine
+        engine.script = list(b"- - 1. Project **Falcon** is `on`")
+
+    win.bridge.run(markdown_reply, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+    win.chat.input.setPlainText("Plans?")
+    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
+        win.send()
+    conversation_id = finished.args[0].conversation_id
+    qtbot.waitUntil(lambda: win.sidebar.item_of(conversation_id) is not None, timeout=WAIT_MS)
+    qtbot.waitUntil(
+        lambda: "Falcon" in (win.sidebar.item_of(conversation_id).data(PREVIEW_ROLE) or ""),
+        timeout=WAIT_MS,
+    )
+    preview = win.sidebar.item_of(conversation_id).data(PREVIEW_ROLE)
+    assert "**" not in preview and "`" not in preview and not preview.startswith("-")
+    win.resize(1100, 800)
+    qtbot.waitUntil(lambda: sum(win.sidebar.lists.sizes()) > 0, timeout=WAIT_MS)
+    conversations, documents = win.sidebar.lists.sizes()
+    assert documents >= 0.3 * (conversations + documents)  # not a three-row box

@@ -276,9 +276,7 @@ class Storage:
 
     def keep(self, item_id: str, kept: bool) -> StoredItem:
         """Pin an item (its blocks are never given back) or let it go again."""
-        table: Table = (
-            "conversations" if self.vault.records.conversation(item_id) else "documents"
-        )
+        table: Table = "conversations" if self.vault.records.conversation(item_id) else "documents"
         if table == "documents" and self.vault.records.document(item_id) is None:
             raise NotFoundError(f"No conversation or document has the id '{item_id}'.")
         self.vault.records.update(table, item_id, {"kept": 1 if kept else 0})

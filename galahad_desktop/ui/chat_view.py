@@ -190,6 +190,8 @@ class ChatView(QWidget):
         self.attach_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.conversation_button = QToolButton()
         self.conversation_button.setIcon(theme.icon("settings"))
+        self.conversation_button.setText("Chat settings")  # an icon alone said nothing
+        self.conversation_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.conversation_button.setAccessibleName("This conversation's settings")
         self.conversation_button.setToolTip(
             "This conversation: its system prompt, creativity and longest reply"
@@ -235,6 +237,14 @@ class ChatView(QWidget):
         layout.addWidget(self.documents_label)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.input)
+        # Said under the box when Enter could not send (a reply is being written): the text
+        # stays, unsent, and what follows is not joined to it unseen.
+        self.input_note = QLabel()
+        self.input_note.setAccessibleName("Why the message was not sent")
+        self.input_note.setWordWrap(True)
+        theme.set_role(self.input_note, "muted")
+        self.input_note.setVisible(False)
+        layout.addWidget(self.input_note)
         layout.addLayout(buttons)
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
@@ -255,7 +265,16 @@ class ChatView(QWidget):
         self.busy = busy
         self.stop_button.setEnabled(busy)
         self.send_button.setEnabled(not busy)
+        if not busy and self.input_note.isVisible():
+            self.input_note.setText(
+                "The reply is done: your message is still here, press Enter to send it."
+            )
         self.refresh_actions()
+
+    def note_unsent(self, note: str) -> None:
+        """Say under the message box why what is in it was not sent; "" clears it."""
+        self.input_note.setText(note)
+        self.input_note.setVisible(bool(note))
 
     @property
     def tools_on(self) -> bool:

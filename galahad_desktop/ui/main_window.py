@@ -498,6 +498,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         self.pages.setCurrentWidget(self.chat)
         self.set_context(0, self.n_ctx)
         self.speed_label.clear()  # the pace was the last chat's reply, not this one's
+        self.chat.note_unsent("")
         self.chat.input.setFocus()
 
     def open_conversation(self, conversation_id: str) -> None:
@@ -510,6 +511,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
         # progress (seconds). Nothing can be sent until it is open.
         self.chat.set_messages([])
         self.chat.set_documents([])
+        self.chat.note_unsent("")
         self.chat.input.setEnabled(False)
         self.pages.setCurrentWidget(self.chat)
         self.bridge.run(

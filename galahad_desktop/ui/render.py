@@ -74,6 +74,18 @@ _MD.add_render_rule("fence", _fence)
 _MD.add_render_rule("code_block", _fence)
 
 
+def plain_text(markdown: str) -> str:
+    """Markdown as the words a reader sees, on one line (a sidebar preview showed
+    "- - 1. Project Falcon…"): marks, list bullets and fences dropped, code kept."""
+    words: list[str] = []
+    for token in _MD.parse(markdown):
+        if token.type == "inline":
+            words += [c.content for c in token.children or [] if c.type in ("text", "code_inline")]
+        elif token.type in ("fence", "code_block"):
+            words.append(token.content)
+    return " ".join(" ".join(words).split())
+
+
 _CELL = re.compile(r'<(th|td)(?: style="([^"]*)")?>')
 
 

@@ -44,7 +44,8 @@ def describe_model(info: ModelInfo) -> str:
     return (
         f"{info.name} · {info.architecture} · {info.n_params / 1e6:,.0f}M parameters · "
         f"{info.quantization} · context {info.n_ctx_train:,} · "
-        f"chat template: {'yes' if info.has_chat_template else 'no'} · {info.label}"
+        + ("" if info.has_chat_template else "no chat format of its own (Gemma's is used) · ")
+        + info.label
     )
 
 

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMenu,
     QProgressBar,
     QPushButton,
+    QSplitter,
     QStyle,
     QStyledItemDelegate,
     QStyleOptionViewItem,
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
 from galahad_desktop.memory.results import ConversationSummary, DocumentSummary
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import GROUPS, ago, date_group, human_bytes, memory_line
+from galahad_desktop.ui.render import plain_text
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 PREVIEW_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -175,13 +177,24 @@ class Sidebar(QWidget):
             theme.set_role(heading, "heading")
         conversations_heading.setBuddy(self.conversation_list)
         documents_heading.setBuddy(self.document_list)
+        # The two lists share the height through a splitter a person can drag: the
+        # documents had a quarter of it (a three-row box) whatever the library held.
+        documents_pane = QWidget()
+        documents_layout = QVBoxLayout(documents_pane)
+        documents_layout.setContentsMargins(0, theme.SPACE[2], 0, 0)
+        documents_layout.addWidget(documents_heading)
+        documents_layout.addWidget(self.document_list, 1)
+        self.lists = QSplitter(Qt.Orientation.Vertical)
+        self.lists.setChildrenCollapsible(False)
+        self.lists.addWidget(self.conversation_list)
+        self.lists.addWidget(documents_pane)
+        self.lists.setStretchFactor(0, 3)
+        self.lists.setStretchFactor(1, 2)
         for widget in (
             self.search,
             self.new_button,
             conversations_heading,
-            self.conversation_list,
-            documents_heading,
-            self.document_list,
+            self.lists,
             self.add_document_button,
             self.chat_document_button,
             self.play_document_button,
@@ -190,8 +203,7 @@ class Sidebar(QWidget):
             self.deposit_cancel,
         ):
             layout.addWidget(widget)
-        layout.setStretchFactor(self.conversation_list, 3)
-        layout.setStretchFactor(self.document_list, 1)
+        layout.setStretchFactor(self.lists, 1)
         self.conversations: list[ConversationSummary] = []
         self.documents: list[DocumentSummary] = []
         self.picture_icons: dict[str, QIcon] = {}  # picture documents' thumbnails (memory only)
@@ -297,7 +309,7 @@ class Sidebar(QWidget):
                     + "F2 or double-click to rename"
                 )
                 item.setData(ID_ROLE, conv.id)
-                item.setData(PREVIEW_ROLE, conv.preview or "No messages yet")
+                item.setData(PREVIEW_ROLE, plain_text(conv.preview) or "No messages yet")
                 item.setData(STATE_ROLE, state)
                 item.setFlags(
                     Qt.ItemFlag.ItemIsSelectable

@@ -154,7 +154,12 @@ class TurnActions:
             return
         if self.turn_cancel is not None:  # a turn is under way: nothing is sent twice
             self.set_status("A reply is being written; Stop it first, or wait for it.")
+            self.chat.note_unsent(
+                "Not sent yet: a reply is being written. Your message waits here; press "
+                "Enter again when the reply ends, or Stop it."
+            )
             return
+        self.chat.note_unsent("")
         self.turn_cancel = threading.Event()
         self.chat.set_busy(True)
         self.chat.input.clear()
@@ -336,7 +341,8 @@ class TurnActions:
         last.version = last.versions = result.versions
         self.chat.redraw()
         self.set_context(result.context_tokens, result.n_ctx)
-        self.speed_label.setText(f"{result.tokens_per_s:.1f} tok/s")
+        # Said as the last reply's pace, not a live figure that seems to be still moving.
+        self.speed_label.setText(f"last reply {result.tokens_per_s:.1f} tok/s")
         status = turn_status(result)
         if result.compaction is not None and result.compaction.merged:
             status += f" · compacted {result.compaction.merged} older turns"
