@@ -40,6 +40,18 @@ def test_no_module_is_over_700_lines() -> None:
     assert {k: v for k, v in sizes.items() if v > 700} == {}
 
 
+def test_no_function_is_over_80_lines() -> None:
+    """A function that long does several things; each gets its own name (there were 7)."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in PACKAGE.rglob("*.py")
+        for node in _nodes(path)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > 80
+    ]
+    assert long == []
+
+
 def test_the_library_uses_no_private_member_of_another_class() -> None:
     """`self._x` is a class's own business; `other._x` reaches into another object (another
     library's objects included: llama-cpp-python's `Llama` is not reached into either)."""

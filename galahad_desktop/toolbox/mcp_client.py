@@ -208,47 +208,54 @@ def _run(
                 raise exc from None
             if stopped or job.cancelled:
                 raise CancelledError(f"Stopped: {what} was stopped before it answered.") from None
-            if isinstance(exc, TimeoutError) and not started:
-                raise ToolServerError(
-                    f"The tool server '{server.name}' did not start and answer MCP's "
-                    f"handshake within {CONNECT_TIMEOUT_S:.0f} s; it was stopped."
-                ) from None
-            if isinstance(exc, TimeoutError):
-                garbled = (
-                    ": what it sent could not be read as MCP (see the log)"
-                    if _OneLine.unreadable > unreadable
-                    else ""
-                )
-                raise ToolServerError(
-                    f"The tool server '{server.name}' did not answer within "
-                    f"{server.timeout_s:.0f} s ({what}){garbled}; it was stopped."
-                ) from None
-            if isinstance(exc, FileNotFoundError):
-                raise ToolServerError(
-                    f"The tool server '{server.name}' could not be started: no program "
-                    f"'{server.command[0] if server.command else server.url}' was found."
-                ) from None
-            if isinstance(exc, PermissionError):
-                raise ToolServerError(
-                    f"The tool server '{server.name}' could not be started: its program may "
-                    "not be run (permission denied)."
-                ) from None
-            words.close()  # everything it wrote has been read
-            said = words.last_line()
-            if refused:
-                key = (
-                    " (it wants a key: add the header it expects)"
-                    if refused[-1] in (401, 403)
-                    else ""
-                )
-                raise ToolServerError(
-                    f"The tool server '{server.name}' refused the request ({what}): HTTP "
-                    f"{refused[-1]}{key}."
-                ) from None
-            raise ToolServerError(
-                f"The tool server '{server.name}' failed ({what}): {_reason(exc)}"
-                + (f" Its last words: {said}" if said else "")
-            ) from None
+            garbled = _OneLine.unreadable > unreadable
+            raise _failed(server, what, exc, bool(started), garbled, refused, words) from None
+
+
+def _failed(
+    server: ToolServer,
+    what: str,
+    exc: BaseException,
+    started: bool,
+    garbled: bool,
+    refused: list[int],
+    words: ServerWords,
+) -> ToolServerError:
+    """What a session that failed is told: by the way it failed, naming the server.
+    `garbled`: it sent what could not be read as MCP; `refused`: HTTP statuses it gave."""
+    if isinstance(exc, TimeoutError) and not started:
+        return ToolServerError(
+            f"The tool server '{server.name}' did not start and answer MCP's "
+            f"handshake within {CONNECT_TIMEOUT_S:.0f} s; it was stopped."
+        )
+    if isinstance(exc, TimeoutError):
+        unread = ": what it sent could not be read as MCP (see the log)" if garbled else ""
+        return ToolServerError(
+            f"The tool server '{server.name}' did not answer within "
+            f"{server.timeout_s:.0f} s ({what}){unread}; it was stopped."
+        )
+    if isinstance(exc, FileNotFoundError):
+        return ToolServerError(
+            f"The tool server '{server.name}' could not be started: no program "
+            f"'{server.command[0] if server.command else server.url}' was found."
+        )
+    if isinstance(exc, PermissionError):
+        return ToolServerError(
+            f"The tool server '{server.name}' could not be started: its program may "
+            "not be run (permission denied)."
+        )
+    words.close()  # everything it wrote has been read
+    said = words.last_line()
+    if refused:
+        key = " (it wants a key: add the header it expects)" if refused[-1] in (401, 403) else ""
+        return ToolServerError(
+            f"The tool server '{server.name}' refused the request ({what}): HTTP "
+            f"{refused[-1]}{key}."
+        )
+    return ToolServerError(
+        f"The tool server '{server.name}' failed ({what}): {_reason(exc)}"
+        + (f" Its last words: {said}" if said else "")
+    )
 
 
 def _passed_bound(server: ToolServer, what: str, guard: Guard) -> ToolServerError:

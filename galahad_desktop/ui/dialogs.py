@@ -554,6 +554,27 @@ class ConversationDialog(QDialog):
         self.branch_button.clicked.connect(lambda: self._unlock(context_tokens))
         if started:
             self.system.setToolTip("Locked: set before the conversation's first message")
+        self._sampling_boxes(sampling, defaults)
+        form = QFormLayout()
+        self.system_label = QLabel("System prompt (locked)" if started else "System prompt")
+        form.addRow(self.system_label, self.preset)
+        form.addRow("", self.system)
+        form.addRow("", note)
+        form.addRow("", self.branch_button)
+        form.addRow("Creativity", self.temperature)
+        form.addRow("", self.temperature_follows)
+        form.addRow("Longest reply", self.max_tokens)
+        form.addRow("", self.max_tokens_follows)
+        layout.addLayout(form)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    def _sampling_boxes(self, sampling: dict[str, Any], defaults: dict[str, Any]) -> None:
+        """Creativity and the longest reply, each with "the app's setting" under it."""
         self.temperature = QDoubleSpinBox()
         guard_wheel(self.temperature)
         self.temperature.setRange(0.0, 5.0)
@@ -576,23 +597,6 @@ class ConversationDialog(QDialog):
             int(defaults["max_tokens"]),
             f"{int(defaults['max_tokens']):,} tokens",
         )
-        form = QFormLayout()
-        self.system_label = QLabel("System prompt (locked)" if started else "System prompt")
-        form.addRow(self.system_label, self.preset)
-        form.addRow("", self.system)
-        form.addRow("", note)
-        form.addRow("", self.branch_button)
-        form.addRow("Creativity", self.temperature)
-        form.addRow("", self.temperature_follows)
-        form.addRow("Longest reply", self.max_tokens)
-        form.addRow("", self.max_tokens_follows)
-        layout.addLayout(form)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
-        )
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
 
     @staticmethod
     def _follows(box: Any, own: Any, default: float, shown: str) -> QCheckBox:

@@ -161,6 +161,43 @@ def _thinking_html(
     return thinking
 
 
+def _card_head(
+    role: str,
+    model_name: str,
+    when: float,
+    version: tuple[int, int],
+    actions: Sequence[str],
+    note: str,
+    index: int,
+    p: Palette,
+) -> str:
+    """A turn card's header: who wrote it, when, its versions' pager, its actions, how it
+    ended."""
+    who = {"user": "You", "model": model_name}.get(role, role)
+    head = f'<b style="color:{p.text}">{html.escape(who)}</b>'
+    if when:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+        head += f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{stamp}</span>'
+    number, count = version
+    if count > 1:
+        link = f'style="color:{p.muted};text-decoration:none"'
+        head += (
+            f'&nbsp;&nbsp;<span style="font-size:small">'
+            f'<a href="galahad:version-previous/{index}" {link} title="Previous version">‹</a>'
+            f"&nbsp;{number}/{count}&nbsp;"
+            f'<a href="galahad:version-next/{index}" {link} title="Next version">›</a></span>'
+        )
+    if actions:
+        head += (
+            f'&nbsp;&nbsp;&nbsp;<span style="font-size:small">{_actions(index, actions, p)}</span>'
+        )
+    if note:
+        head += (
+            f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{html.escape(note)}</span>'
+        )
+    return head
+
+
 def message_html(
     role: str,
     text: str,
@@ -229,29 +266,8 @@ def message_html(
             f'<span style="font-family:monospace">{html.escape(text)}</span>{result}'
             "</td></tr></table>"
         )
-    who = {"user": "You", "model": model_name}.get(role, role)
     card = p.user_card if role == "user" else p.model_card
-    head = f'<b style="color:{p.text}">{html.escape(who)}</b>'
-    if when:
-        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
-        head += f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{stamp}</span>'
-    number, count = version
-    if count > 1:
-        link = f'style="color:{p.muted};text-decoration:none"'
-        head += (
-            f'&nbsp;&nbsp;<span style="font-size:small">'
-            f'<a href="galahad:version-previous/{index}" {link} title="Previous version">‹</a>'
-            f"&nbsp;{number}/{count}&nbsp;"
-            f'<a href="galahad:version-next/{index}" {link} title="Next version">›</a></span>'
-        )
-    if actions:
-        head += (
-            f'&nbsp;&nbsp;&nbsp;<span style="font-size:small">{_actions(index, actions, p)}</span>'
-        )
-    if note:
-        head += (
-            f'&nbsp;&nbsp;<span style="color:{p.muted};font-size:small">{html.escape(note)}</span>'
-        )
+    head = _card_head(role, model_name, when, version, actions, note, index, p)
     thinking = _thinking_html(thoughts, expanded, p, index) if thoughts else ""
     body = markdown_html(text, p, index) if text else f'<p style="color:{p.muted}">…</p>'
     return (

@@ -261,6 +261,28 @@ class Continuation(TurnRoom):
         return Continued(new_id_, "system prompt", cost, 2 * len(pairs), "", len(engine.tokens))
 
     # -- the new conversation -----------------------------------------------------------
+    def _turn_tokens(
+        self, pairs: list[tuple[str, str]], words: str, user_start: int
+    ) -> tuple[list[int], list[tuple[str, str, int, int, int]]]:
+        """The tokens of `pairs` as turns read from `user_start`, and each pair's (user,
+        reply, start, reply start, end) positions."""
+        engine = self.live.engine
+        turns = engine.turns
+        tokens: list[int] = []
+        ranges: list[tuple[str, str, int, int, int]] = []
+        for index, (user, reply) in enumerate(pairs):
+            at = user_start + len(tokens)
+            if user.startswith('Document "'):
+                piece = turns.document_turn(user, reply, opening=False)
+                ranges.append((user, reply, at, at + len(piece), at + len(piece)))
+            else:
+                # A format without a system turn (Gemma 3) holds the words in the first one.
+                head = turns.user_turn(turns.user_text(user, words, first=index == 0))
+                piece = head + engine.encode_text(reply) + turns.model_close
+                ranges.append((user, reply, at, at + len(head), at + len(piece)))
+            tokens += piece + turns.probe
+        return tokens[: len(tokens) - len(turns.probe)], ranges
+
     def _start(
         self,
         conv: ConversationRow,
@@ -287,21 +309,7 @@ class Continuation(TurnRoom):
         live.drop()
         self.turns.ensure_live(row, counters, job)
         user_start = len(engine.tokens) - len(turns.probe)
-        tokens: list[int] = []
-        ranges: list[tuple[str, str, int, int, int]] = []
-        words = conversations.system_text(row)
-        for index, (user, reply) in enumerate(pairs):
-            at = user_start + len(tokens)
-            if user.startswith('Document "'):
-                piece = turns.document_turn(user, reply, opening=False)
-                ranges.append((user, reply, at, at + len(piece), at + len(piece)))
-            else:
-                # A format without a system turn (Gemma 3) holds the words in the first one.
-                head = turns.user_turn(turns.user_text(user, words, first=index == 0))
-                piece = head + engine.encode_text(reply) + turns.model_close
-                ranges.append((user, reply, at, at + len(head), at + len(piece)))
-            tokens += piece + turns.probe
-        tokens = tokens[: len(tokens) - len(turns.probe)]
+        tokens, ranges = self._turn_tokens(pairs, conversations.system_text(row), user_start)
         total = len(tokens)
         engine.evaluate(tokens, job.step(0, total, time.perf_counter()))
         block, _record = live.persist(

@@ -565,24 +565,30 @@ class ConversationTurns:
                     content if offset == 0 else reply_content,
                     picture_text if offset == 0 else "",
                 )
-            changes: dict[str, Any] = {
-                "head_block_id": row["id"],
-                "n_tokens": row["pos_end"],
-                "n_messages": seq + 2,
-                "model_sha256": self.engine.model_sha256,
-                "updated_at": now,
-            }
-            if seq == 0 and not self.conversations.title(conv):
-                changes["title_enc"] = records.encrypt(
-                    "conversations", "title_enc", conv, " ".join(text.split())[:TITLE_CHARS]
-                )
-            records.update("conversations", conv["id"], changes)
+            records.update("conversations", conv["id"], self._head(conv, row, seq, text, now))
             records.update_in("messages", {"block_id": None}, "block_id", retired)
             self.vault.delete_block_rows(retired)
             records.reseal("conversations", conv["id"])
         crashpoint("persist-after-commit")
         self.vault.unlink_block_files(retired)
         self.live.mark(conv["id"], row["id"])
+
+    def _head(
+        self, conv: ConversationRow, row: BlockRow, seq: int, text: str, now: float
+    ) -> dict[str, Any]:
+        """The conversation's changes when `row` is its new head (a first turn titles it)."""
+        changes: dict[str, Any] = {
+            "head_block_id": row["id"],
+            "n_tokens": row["pos_end"],
+            "n_messages": seq + 2,
+            "model_sha256": self.engine.model_sha256,
+            "updated_at": now,
+        }
+        if seq == 0 and not self.conversations.title(conv):
+            changes["title_enc"] = self.records.encrypt(
+                "conversations", "title_enc", conv, " ".join(text.split())[:TITLE_CHARS]
+            )
+        return changes
 
     def _released_blocks(
         self, conv: ConversationRow, seq: int, keep_version: MessageRow | None

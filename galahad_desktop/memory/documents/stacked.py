@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from galahad_desktop.engine.protocol import ChatEngine
+from galahad_desktop.engine.values import Counters, Stacked
+from galahad_desktop.errors import IntegrityError
 from galahad_desktop.jobs import NO_JOB, Job
+from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import StackQuality
 
 # Each stacked block's first tokens read on top of what precedes it (EPIC's k), chosen from
@@ -20,6 +24,56 @@ from galahad_desktop.memory.results import StackQuality
 STACK_RECOMPUTE = 16
 QUALITY_PROBE = "In two sentences, what do these documents say?"
 QUALITY_PROBE_TOKENS = 32
+
+
+def stack_stored_block(
+    live: LiveContext,
+    block_id: str,
+    owner_id: str,
+    lead: Sequence[int],
+    job: Job,
+    wrong_format: str,
+    recompute: int = STACK_RECOMPUTE,
+) -> Stacked:
+    """One stored block placed after what the context holds (the engine's `stack`): its
+    state read and authenticated, its opening checked against this runtime's turn format
+    (`wrong_format` says otherwise), `lead` and its first `recompute` tokens read in one
+    step, its last token moved, not read (what follows gives the next logits). The state's
+    buffer is wiped whatever happens."""
+    engine = live.engine
+    opening = engine.bos() + list(engine.probe_tokens)
+    stored = live.read_state(block_id, {owner_id})
+    try:
+        if stored.tokens[: len(opening)] != opening:
+            raise IntegrityError(wrong_format)
+        return engine.stack(
+            stored.payload,
+            stored.size,
+            stored.tokens,
+            len(opening),
+            recompute,
+            job,
+            lead=lead,
+            read_last=False,
+        )
+    finally:
+        live.vault.wipe([stored])
+
+
+def reread_given_back(
+    live: LiveContext, blocks: Iterable[tuple[str, str]], counters: Counters, job: Job
+) -> int:
+    """Each `(block id, what it is)` whose memory was given back (or captured under another
+    runtime) read once, alone, and stored again; the tokens re-read."""
+    reread = 0
+    for block_id, what in blocks:
+        block = live.vault.records.block(block_id)
+        if block is None:
+            raise IntegrityError(f"{what}'s block is missing from the catalog.")
+        if not live.graftable(block_id):
+            report = live.reread(block, "its memory was given back", counters, job)
+            reread += report.recomputed_tokens
+    return reread
 
 
 def distributions(

@@ -18,9 +18,11 @@ from galahad_desktop.memory.documents.stacked import (
     QUALITY_PROBE,
     STACK_RECOMPUTE,
     against_full_read,
+    reread_given_back,
+    stack_stored_block,
 )
 from galahad_desktop.memory.results import DocumentKind, StackReport, TurnResult
-from galahad_desktop.vault.names import DocumentRow, PartRow
+from galahad_desktop.vault.names import ConversationRow, DocumentRow, PartRow
 
 DOCUMENT_ACK = 'I have read "{name}". Ask me about it.'
 
@@ -109,12 +111,72 @@ class DocumentStacks(TurnRoom):
         document is stored as the chain's next link, so a resume restores it exactly and
         never stacks again. Close to a full read, never byte-exact (`verify`: measured
         against one). A part whose memory was given back is read once and stored again."""
+        documents = self._documents_to_stack(document_ids)
+        conv = self.conversations.row(conversation_id)
+        self.records.check("conversations", conv)
+        engine = self.live.engine
+        need = self._check_room(conv, documents)
+        counters = Counters()
+        given_back = [
+            (part["block_id"], f"Document {row['id']}")
+            for row, _ in documents
+            for part in self._stack_parts(row)
+        ]
+        reread = reread_given_back(self.live, given_back, counters, job)  # read once, alone
+        conv = self.conversations.row(conversation_id)
+        graft = self.turns.ensure_live(conv, counters, job)
+        if len(engine.tokens) + need + 64 > engine.n_ctx:
+            raise InputError(
+                f"These documents take {need:,} tokens; this conversation has room for "
+                f"{max(0, engine.room() - 64):,} more. Nothing was stored."
+            )
+        recomputed = 0
+        stack_ms = 0.0
+        opening = list(engine.probe_tokens)
+        for row, name in documents:
+            # Each part's turn opening is read in one step with its recomputed tokens; the
+            # first part's may be held already (a chat's last turn ends with it).
+            held = engine.tokens[-len(opening) :] == opening
+            user_start = len(engine.tokens) - (len(opening) if held else 0)
+            for part in self._stack_parts(row):
+                lead = [] if held and part["part_no"] == 1 else opening
+                # The last token is not read: what follows (the probe, when the turn is
+                # stored) gives the next logits, one step sooner.
+                placed = stack_stored_block(
+                    self.live,
+                    part["block_id"],
+                    row["id"],
+                    lead,
+                    job,
+                    f"'{name}' was stored in another turn format; forget it and add it again.",
+                    recompute,
+                )
+                counters.new_tokens += len(lead)
+                stack_ms += placed.elapsed_ms
+                recomputed += placed.recomputed
+                counters.recomputed_tokens += placed.recomputed
+                counters.stacked_tokens += placed.n_tokens - placed.recomputed
+            crashpoint("stack-before-persist")
+            content = self.live.records.decrypt("documents", "text_enc", row)
+            self.store_document_turn(
+                conversation_id, name, DOCUMENT_ACK.format(name=name), user_start, counters, content
+            )
+        quality = None
+        if verify:
+            quality = against_full_read(engine, engine.turns.question(QUALITY_PROBE), job=job)
+        names = tuple(name for _, name in documents)
+        stack = StackReport(names, counters.stacked_tokens, recomputed, reread, stack_ms, quality)
+        result = self.stored_turn(
+            conversation_id, DOCUMENT_ACK.format(name=names[-1]), "document", counters, graft
+        )
+        return dataclasses.replace(result, stack=stack)
+
+    def _documents_to_stack(self, document_ids: Sequence[str]) -> list[tuple[DocumentRow, str]]:
+        """The named documents, authenticated, each with its name; only text stacks."""
         if not document_ids:
             raise InputError("Name at least one stored document to add.")
         if len(set(document_ids)) != len(document_ids):
             raise InputError("A document is named twice; each is added once.")
-        conv = self.conversations.row(conversation_id)
-        self.records.check("conversations", conv)
         documents = []
         for document_id in document_ids:
             row = self.row(document_id)
@@ -126,89 +188,24 @@ class DocumentStacks(TurnRoom):
                     "so far. Attach its file to the chat to read it into the chat."
                 )
             documents.append((row, name))
+        return documents
+
+    def _check_room(self, conv: ConversationRow, documents: list[tuple[DocumentRow, str]]) -> int:
+        """The tokens the documents add, refused before anything is read when the
+        conversation has no room for them."""
         engine = self.live.engine
-        bos, opening = engine.bos(), list(engine.probe_tokens)
-        skip = len(bos) + len(opening)
+        bos = engine.bos()
         held = conv["n_tokens"] or 0
         if not held and conv["document_id"]:
             held = self.row(conv["document_id"])["n_tokens"]
         need = sum(
             part["n_tokens"] - len(bos) for row, _ in documents for part in self._stack_parts(row)
         )
-        if held + need + 64 > engine.n_ctx:  # before anything is read
+        if held + need + 64 > engine.n_ctx:
             listed = ", ".join(f"'{name}'" for _, name in documents)
             raise InputError(
                 f"{listed} take {need:,} tokens; this conversation holds {held:,} of "
                 f"{engine.n_ctx:,}. Start a new conversation, or ask the library instead. "
                 "Nothing was stored."
             )
-        counters = Counters()
-        reread = 0
-        for row, _name in documents:  # given back (or another model's): read once, alone
-            for part in self._stack_parts(row):
-                block = self.records.block(part["block_id"])
-                if block is None:
-                    raise IntegrityError(
-                        f"Document {row['id']}'s block is missing from the catalog."
-                    )
-                if not self.live.graftable(block["id"]):
-                    report = self.live.reread(block, "its memory was given back", counters, job)
-                    reread += report.recomputed_tokens
-        conv = self.conversations.row(conversation_id)
-        graft = self.turns.ensure_live(conv, counters, job)
-        if len(engine.tokens) + need + 64 > engine.n_ctx:
-            raise InputError(
-                f"These documents take {need:,} tokens; this conversation has room for "
-                f"{max(0, engine.room() - 64):,} more. Nothing was stored."
-            )
-        stacked_tokens = recomputed = 0
-        stack_ms = 0.0
-        names: list[str] = []
-        for row, name in documents:
-            # Each part's turn opening is read in one step with its recomputed tokens; the
-            # first part's may be held already (a chat's last turn ends with it).
-            held = engine.tokens[-len(opening) :] == opening
-            user_start = len(engine.tokens) - (len(opening) if held else 0)
-            for part in self._stack_parts(row):
-                stored = self.live.read_state(part["block_id"], {row["id"]})
-                try:
-                    if stored.tokens[:skip] != bos + opening:
-                        raise IntegrityError(
-                            f"'{name}' was stored in another turn format; forget it and add "
-                            "it again."
-                        )
-                    lead = [] if held and part["part_no"] == 1 else opening
-                    # The last token is not read: what follows (the probe, when the turn
-                    # is stored) gives the next logits, one step sooner.
-                    placed = engine.stack(
-                        stored.payload,
-                        stored.size,
-                        stored.tokens,
-                        skip,
-                        recompute,
-                        job,
-                        lead=lead,
-                        read_last=False,
-                    )
-                    counters.new_tokens += len(lead)
-                finally:
-                    self.vault.wipe([stored])
-                stack_ms += placed.elapsed_ms
-                recomputed += placed.recomputed
-                counters.recomputed_tokens += placed.recomputed
-                stacked_tokens += placed.n_tokens - placed.recomputed
-            crashpoint("stack-before-persist")
-            names.append(name)
-            counters.stacked_tokens = stacked_tokens
-            content = self.live.records.decrypt("documents", "text_enc", row)
-            self.store_document_turn(
-                conversation_id, name, DOCUMENT_ACK.format(name=name), user_start, counters, content
-            )
-        quality = None
-        if verify:
-            quality = against_full_read(engine, engine.turns.question(QUALITY_PROBE), job=job)
-        stack = StackReport(tuple(names), stacked_tokens, recomputed, reread, stack_ms, quality)
-        result = self.stored_turn(
-            conversation_id, DOCUMENT_ACK.format(name=names[-1]), "document", counters, graft
-        )
-        return dataclasses.replace(result, stack=stack)
+        return need

@@ -19,7 +19,6 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import (
     InputError,
-    IntegrityError,
     NotFoundError,
     StorageError,
     user_path,
@@ -27,7 +26,7 @@ from galahad_desktop.errors import (
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.documents.documents import Documents
-from galahad_desktop.memory.documents.stacked import STACK_RECOMPUTE
+from galahad_desktop.memory.documents.stacked import reread_given_back, stack_stored_block
 from galahad_desktop.memory.results import AskResult
 from galahad_desktop.memory.retrieval.across import across
 from galahad_desktop.memory.retrieval.hybrid import HybridIndex, decide_hybrid
@@ -375,12 +374,8 @@ class Routing:
             self.live.records.check("parts", part)
             parts.append(part)
         counters = Counters()
-        for part in parts[1:]:  # given back (or another model's): read once, stored again
-            block = self.vault.records.block(part["block_id"])
-            if block is None:
-                raise IntegrityError(f"Part {part['id']}'s block is missing from the catalog.")
-            if not self.live.graftable(block["id"]):
-                self.live.reread(block, "its memory was given back", counters, job)
+        given_back = [(p["block_id"], f"Part {p['id']}") for p in parts[1:]]
+        reread_given_back(self.live, given_back, counters, job)  # read once, stored again
         parts = [self.vault.records.part(p["id"]) or p for p in parts]  # re-read: new blocks
         engine = self.live.engine
         first = parts[0]
@@ -388,31 +383,20 @@ class Routing:
         if not self.live.holds(first["document_id"], first["block_id"]):
             graft = self.live.graft(first["block_id"], first["document_id"], counters, job)
         self.live.drop()  # the context now holds a one-off stack
-        bos, opening = engine.bos(), list(engine.probe_tokens)
-        skip = len(bos) + len(opening)
+        opening = list(engine.probe_tokens)
         lead: list[int] = []  # the graft left the next turn's opening in the context
         for part in parts[1:]:
-            stored = self.live.read_state(part["block_id"], {part["document_id"]})
-            try:
-                if stored.tokens[:skip] != bos + opening:
-                    raise IntegrityError(
-                        f"Part {part['id']} was stored in another turn format; forget its "
-                        "document and add it again."
-                    )
-                # Each part's opening is read with its first tokens, its last token with
-                # what follows it: one step per part.
-                placed = engine.stack(
-                    stored.payload,
-                    stored.size,
-                    stored.tokens,
-                    skip,
-                    STACK_RECOMPUTE,
-                    job,
-                    lead=lead,
-                    read_last=False,
-                )
-            finally:
-                self.vault.wipe([stored])
+            # Each part's opening is read with its first tokens, its last token with what
+            # follows it: one step per part.
+            placed = stack_stored_block(
+                self.live,
+                part["block_id"],
+                part["document_id"],
+                lead,
+                job,
+                f"Part {part['id']} was stored in another turn format; forget its document "
+                "and add it again.",
+            )
             counters.restore_ms += placed.elapsed_ms
             counters.recomputed_tokens += placed.recomputed
             counters.stacked_tokens += placed.n_tokens - placed.recomputed
