@@ -56,6 +56,21 @@ def cli_json(*args: str, data_dir: Path, **kw: Any) -> dict[str, Any]:
     return result
 
 
+def ask_grafts_exactly(
+    deposited: dict[str, Any], question: str, data: Path, model: Path, kind: str
+) -> None:
+    """`galahad ask` on a deposited document restores its whole block, proved exact, and
+    `list` names it by its kind."""
+    asked = cli_json(
+        "ask", deposited["document_id"], question, "--max-tokens", "6", data_dir=data, model=model
+    )
+    assert asked["proof"] == "exact", asked
+    assert asked["recomputed_tokens"] == 0
+    assert asked["restored_tokens"] == deposited["tokens"]
+    listed = cli_json("list", data_dir=data, model=model)
+    assert [d["kind"] for d in listed["documents"]] == [kind]
+
+
 def get_from_fake_hub(
     repo: str, file: str, content: bytes, name: str, data_dir: Path, env: dict[str, str]
 ) -> dict[str, Any]:

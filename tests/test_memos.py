@@ -26,7 +26,13 @@ from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.vault.keys import MemoryKeyStore
-from tests.helpers import TEST_OVERRIDES, cli_json, convert_audio, on_the_real_keyring
+from tests.helpers import (
+    TEST_OVERRIDES,
+    ask_grafts_exactly,
+    cli_json,
+    convert_audio,
+    on_the_real_keyring,
+)
 
 Params = SamplingParams(max_tokens=6, temperature=0.0, seed=1)
 TOKENS_PER_SECOND = 25  # Gemma 4's audio encoder: 100 mel frames a second, two stride-2 convs
@@ -125,20 +131,7 @@ def test_a_memo_deposited_and_asked_from_new_processes(tmp_path: Path, hearing_m
     assert 2.0 < seconds < 8.0
     assert abs(deposited["audio_tokens"] - seconds * TOKENS_PER_SECOND) <= 2
     assert deposited["tokens"] > deposited["audio_tokens"]  # header, markers and reply
-    asked = cli_json(
-        "ask",
-        deposited["document_id"],
-        "What should I do on Friday?",
-        "--max-tokens",
-        "6",
-        data_dir=data,
-        model=hearing_model,
-    )
-    assert asked["proof"] == "exact", asked
-    assert asked["recomputed_tokens"] == 0
-    assert asked["restored_tokens"] == deposited["tokens"]
-    listed = cli_json("list", data_dir=data, model=hearing_model)
-    assert [d["kind"] for d in listed["documents"]] == ["memo"]
+    ask_grafts_exactly(deposited, "What should I do on Friday?", data, hearing_model, "memo")
 
 
 @pytest.mark.model

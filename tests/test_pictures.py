@@ -32,7 +32,14 @@ from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.models import catalog
 from galahad_desktop.vault.keys import MemoryKeyStore
 from tests.fakehub import FakeHub
-from tests.helpers import TEST_OVERRIDES, cli_json, on_the_real_keyring, photo, run_cli
+from tests.helpers import (
+    TEST_OVERRIDES,
+    ask_grafts_exactly,
+    cli_json,
+    on_the_real_keyring,
+    photo,
+    run_cli,
+)
 
 Params = SamplingParams(max_tokens=6, temperature=0.0, seed=1)
 
@@ -156,20 +163,9 @@ def test_a_picture_deposited_and_asked_from_new_processes(
     )
     assert deposited["pictures"] == 1 and 70 <= deposited["image_tokens"] <= 280
     assert deposited["tokens"] > deposited["image_tokens"]  # the header, markers and reply
-    asked = cli_json(
-        "ask",
-        deposited["document_id"],
-        "What colour is the sky in the photo?",
-        "--max-tokens",
-        "6",
-        data_dir=data,
-        model=vision_model,
+    ask_grafts_exactly(
+        deposited, "What colour is the sky in the photo?", data, vision_model, "picture"
     )
-    assert asked["proof"] == "exact", asked
-    assert asked["recomputed_tokens"] == 0
-    assert asked["restored_tokens"] == deposited["tokens"]
-    listed = cli_json("list", data_dir=data, model=vision_model)
-    assert [d["kind"] for d in listed["documents"]] == ["picture"]
 
 
 @pytest.mark.model

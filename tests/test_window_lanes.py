@@ -963,6 +963,18 @@ def test_how_a_reply_ended_stays_on_its_card_when_paged_and_reopened(
 
 
 # -- the third pass's smaller things (#59 item 10) -------------------------------------------
+def _next_reply(qtbot: Any, win: MainWindow, words: bytes) -> None:
+    """The fake model's next reply: `words`."""
+    done: list[Any] = []
+
+    def script(core: Galahad, _job: Job) -> None:
+        engine: Any = core.engine
+        engine.script = list(words)
+
+    win.bridge.run(script, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+
+
 def test_enter_while_a_reply_writes_says_the_message_waits_unsent(
     qtbot: Any, make_window: Any
 ) -> None:
@@ -982,14 +994,7 @@ def test_enter_while_a_reply_writes_says_the_message_waits_unsent(
         win.stop()
     assert "press Enter to send it" in win.chat.input_note.text()
     assert win.speed_label.text().startswith("last reply ")  # a past figure, said as one
-    short: list[Any] = []
-
-    def short_reply(core: Galahad, _job: Job) -> None:
-        engine: Any = core.engine
-        engine.script = list(b"ok")
-
-    win.bridge.run(short_reply, on_done=short.append)
-    qtbot.waitUntil(lambda: bool(short), timeout=WAIT_MS)
+    _next_reply(qtbot, win, b"ok")
     with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
         qtbot.keyClick(win.chat.input, Qt.Key.Key_Return)
     assert not win.chat.input_note.isVisibleTo(win.chat)
@@ -1005,14 +1010,7 @@ def test_the_sidebar_previews_words_not_markdown_and_the_lists_share_the_height(
     assert plain_text("- - 1. Project **Falcon** uses `x=1`") == "Project Falcon uses x=1"
     assert plain_text("# Plan\n\n1. one\n2. two") == "Plan one two"
     win = make_window()
-    done: list[Any] = []
-
-    def markdown_reply(core: Galahad, _job: Job) -> None:
-        engine: Any = core.engine
-        engine.script = list(b"- - 1. Project **Falcon** is `on`")
-
-    win.bridge.run(markdown_reply, on_done=done.append)
-    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+    _next_reply(qtbot, win, b"- - 1. Project **Falcon** is `on`")
     win.chat.input.setPlainText("Plans?")
     with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
         win.send()
