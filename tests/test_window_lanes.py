@@ -1026,3 +1026,27 @@ def test_the_sidebar_previews_words_not_markdown_and_the_lists_share_the_height(
     qtbot.waitUntil(lambda: sum(win.sidebar.lists.sizes()) > 0, timeout=WAIT_MS)
     conversations, documents = win.sidebar.lists.sizes()
     assert documents >= 0.3 * (conversations + documents)  # not a three-row box
+
+
+def test_a_chat_given_back_to_make_room_for_a_document_is_listed_as_such(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 3: a deposit (which changes the documents) made room by giving back
+    a chat's memory; only the documents were listed again, so the chat's row still said
+    "Stored · 825 tokens · 9.9 MB"."""
+    from galahad_desktop.ui.sidebar import STATE_ROLE
+    from galahad_desktop.ui.worker import DOCUMENTS
+
+    win: MainWindow = make_window()
+    conversation = _chat_about(qtbot, win, "Tell me about owls")
+    win.new_chat()
+    qtbot.waitUntil(lambda: win.sidebar.item_of(conversation) is not None, timeout=WAIT_MS)
+    assert win.sidebar.item_of(conversation).data(STATE_ROLE)[0].startswith("Stored ·")
+    done: list[Any] = []
+    # What the disk budget does while a document is stored: behind the window's back.
+    win.bridge.run(lambda core, _job: core.give_back(conversation), on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
+    with qtbot.waitSignal(win.lists_refreshed, timeout=WAIT_MS):
+        win.given_back([done[0]], frozenset({DOCUMENTS}))
+    state = win.sidebar.item_of(conversation).data(STATE_ROLE)[0]
+    assert state == "Needs re-reading once (memory given back)"

@@ -436,7 +436,10 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
                 on_error=self.show_error,
             )
         if changes & {CONVERSATIONS, DOCUMENTS}:  # what the disk budget gave back, said once
-            self.bridge.run(lambda core, _job: core.given_back_since(), on_done=self.given_back)
+            self.bridge.run(
+                lambda core, _job: core.given_back_since(),
+                on_done=lambda done: self.given_back(done, changes),
+            )
 
     def _conversations(self, conversations: list[ConversationSummary]) -> None:
         self.sidebar.current = self.conversation_id

@@ -45,6 +45,7 @@ class LookActions:
         def show_error(self, message: str, kind: str = "") -> None: ...
         def set_status(self, text: str) -> None: ...
         def open_memory(self) -> None: ...
+        def refresh_lists(self) -> None: ...
 
     def _build_memory_panel(self) -> None:
         window = cast("QMainWindow", self)
@@ -148,7 +149,12 @@ class LookActions:
             changes={CONVERSATIONS, DOCUMENTS},
         )
 
-    def given_back(self, done: list[GiveBackResult]) -> None:
+    def given_back(self, done: list[GiveBackResult], changes: frozenset[str] = frozenset()) -> None:
+        """Say what the disk budget gave back; the lists refresh when the operation that
+        made room did not change both (a deposit gave back a chat's memory, and its row
+        still said "Stored · 825 tokens · 9.9 MB")."""
+        if done and not {CONVERSATIONS, DOCUMENTS} <= changes:
+            self.refresh_lists()
         if done:
             freed = human_bytes(sum(d.bytes_freed for d in done))
             # Whole names, each short enough that the status bar never cuts one part way.
