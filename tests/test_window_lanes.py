@@ -1050,3 +1050,28 @@ def test_a_chat_given_back_to_make_room_for_a_document_is_listed_as_such(
         win.given_back([done[0]], frozenset({DOCUMENTS}))
     state = win.sidebar.item_of(conversation).data(STATE_ROLE)[0]
     assert state == "Needs re-reading once (memory given back)"
+
+
+def test_a_search_previews_where_it_found_the_words_and_marks_them(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 10: a search showed which conversations matched, never where."""
+    from galahad_desktop.ui.sidebar import MATCH_ROLE, PREVIEW_ROLE, _runs
+
+    assert _runs("The Bakery opens", ["bakery"]) == [
+        ("The ", False),
+        ("Bakery", True),
+        (" opens", False),
+    ]
+    win: MainWindow = make_window()
+    first = _chat_about(qtbot, win, "Where is the bakery near the old harbour?")
+    _chat_about(qtbot, win, "Tell me about owls")
+    qtbot.waitUntil(lambda: len(win.sidebar.ids()) == 2, timeout=WAIT_MS)
+    win.sidebar.search.setText("bakery")
+    qtbot.waitUntil(lambda: win.sidebar.ids() == [first], timeout=WAIT_MS)
+    item = win.sidebar.item_of(first)
+    assert "bakery near the old harbour" in item.data(PREVIEW_ROLE)  # the question, found
+    assert item.data(MATCH_ROLE) == ["bakery"]
+    win.sidebar.search.setText("")
+    qtbot.waitUntil(lambda: len(win.sidebar.ids()) == 2, timeout=WAIT_MS)
+    assert win.sidebar.item_of(first).data(MATCH_ROLE) == []

@@ -474,7 +474,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
             return
         self.bridge.run(
             lambda core, _job: core.search(query),
-            on_done=lambda hits: self.sidebar.set_matches({h.conversation_id for h in hits}),
+            on_done=lambda hits: self.sidebar.show_hits(hits, query),
             on_error=self.show_error,
         )
 

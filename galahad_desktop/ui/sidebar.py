@@ -5,6 +5,7 @@ with their type, size and parts."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import PurePath
 
@@ -27,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from galahad_desktop.memory.results import ConversationSummary, DocumentSummary
+from galahad_desktop.memory.results import ConversationSummary, DocumentSummary, SearchHit
 from galahad_desktop.ui import theme
 from galahad_desktop.ui.format import GROUPS, ago, date_group, human_bytes, memory_line
 from galahad_desktop.ui.render import plain_text
@@ -35,6 +36,7 @@ from galahad_desktop.ui.render import plain_text
 ID_ROLE = Qt.ItemDataRole.UserRole
 PREVIEW_ROLE = Qt.ItemDataRole.UserRole + 1
 STATE_ROLE = Qt.ItemDataRole.UserRole + 2  # (text, palette colour name)
+MATCH_ROLE = Qt.ItemDataRole.UserRole + 7  # the words a search found, drawn in the accent
 HEADER_ROLE = Qt.ItemDataRole.UserRole + 3  # a date group's heading (not a conversation)
 PINNED = "Pinned"
 # Conversations programs made through the local server: listed apart, under the person's own.
@@ -126,11 +128,18 @@ class ConversationDelegate(QStyledItemDelegate):
             (small_font, palette.muted, str(index.data(PREVIEW_ROLE) or ""), small_h),
         )
         y = inner.top()
+        found = [str(w) for w in index.data(MATCH_ROLE) or []]
         for font, colour, text, height in lines:
             painter.setFont(font)
-            painter.setPen(QColor(colour))
             elided = QFontMetrics(font).elidedText(text, Qt.TextElideMode.ElideRight, width)
-            painter.drawText(QRect(inner.left(), y, width, height), 0, elided)
+            x = inner.left()
+            for piece, matched in _runs(elided, found):  # a search's words stand out
+                font.setBold(matched)
+                painter.setFont(font)
+                painter.setPen(QColor(palette.accent if matched else colour))
+                painter.drawText(QRect(x, y, width, height), 0, piece)
+                x += QFontMetrics(font).horizontalAdvance(piece)
+            font.setBold(False)
             y += height
         state = index.data(STATE_ROLE)
         if state:
@@ -140,6 +149,23 @@ class ConversationDelegate(QStyledItemDelegate):
             elided = QFontMetrics(small_font).elidedText(text, Qt.TextElideMode.ElideRight, width)
             painter.drawText(QRect(inner.left(), y + 2, width, small_h), 0, elided)
         painter.restore()
+
+
+def _runs(text: str, words: list[str]) -> list[tuple[str, bool]]:
+    """`text` cut into runs, each saying whether it is one of `words` (any case)."""
+    if not words:
+        return [(text, False)]
+    pattern = re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)), re.I)
+    runs: list[tuple[str, bool]] = []
+    at = 0
+    for match in pattern.finditer(text):
+        if match.start() > at:
+            runs.append((text[at : match.start()], False))
+        runs.append((match.group(0), True))
+        at = match.end()
+    if at < len(text):
+        runs.append((text[at:], False))
+    return runs
 
 
 class Sidebar(QWidget):
@@ -208,6 +234,8 @@ class Sidebar(QWidget):
         self.documents: list[DocumentSummary] = []
         self.picture_icons: dict[str, QIcon] = {}  # picture documents' thumbnails (memory only)
         self.matches: set[str] | None = None  # conversation ids a search found
+        self.snippets: dict[str, str] = {}  # where it found the words, by conversation
+        self.found_words: list[str] = []
         self.current: str | None = None
         self.pinned: set[str] = set()
         self.kept: set[str] = set()  # conversations whose memory is never given back
@@ -276,6 +304,15 @@ class Sidebar(QWidget):
 
     def set_matches(self, ids: set[str] | None) -> None:
         self.matches = ids
+        self.snippets, self.found_words = {}, []
+        self.fill()
+
+    def show_hits(self, hits: list[SearchHit], query: str) -> None:
+        """A search's conversations, each previewed where the words were found, the words
+        drawn in the accent (a search showed only which conversations matched)."""
+        self.matches = {h.conversation_id for h in hits}
+        self.snippets = {h.conversation_id: h.snippet for h in hits}
+        self.found_words = query.split()
         self.fill()
 
     def fill(self) -> None:
@@ -309,7 +346,9 @@ class Sidebar(QWidget):
                     + "F2 or double-click to rename"
                 )
                 item.setData(ID_ROLE, conv.id)
-                item.setData(PREVIEW_ROLE, plain_text(conv.preview) or "No messages yet")
+                preview = self.snippets.get(conv.id) or plain_text(conv.preview)
+                item.setData(PREVIEW_ROLE, preview or "No messages yet")
+                item.setData(MATCH_ROLE, self.found_words)
                 item.setData(STATE_ROLE, state)
                 item.setFlags(
                     Qt.ItemFlag.ItemIsSelectable
