@@ -1075,3 +1075,18 @@ def test_a_search_previews_where_it_found_the_words_and_marks_them(
     win.sidebar.search.setText("")
     qtbot.waitUntil(lambda: len(win.sidebar.ids()) == 2, timeout=WAIT_MS)
     assert win.sidebar.item_of(first).data(MATCH_ROLE) == []
+
+
+def test_the_turn_s_buttons_say_their_names_where_there_is_room(
+    qtbot: Any, make_window: Any
+) -> None:
+    """Issue #59 item 9: Regenerate, Edit and Verify were icons explained only by tooltips."""
+    win: MainWindow = make_window()
+    win.resize(1400, 900)
+    win.memory_dock.setVisible(False)
+    win.new_chat()  # the chat, not the first screen
+    qtbot.waitUntil(lambda: win.chat.regenerate_button.text() == "Regenerate", timeout=WAIT_MS)
+    assert [b.text() for b in (win.chat.edit_button, win.chat.verify_button)] == ["Edit", "Verify"]
+    win.resize(700, 700)
+    qtbot.waitUntil(lambda: win.chat.regenerate_button.text() == "", timeout=WAIT_MS)
+    assert win.chat.regenerate_button.accessibleName() == "Regenerate"  # still named

@@ -17,6 +17,7 @@ from PySide6.QtGui import (
     QImage,
     QKeyEvent,
     QKeySequence,
+    QResizeEvent,
     QShortcut,
     QTextCursor,
     QTextDocument,
@@ -140,7 +141,8 @@ class ChatView(QWidget):
         self.transcript.setOpenExternalLinks(False)
         self.transcript.anchorClicked.connect(self._anchor)
         self._build_input()
-        self._lay_out(self._build_turn_tools())
+        self.turn_row = self._build_turn_tools()
+        self._lay_out(self.turn_row)
 
     def _build_input(self) -> None:
         """The message box and its buttons (send, stop, regenerate, edit, verify)."""
@@ -172,10 +174,29 @@ class ChatView(QWidget):
         ):
             button.setToolTip(tip)
             button.setAccessibleName(button.text().rstrip("…"))
-        # The turn's own actions are icons (named for screen readers, explained on hover), so
-        # the message box keeps its width in a narrow window.
-        for button in (self.regenerate_button, self.edit_button, self.verify_button):
-            button.setText("")
+        # The turn's own actions say their names where there is room, and are icons
+        # (named for screen readers, explained on hover) in a narrow window.
+        self.turn_labels = {
+            self.regenerate_button: "Regenerate",
+            self.edit_button: "Edit",
+            self.verify_button: "Verify",
+        }
+        for button, label in self.turn_labels.items():
+            button.setText(label)
+            button.setMinimumWidth(36)  # its name must not set the chat's narrowest width
+
+    def _label_turn_buttons(self, width: int) -> None:
+        """Names on the turn's buttons when the row has room for them, else icons."""
+        for button, label in self.turn_labels.items():
+            button.setText(label)
+        self.turn_row.invalidate()
+        if self.turn_row.sizeHint().width() > width - 2 * theme.SPACE[4]:
+            for button in self.turn_labels:
+                button.setText("")
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._label_turn_buttons(event.size().width())
 
     def _build_turn_tools(self) -> QHBoxLayout:
         """The row under the message box: the turn's actions, attach, think, stop, send."""
