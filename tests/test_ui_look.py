@@ -64,7 +64,6 @@ class Answers:
     def __init__(self) -> None:
         self.informed: list[tuple[str, str]] = []
         self.warnings: list[str] = []
-        self.edited = ""
 
     def warn(self, title: str, message: str) -> None:
         self.warnings.append(message)
@@ -74,9 +73,6 @@ class Answers:
 
     def confirm(self, title: str, text: str) -> bool:
         return True
-
-    def edit_text(self, title: str, label: str, text: str) -> str:
-        return self.edited
 
     def show(self, dialog: QWidget) -> None:
         dialog.show()
@@ -190,12 +186,22 @@ def test_turn_actions_copy_regenerate_edit_and_branch(qtbot, window: MainWindow)
         chat._anchor(QUrl("galahad:regenerate/3"))
     assert regenerated.args[0].conversation_id == first.conversation_id
     qtbot.waitUntil(lambda: window.bridge.pending() == 0, timeout=WAIT_MS)
-    window.prompts.edited = "Tell me about the river."  # type: ignore[attr-defined]
+    # Edit is done in the message box (a modal dialog was): Escape gives the draft back,
+    # Enter continues from the edited message in a new branch.
+    chat.input.setPlainText("a draft")
+    chat._anchor(QUrl("galahad:edit/2"))
+    assert chat.input.toPlainText() == chat.messages[2].text and "Editing" in chat.input_note.text()
+    qtbot.keyClick(chat.input, Qt.Key.Key_Escape)
+    assert chat.input.toPlainText() == "a draft" and chat.editing is None
+    assert len(chat.messages) == 4  # nothing changed
+    chat._anchor(QUrl("galahad:edit/2"))
+    chat.input.setPlainText("Tell me about the river.")
     with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS):
-        chat._anchor(QUrl("galahad:edit/2"))
+        qtbot.keyClick(chat.input, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: window.bridge.pending() == 0, timeout=WAIT_MS)
     assert [m.text for m in chat.messages[:3]][2] == "Tell me about the river."
     assert len(chat.messages) == 4
+    assert chat.input.toPlainText() == "a draft"  # what was being written is back
     with qtbot.waitSignal(window.turn_finished, timeout=WAIT_MS):
         chat._anchor(QUrl("galahad:branch/1"))  # the first question, asked again
     qtbot.waitUntil(lambda: window.bridge.pending() == 0, timeout=WAIT_MS)

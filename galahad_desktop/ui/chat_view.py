@@ -160,13 +160,16 @@ class ChatView(QWidget):
         self.stop_button = QPushButton(theme.icon("stop"), "Stop")
         self.stop_button.setEnabled(False)
         self.regenerate_button = QPushButton(theme.icon("regenerate"), "Regenerate")
-        self.edit_button = QPushButton(theme.icon("edit"), "Edit a message…")
+        self.edit_button = QPushButton(theme.icon("edit"), "Edit your last message")
         self.verify_button = QPushButton(theme.icon("verified"), "Mark verified")
         for button, tip in (
             (self.send_button, "Send the message (Enter, or Ctrl+Enter)"),
             (self.stop_button, "Stop the reply; what was written is kept (Escape)"),
             (self.regenerate_button, "Write the last reply again (Ctrl+R)"),
-            (self.edit_button, "Change a message you sent and continue in a new branch (Ctrl+E)"),
+            (
+                self.edit_button,
+                "Change your last message here and continue in a new branch (Ctrl+E)",
+            ),
             (
                 self.verify_button,
                 "Store the last answer in the verified library (checkable answers must pass)",
@@ -265,6 +268,8 @@ class ChatView(QWidget):
         self.input_note.setWordWrap(True)
         theme.set_role(self.input_note, "muted")
         self.input_note.setVisible(False)
+        self.editing: int | None = None  # the message being edited in the box
+        self.draft_before_edit = ""
         layout.addWidget(self.input_note)
         layout.addLayout(buttons)
         self._render_timer = QTimer(self)
@@ -297,6 +302,30 @@ class ChatView(QWidget):
         self.input_note.setText(note)
         self.input_note.setVisible(bool(note))
 
+    def begin_edit(self, index: int) -> None:
+        """Edit a message you sent in the message box itself (a dialog did this): its text
+        there, what was being written kept aside until the edit is sent or cancelled."""
+        if self.editing is None:
+            self.draft_before_edit = self.input.toPlainText()
+        self.editing = index
+        self.input.setPlainText(self.messages[index].text)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
+        self.input.setFocus()
+        number = sum(1 for m in self.messages[: index + 1] if m.role == "user")
+        self.note_unsent(
+            f"Editing your message {number}: Enter continues from it in a new branch (this "
+            "conversation keeps what followed it) · Escape cancels."
+        )
+
+    def end_edit(self) -> None:
+        """The edit is over (sent, or cancelled): what was being written comes back."""
+        if self.editing is None:
+            return
+        self.editing = None
+        self.input.setPlainText(self.draft_before_edit)
+        self.draft_before_edit = ""
+        self.note_unsent("")
+
     @property
     def tools_on(self) -> bool:
         return self._tools_on
@@ -314,7 +343,10 @@ class ChatView(QWidget):
         self.verify_button.setEnabled(not self.busy and replied)
         for button, tip in (
             (self.regenerate_button, "Write the last reply again (Ctrl+R)"),
-            (self.edit_button, "Change a message you sent and continue in a new branch (Ctrl+E)"),
+            (
+                self.edit_button,
+                "Change your last message here and continue in a new branch (Ctrl+E)",
+            ),
         ):
             button.setEnabled(not self.busy and replied and not self.tools_on)
             button.setToolTip(
@@ -335,7 +367,9 @@ class ChatView(QWidget):
         self.set_documents([*self.documents, name])
 
     def set_messages(self, messages: list[ShownMessage]) -> None:
-        """Show a conversation, opened at its newest message."""
+        """Show a conversation, opened at its newest message (an edit under way of the one
+        shown before is cancelled: its message is not here)."""
+        self.end_edit()
         self.messages = messages
         self._html.clear()
         self._shown = []

@@ -330,7 +330,7 @@ class MainWindow(TurnActions, ToolActions, LookActions, ModelActions, DocumentAc
             chat_menu, "Previous version of the reply", lambda: self.page_version(-1), "Alt+Left"
         )
         action(chat_menu, "Next version of the reply", lambda: self.page_version(1), "Alt+Right")
-        action(chat_menu, "Edit a message…", self.edit_message, "Ctrl+E")
+        action(chat_menu, "Edit your last message", self.edit_message, "Ctrl+E")
         action(chat_menu, "Rename…", self.rename_current, "F2")
         action(chat_menu, "Export…", lambda: self.export_conversation(self.conversation_id))
         action(chat_menu, "Search", self.focus_search, "Ctrl+K")

@@ -12,7 +12,6 @@ from pathlib import Path
 from PySide6.QtWidgets import (
     QDialog,
     QFileDialog,
-    QInputDialog,
     QLabel,
     QMessageBox,
     QPushButton,
@@ -50,11 +49,6 @@ class Prompts:
         box.exec()
         clicked = box.clickedButton()
         return next((label for button, label in chosen if button is clicked), "")
-
-    def edit_text(self, title: str, label: str, text: str) -> str:
-        """A text to change: the new text, or "" (cancelled or emptied)."""
-        edited, ok = QInputDialog.getMultiLineText(self.parent, title, label, text)
-        return edited.strip() if ok else ""
 
     def context_full(self, full: ContextFull) -> str:
         """stop | summary | recent."""

@@ -159,6 +159,11 @@ class TurnActions:
                 "Enter again when the reply ends, or Stop it."
             )
             return
+        if self.chat.editing is not None:  # an edit in the box: a new branch from it
+            index = self.chat.editing
+            self.chat.end_edit()
+            self.start_branch(index, text)
+            return
         self.chat.note_unsent("")
         self.turn_cancel = threading.Event()
         self.chat.set_busy(True)
@@ -382,7 +387,12 @@ class TurnActions:
         self.show_error(message, kind)
 
     def stop(self) -> None:
-        """Stop the turn under way wherever it is (waiting, reading, writing)."""
+        """Stop the turn under way wherever it is (waiting, reading, writing); with none,
+        Escape cancels an edit."""
+        if self.turn_cancel is None and self.chat.editing is not None:
+            self.chat.end_edit()
+            self.set_status("The edit was cancelled; the conversation is as it was.")
+            return
         if self.turn_cancel is not None:
             self.turn_cancel.set()
             self.set_status("Stopping…")
@@ -526,32 +536,23 @@ class TurnActions:
 
     # -- edit and branch -----------------------------------------------------------------------
     def edit_message(self) -> None:
-        """Edit (Ctrl+E): pick a message you sent, change it, continue in a new branch."""
-        if self.turn_cancel is not None or self.conversation_id is None or self.chat.tools_on:
-            return
-        from PySide6.QtWidgets import QInputDialog
-
-        users = [(i, m) for i, m in enumerate(self.chat.messages) if m.role == "user"]
-        if not users:
-            return
-        labels = [f"{n + 1}: {m.text[:60]}" for n, (_i, m) in enumerate(users)]
-        choice, ok = QInputDialog.getItem(
-            self.chat, "Edit a message", "Message:", labels, len(labels) - 1, False
-        )
-        if ok:
-            self.edit_message_at(users[labels.index(choice)][0])
-
-    def edit_message_at(self, index: int) -> None:
-        """A user message's "Edit" link: change it and continue from it in a new branch."""
+        """Edit (Ctrl+E): your last message, in the message box (each card's Edit link
+        picks another)."""
         if self.turn_cancel is not None or self.conversation_id is None:
             return
-        text = self.prompts.edit_text(
-            "Edit a message",
-            "Continue from this message in a new branch:",
-            self.chat.messages[index].text,
-        )
-        if text:
-            self.start_branch(index, text)
+        users = [i for i, m in enumerate(self.chat.messages) if m.role == "user"]
+        if users:
+            self.edit_message_at(users[-1])
+
+    def edit_message_at(self, index: int) -> None:
+        """A user message's "Edit" link: change it in the message box, and Enter continues
+        from it in a new branch."""
+        if self.turn_cancel is not None or self.conversation_id is None:
+            return
+        if self.chat.tools_on:
+            self.set_status("A chat with tools is not branched: start a new chat instead.")
+            return
+        self.chat.begin_edit(index)
 
     def branch_reply(self, index: int) -> None:
         """An earlier reply's "Branch" link: ask its question again in a new branch."""
