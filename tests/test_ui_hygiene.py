@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 UI = Path(__file__).resolve().parent.parent / "galahad_desktop" / "ui"
 CORE = UI.parent
@@ -84,3 +85,20 @@ def test_the_window_starts_without_importing_llama_cpp() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_the_window_honours_set_for_its_run(monkeypatch: Any) -> None:
+    """`galahad --set max_tokens=40` started the window with the stored settings: --set was
+    accepted and ignored."""
+    import galahad_desktop.ui.app as app
+    import galahad_desktop.ui.worker as worker
+    from galahad_desktop.cli import main
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(app, "run_app", lambda **kw: seen.update(kw) or 0)
+    assert main(["--set", "max_tokens=40"]) == 0
+    assert seen["overrides"] == {"max_tokens": "40"}
+    made: dict[str, Any] = {}
+    monkeypatch.setattr(worker, "Galahad", lambda *a, **kw: made.update(kw))
+    worker.default_core_factory(Path("d"), None, None, {"max_tokens": "40"})()
+    assert made["overrides"] == {"max_tokens": "40"}

@@ -227,7 +227,9 @@ def cmd_settings(args: argparse.Namespace, out: Output) -> int:
 def cmd_gui(args: argparse.Namespace, out: Output) -> int:
     from galahad_desktop.ui.app import run_app
 
-    return int(run_app(data_dir=args.data_dir, model_path=args.model))
+    # --set is honoured by the window too (it was accepted and ignored).
+    overrides = parse_pairs(args.set)
+    return int(run_app(data_dir=args.data_dir, model_path=args.model, overrides=overrides))
 
 
 def register(add: Any) -> None:

@@ -97,7 +97,11 @@ def choose_key_storage(data_dir: Path) -> KeyChoice:
     return KeyChoice(cancelled=True)
 
 
-def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int:
+def run_app(
+    data_dir: Path | None = None,
+    model_path: Path | None = None,
+    overrides: dict[str, str] | None = None,
+) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
@@ -118,7 +122,7 @@ def run_app(data_dir: Path | None = None, model_path: Path | None = None) -> int
     choice = choose_key_storage(data_dir)
     if choice.cancelled:
         return 1
-    bridge = default_bridge(data_dir, model_path, choice.passphrase)
+    bridge = default_bridge(data_dir, model_path, choice.passphrase, overrides)
     window = MainWindow(bridge, data_dir)
     window.show()
     code = app.exec()

@@ -378,16 +378,25 @@ class CoreBridge(QObject):
 
 
 def default_core_factory(
-    data_dir: Path, model_path: Path | None, passphrase: str | None = None
+    data_dir: Path,
+    model_path: Path | None,
+    passphrase: str | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> CoreFactory:
-    return lambda: Galahad(data_dir, model_path=model_path, passphrase=passphrase)
+    return lambda: Galahad(
+        data_dir, model_path=model_path, overrides=overrides, passphrase=passphrase
+    )
 
 
 def default_bridge(
-    data_dir: Path, model_path: Path | None, passphrase: str | None = None
+    data_dir: Path,
+    model_path: Path | None,
+    passphrase: str | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> CoreBridge:
-    """The window's lanes: the model lane over the core, a downloads lane beside it."""
+    """The window's lanes: the model lane over the core, a downloads lane beside it.
+    `overrides`: settings for this run only (`galahad --set KEY=VALUE`)."""
     return CoreBridge(
-        default_core_factory(data_dir, model_path, passphrase),
+        default_core_factory(data_dir, model_path, passphrase, overrides),
         lambda: ModelDownloads(data_dir),
     )
