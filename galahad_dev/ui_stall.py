@@ -31,7 +31,7 @@ from galahad_desktop.models import catalog
 from galahad_desktop.paths import default_model_path
 from galahad_desktop.settings import Settings
 from galahad_desktop.ui.main_window import MainWindow
-from galahad_desktop.ui.worker import default_bridge
+from galahad_desktop.ui.worker import default_bridge, default_core_factory
 from galahad_dev.bench import stamp
 from galahad_dev.corpus import Corpus
 from tests.fakehub import FakeHub
@@ -102,7 +102,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     app, data = fresh_window_data({"n_ctx": args.tokens + 3072, "max_tokens": 24})
-    bridge = default_bridge(data, None)
+    bridge = default_bridge(data, default_core_factory(data, None))
     window = MainWindow(bridge, data)
 
     def failed(_title: str, message: str) -> None:  # a modal box would wait forever here

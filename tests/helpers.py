@@ -48,6 +48,33 @@ def run_cli(
     return proc
 
 
+@contextlib.contextmanager
+def media_cores(data: Path, default_model: Path) -> Iterator[Callable[..., Any]]:
+    """Cores opened on one data directory under one in-memory keystore (each a new engine,
+    as a new process would be), with the test settings and no reranker; closed after."""
+    from galahad_desktop.memory.galahad import Galahad
+    from galahad_desktop.vault.keys import MemoryKeyStore
+
+    keystore = MemoryKeyStore()
+    opened: list[Galahad] = []
+
+    def factory(model: Path | None = None, **overrides: Any) -> Galahad:
+        core = Galahad(
+            data,
+            model_path=model or default_model,
+            keystore=keystore,
+            overrides={**TEST_OVERRIDES, "rerank": False, **overrides},
+        )
+        opened.append(core)
+        return core
+
+    try:
+        yield factory
+    finally:
+        for core in opened:
+            core.close()
+
+
 def cli_json(*args: str, data_dir: Path, **kw: Any) -> dict[str, Any]:
     proc = run_cli(*args, "--json", data_dir=data_dir, **kw)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]

@@ -15,7 +15,6 @@ import subprocess
 import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,12 +24,11 @@ from galahad_desktop.engine.sampling import SamplingParams
 from galahad_desktop.engine.vision import pictures_in
 from galahad_desktop.errors import InputError
 from galahad_desktop.memory.galahad import Galahad
-from galahad_desktop.vault.keys import MemoryKeyStore
 from tests.helpers import (
-    TEST_OVERRIDES,
     ask_grafts_exactly,
     cli_json,
     convert_audio,
+    media_cores,
     on_the_real_keyring,
 )
 
@@ -99,22 +97,8 @@ def test_a_long_sound_is_cut_in_the_same_pauses_every_time() -> None:
 # -- model tier: the Gemma 4 test model with a projector that hears ------------------------
 @pytest.fixture()
 def open_core(tmp_path: Path, hearing_model: Path) -> Iterator[Callable[..., Galahad]]:
-    keystore = MemoryKeyStore()
-    opened: list[Galahad] = []
-
-    def factory(model: Path | None = None, **overrides: Any) -> Galahad:
-        core = Galahad(
-            tmp_path / "data",
-            model_path=model or hearing_model,
-            keystore=keystore,
-            overrides={**TEST_OVERRIDES, "rerank": False, **overrides},
-        )
-        opened.append(core)
-        return core
-
-    yield factory
-    for core in opened:
-        core.close()
+    with media_cores(tmp_path / "data", hearing_model) as factory:
+        yield factory
 
 
 @on_the_real_keyring

@@ -30,12 +30,11 @@ from galahad_desktop.memory.documents.pictures import (
 )
 from galahad_desktop.memory.galahad import Galahad
 from galahad_desktop.models import catalog
-from galahad_desktop.vault.keys import MemoryKeyStore
 from tests.fakehub import FakeHub
 from tests.helpers import (
-    TEST_OVERRIDES,
     ask_grafts_exactly,
     cli_json,
+    media_cores,
     on_the_real_keyring,
     photo,
     run_cli,
@@ -133,22 +132,8 @@ def test_a_text_engine_says_it_reads_no_pictures(
 # -- model tier: the Gemma 4 test model and its test projector ---------------------------
 @pytest.fixture()
 def open_core(tmp_path: Path, vision_model: Path) -> Any:
-    keystore = MemoryKeyStore()
-    opened: list[Galahad] = []
-
-    def factory(**overrides: Any) -> Galahad:
-        core = Galahad(
-            tmp_path / "data",
-            model_path=vision_model,
-            keystore=keystore,
-            overrides={**TEST_OVERRIDES, "rerank": False, **overrides},
-        )
-        opened.append(core)
-        return core
-
-    yield factory
-    for core in opened:
-        core.close()
+    with media_cores(tmp_path / "data", vision_model) as factory:
+        yield factory
 
 
 @on_the_real_keyring

@@ -7,6 +7,7 @@ models is in test_gui.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -168,13 +169,21 @@ def _slow_long_reply(qtbot: Any, win: MainWindow) -> None:
     qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
 
 
-def test_stop_ends_a_streaming_reply_and_marks_it(qtbot: Any, make_window: Any) -> None:
-    win = make_window(max_tokens=2000)
+@contextlib.contextmanager
+def _while_a_long_reply_writes(qtbot: Any, win: MainWindow) -> Iterator[Any]:
+    """Inside: a long, slow reply is streaming (its first words are on the card); the
+    block ends when the turn has finished (the test stops it)."""
     _slow_long_reply(qtbot, win)
     win.chat.input.setPlainText("Write a long story")
     with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS) as finished:
         win.send()
         qtbot.waitUntil(lambda: bool(win.chat.messages[-1].text), timeout=WAIT_MS)
+        yield finished
+
+
+def test_stop_ends_a_streaming_reply_and_marks_it(qtbot: Any, make_window: Any) -> None:
+    win = make_window(max_tokens=2000)
+    with _while_a_long_reply_writes(qtbot, win) as finished:
         win.stop()
     result = finished.args[0]
     assert result.stop_reason == "cancelled" and win.chat.messages[-1].note == "stopped"
@@ -933,11 +942,7 @@ def test_how_a_reply_ended_stays_on_its_card_when_paged_and_reopened(
     qtbot: Any, make_window: Any
 ) -> None:
     win = make_window(max_tokens=2000)
-    _slow_long_reply(qtbot, win)
-    win.chat.input.setPlainText("Write a long story")
-    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
-        win.send()
-        qtbot.waitUntil(lambda: bool(win.chat.messages[-1].text), timeout=WAIT_MS)
+    with _while_a_long_reply_writes(qtbot, win):
         win.stop()
     qtbot.waitUntil(lambda: win.generating is None, timeout=WAIT_MS)
 
@@ -981,11 +986,7 @@ def test_enter_while_a_reply_writes_says_the_message_waits_unsent(
     """Enter during a reply sent nothing and said so only in the status line, which the
     reply's own lines overwrote: the next text was joined to the waiting one unseen."""
     win = make_window(max_tokens=2000)
-    _slow_long_reply(qtbot, win)
-    win.chat.input.setPlainText("Write a long story")
-    with qtbot.waitSignal(win.turn_finished, timeout=WAIT_MS):
-        win.send()
-        qtbot.waitUntil(lambda: bool(win.chat.messages[-1].text), timeout=WAIT_MS)
+    with _while_a_long_reply_writes(qtbot, win):
         win.chat.input.setPlainText("And a second one")
         qtbot.keyClick(win.chat.input, Qt.Key.Key_Return)
         assert win.chat.input.toPlainText() == "And a second one"  # kept, not sent

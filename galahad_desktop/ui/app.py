@@ -107,7 +107,7 @@ def run_app(
 
     from galahad_desktop.paths import asset_path
     from galahad_desktop.ui.main_window import MainWindow
-    from galahad_desktop.ui.worker import default_bridge
+    from galahad_desktop.ui.worker import default_bridge, default_core_factory
 
     os.umask(0o077)  # every file this process creates is private, whoever creates it
     data_dir = ensure_private_dir(Path(data_dir or default_data_dir()))
@@ -122,7 +122,8 @@ def run_app(
     choice = choose_key_storage(data_dir)
     if choice.cancelled:
         return 1
-    bridge = default_bridge(data_dir, model_path, choice.passphrase, overrides)
+    core = default_core_factory(data_dir, model_path, choice.passphrase, overrides)
+    bridge = default_bridge(data_dir, core)
     window = MainWindow(bridge, data_dir)
     window.show()
     code = app.exec()

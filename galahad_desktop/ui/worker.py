@@ -383,20 +383,15 @@ def default_core_factory(
     passphrase: str | None = None,
     overrides: dict[str, str] | None = None,
 ) -> CoreFactory:
+    """The window's core. `overrides`: settings for this run only (`galahad --set`)."""
     return lambda: Galahad(
         data_dir, model_path=model_path, overrides=overrides, passphrase=passphrase
     )
 
 
-def default_bridge(
-    data_dir: Path,
-    model_path: Path | None,
-    passphrase: str | None = None,
-    overrides: dict[str, str] | None = None,
-) -> CoreBridge:
-    """The window's lanes: the model lane over the core, a downloads lane beside it.
-    `overrides`: settings for this run only (`galahad --set KEY=VALUE`)."""
+def default_bridge(data_dir: Path, core: CoreFactory) -> CoreBridge:
+    """The window's lanes: the model lane over the core, a downloads lane beside it."""
     return CoreBridge(
-        default_core_factory(data_dir, model_path, passphrase, overrides),
+        core,
         lambda: ModelDownloads(data_dir),
     )
