@@ -453,3 +453,18 @@ def test_a_message_longer_than_any_context_is_offered_no_way_that_fails(
     almost = core.context_check(conversation, middling)
     assert almost is not None and almost.message_fits
     assert "summary" not in [o.kind for o in almost.options]
+
+
+def test_a_first_message_longer_than_the_context_is_told_only_what_can_work(
+    make_fake_core: CoreFactory,
+) -> None:
+    """A new chat's first message longer than the whole context (seen under Xvfb: 1,289
+    tokens into a 1,024-token context) was told to start a new conversation or continue
+    from a summary, neither of which can hold it."""
+    core = make_fake_core(n_ctx=1024, max_tokens=64)
+    with pytest.raises(InputError) as refused:
+        core.send(None, "blah " * 1300)
+    said = str(refused.value)
+    assert "The message alone needs" in said and "Shorten it, or add it as a document" in said
+    assert "Start a new conversation" not in said and "summary" not in said
+    assert core.list_conversations() == []  # nothing was stored

@@ -18,7 +18,7 @@ from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.forks import own_choices
-from galahad_desktop.memory.chat.turning import TurnRoom
+from galahad_desktop.memory.chat.turning import TurnRoom, message_too_long
 from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
 from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.vault import new_id
@@ -65,9 +65,7 @@ class Continuation(TurnRoom):
                 "stop",
                 "Stop",
                 0,
-                f"The message alone needs {needed:,} tokens with its reply, more than this "
-                f"model's context holds ({engine.n_ctx:,}). Shorten it, or add it as a "
-                "document: a long document is read in parts and asked about.",
+                message_too_long(needed, engine.n_ctx),
             )
             return ContextFull(conversation_id, used, needed, engine.n_ctx, [stop], False)
         summary_cost = self._transcript_budget() + self.summary_tokens()

@@ -325,6 +325,27 @@ class ConversationTurns:
         )
         return report, None
 
+    def _check_room(self, user_tokens: int, first_turn: bool) -> None:
+        """Refuse a message the context has no room for (with its reply), saying only what
+        can work: a new chat was offered for a first message, and failed."""
+        engine = self.engine
+        needed = user_tokens + self.reply_room()
+        if needed > engine.room():
+            if needed > engine.n_ctx:
+                raise InputError(message_too_long(needed, engine.n_ctx))
+            if first_turn:
+                raise InputError(
+                    f"The message needs {needed:,} tokens with its reply; this new "
+                    f"conversation has room for {engine.room():,} (its system prompt takes "
+                    "the rest). Shorten the message or the system prompt, or add the text "
+                    "as a document: a long document is read in parts and asked about."
+                )
+            raise InputError(
+                f"This conversation has {len(engine.tokens):,} of {engine.n_ctx:,} context "
+                f"tokens; the message needs {user_tokens:,} more. Start a new "
+                "conversation (or continue from a summary)."
+            )
+
     def turn(
         self,
         conv: ConversationRow,
@@ -348,12 +369,7 @@ class ConversationTurns:
         prompt = turns.user_text(text, self.conversations.system_text(conv), first_turn)
         thinking = bool(conv.get("thinking")) and turns.supports_thinking
         user_tokens = turns.user_turn(prompt, thinking)
-        if len(user_tokens) + self.reply_room() > engine.room():
-            raise InputError(
-                f"This conversation has {len(engine.tokens):,} of {engine.n_ctx:,} context "
-                f"tokens; the message needs {len(user_tokens):,} more. Start a new "
-                "conversation (or continue from a summary)."
-            )
+        self._check_room(len(user_tokens), first_turn)
         user_start = len(engine.tokens) - len(engine.probe_tokens)
         shared = self.read_user_turn(conv, first_turn, prompt, user_tokens, counters, NO_JOB)
         graft = graft or shared
@@ -637,6 +653,15 @@ class ConversationTurns:
             if total > limit:
                 past.append(version)
         return past
+
+
+def message_too_long(needed: int, n_ctx: int) -> str:
+    """What a message longer than any conversation can hold is told: only what can work."""
+    return (
+        f"The message alone needs {needed:,} tokens with its reply, more than this model's "
+        f"context holds ({n_ctx:,}). Shorten it, or add it as a document: a long document "
+        "is read in parts and asked about."
+    )
 
 
 class TurnRoom:
