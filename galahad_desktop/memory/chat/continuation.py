@@ -18,7 +18,8 @@ from galahad_desktop.engine.values import Counters
 from galahad_desktop.errors import InputError, check_text
 from galahad_desktop.jobs import NO_JOB, Job
 from galahad_desktop.memory.chat.forks import own_choices
-from galahad_desktop.memory.chat.turning import TurnRoom, message_too_long
+from galahad_desktop.memory.chat.room import message_too_long
+from galahad_desktop.memory.chat.turning import TurnRoom
 from galahad_desktop.memory.results import ContextFull, ContextOption, Continued
 from galahad_desktop.vault.names import ConversationRow
 from galahad_desktop.vault.vault import new_id

@@ -38,6 +38,7 @@ from galahad_desktop.memory.chat.chains import checkpoint_bytes
 from galahad_desktop.memory.chat.conversations import TITLE_CHARS, Conversations
 from galahad_desktop.memory.chat.forks import copy_conversation
 from galahad_desktop.memory.chat.live import LiveContext, strip_whitespace_tokens
+from galahad_desktop.memory.chat.room import check_room
 from galahad_desktop.memory.chat.tool_turns import declared
 from galahad_desktop.memory.results import GraftReport, TurnResult, TurnStop
 from galahad_desktop.vault.names import (
@@ -325,27 +326,6 @@ class ConversationTurns:
         )
         return report, None
 
-    def _check_room(self, user_tokens: int, first_turn: bool) -> None:
-        """Refuse a message the context has no room for (with its reply), saying only what
-        can work: a new chat was offered for a first message, and failed."""
-        engine = self.engine
-        needed = user_tokens + self.reply_room()
-        if needed > engine.room():
-            if needed > engine.n_ctx:
-                raise InputError(message_too_long(needed, engine.n_ctx))
-            if first_turn:
-                raise InputError(
-                    f"The message needs {needed:,} tokens with its reply; this new "
-                    f"conversation has room for {engine.room():,} (its system prompt takes "
-                    "the rest). Shorten the message or the system prompt, or add the text "
-                    "as a document: a long document is read in parts and asked about."
-                )
-            raise InputError(
-                f"This conversation has {len(engine.tokens):,} of {engine.n_ctx:,} context "
-                f"tokens; the message needs {user_tokens:,} more. Start a new "
-                "conversation (or continue from a summary)."
-            )
-
     def turn(
         self,
         conv: ConversationRow,
@@ -369,7 +349,7 @@ class ConversationTurns:
         prompt = turns.user_text(text, self.conversations.system_text(conv), first_turn)
         thinking = bool(conv.get("thinking")) and turns.supports_thinking
         user_tokens = turns.user_turn(prompt, thinking)
-        self._check_room(len(user_tokens), first_turn)
+        check_room(engine, len(user_tokens) + self.reply_room(), first_turn)
         user_start = len(engine.tokens) - len(engine.probe_tokens)
         shared = self.read_user_turn(conv, first_turn, prompt, user_tokens, counters, NO_JOB)
         graft = graft or shared
@@ -653,15 +633,6 @@ class ConversationTurns:
             if total > limit:
                 past.append(version)
         return past
-
-
-def message_too_long(needed: int, n_ctx: int) -> str:
-    """What a message longer than any conversation can hold is told: only what can work."""
-    return (
-        f"The message alone needs {needed:,} tokens with its reply, more than this model's "
-        f"context holds ({n_ctx:,}). Shorten it, or add it as a document: a long document "
-        "is read in parts and asked about."
-    )
 
 
 class TurnRoom:
