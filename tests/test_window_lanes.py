@@ -1073,6 +1073,15 @@ def test_a_search_previews_where_it_found_the_words_and_marks_them(
     item = win.sidebar.item_of(first)
     assert "bakery near the old harbour" in item.data(PREVIEW_ROLE)  # the question, found
     assert item.data(MATCH_ROLE) == ["bakery"]
+    # By keyboard from the search box: Down goes into the list, Enter opens the first.
+    win.sidebar.search.setFocus()
+    qtbot.keyClick(win.sidebar.search, Qt.Key.Key_Down)
+    qtbot.waitUntil(win.sidebar.conversation_list.hasFocus, timeout=WAIT_MS)
+    assert win.sidebar.conversation_list.currentItem().data(PREVIEW_ROLE) == item.data(PREVIEW_ROLE)
+    win.new_chat()
+    with qtbot.waitSignal(win.conversation_opened, timeout=WAIT_MS):
+        qtbot.keyClick(win.sidebar.search, Qt.Key.Key_Return)
+    assert win.conversation_id == first
     win.sidebar.search.setText("")
     qtbot.waitUntil(lambda: len(win.sidebar.ids()) == 2, timeout=WAIT_MS)
     assert win.sidebar.item_of(first).data(MATCH_ROLE) == []

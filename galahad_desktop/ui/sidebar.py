@@ -10,7 +10,16 @@ from collections.abc import Callable
 from pathlib import PurePath
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QIcon, QPainter, QPaintEvent
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontMetrics,
+    QIcon,
+    QKeySequence,
+    QPainter,
+    QPaintEvent,
+    QShortcut,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QLabel,
@@ -192,6 +201,12 @@ class Sidebar(QWidget):
         self.search.setAccessibleName("Search conversations")
         self.search.setToolTip("Search titles and message text (Ctrl+K)")
         self.search.textChanged.connect(self._search_edited)
+        # From the search box by keyboard: Enter opens the first conversation shown, Down
+        # goes into the list (they did nothing).
+        self.search.returnPressed.connect(self._open_first)
+        QShortcut(QKeySequence(Qt.Key.Key_Down), self.search, self._into_list).setContext(
+            Qt.ShortcutContext.WidgetShortcut
+        )
         self.new_button = QPushButton(theme.icon("new"), "New chat")
         self.new_button.setAccessibleName("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
@@ -400,6 +415,21 @@ class Sidebar(QWidget):
             return None
         at = ids.index(self.current) if self.current in ids else -1
         return ids[max(0, min(len(ids) - 1, at + delta))]
+
+    def _rows_with_ids(self) -> list[int]:
+        list_ = self.conversation_list
+        return [r for r in range(list_.count()) if list_.item(r).data(ID_ROLE)]
+
+    def _open_first(self) -> None:
+        rows = self._rows_with_ids()
+        if rows:
+            self._chosen(self.conversation_list.item(rows[0]))
+
+    def _into_list(self) -> None:
+        rows = self._rows_with_ids()
+        if rows:
+            self.conversation_list.setCurrentRow(rows[0])
+            self.conversation_list.setFocus()
 
     def _chosen(self, item: QListWidgetItem) -> None:
         value = item.data(ID_ROLE)
