@@ -23,6 +23,7 @@ from PySide6.QtGui import (
     QTextDocument,
 )
 from PySide6.QtWidgets import (
+    QAbstractButton,
     QCheckBox,
     QHBoxLayout,
     QLabel,
@@ -179,14 +180,14 @@ class ChatView(QWidget):
             button.setAccessibleName(button.text().rstrip("…"))
         # The turn's own actions say their names where there is room, and are icons
         # (named for screen readers, explained on hover) in a narrow window.
-        self.turn_labels = {
+        self.turn_labels: dict[QAbstractButton, str] = {
             self.regenerate_button: "Regenerate",
             self.edit_button: "Edit",
             self.verify_button: "Verify",
         }
-        for button, label in self.turn_labels.items():
-            button.setText(label)
-            button.setMinimumWidth(36)  # its name must not set the chat's narrowest width
+        for named, label in self.turn_labels.items():
+            named.setText(label)
+            named.setMinimumWidth(36)  # its name must not set the chat's narrowest width
 
     def _label_turn_buttons(self, width: int) -> None:
         """Names on the turn's buttons when the row has room for them, else icons."""
@@ -214,8 +215,10 @@ class ChatView(QWidget):
         self.attach_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.conversation_button = QToolButton()
         self.conversation_button.setIcon(theme.icon("settings"))
-        self.conversation_button.setText("Chat settings")  # an icon alone said nothing
         self.conversation_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.turn_labels[self.conversation_button] = "Chat settings"  # an icon said nothing
+        self.conversation_button.setText("Chat settings")
+        self.conversation_button.setMinimumWidth(36)
         self.conversation_button.setAccessibleName("This conversation's settings")
         self.conversation_button.setToolTip(
             "This conversation: its system prompt, creativity and longest reply"
