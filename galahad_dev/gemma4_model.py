@@ -278,26 +278,29 @@ def _write(
     writer = gguf.GGUFWriter(str(path), arch)
     s = shape
     writer.add_name("Galahad Gemma 4 test model (random weights)")
-    writer.add_uint32(f"{arch}.context_length", s.context)
-    writer.add_uint32(f"{arch}.embedding_length", s.n_embd)
-    writer.add_uint32(f"{arch}.block_count", s.n_layer)
-    writer.add_uint32(f"{arch}.feed_forward_length", s.n_ff)
-    writer.add_uint32(f"{arch}.attention.head_count", s.n_head)
-    writer.add_array(f"{arch}.attention.head_count_kv", list(s.kv_heads))
-    writer.add_uint32(f"{arch}.attention.key_length", s.head_global)
-    writer.add_uint32(f"{arch}.attention.value_length", s.head_global)
-    writer.add_uint32(f"{arch}.attention.key_length_swa", s.head_swa)
-    writer.add_uint32(f"{arch}.attention.value_length_swa", s.head_swa)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_uint32(f"{arch}.attention.sliding_window", s.window)
-    writer.add_array(f"{arch}.attention.sliding_window_pattern", list(s.swa_pattern))
-    writer.add_uint32(f"{arch}.attention.shared_kv_layers", s.shared_kv_layers)
-    writer.add_uint32(f"{arch}.embedding_length_per_layer_input", s.per_layer_embd)
-    writer.add_uint32(f"{arch}.rope.dimension_count", s.head_global)
-    writer.add_uint32(f"{arch}.rope.dimension_count_swa", s.head_swa)
-    writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
-    writer.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
-    writer.add_float32(f"{arch}.final_logit_softcapping", 30.0)
+    # The architecture's numbers, in the order llama.cpp's converter writes them (ints as
+    # uint32, floats as float32, lists as arrays).
+    numbers: dict[str, int | float | list[int] | list[bool]] = {
+        "context_length": s.context, "embedding_length": s.n_embd, "block_count": s.n_layer,
+        "feed_forward_length": s.n_ff, "attention.head_count": s.n_head,
+        "attention.head_count_kv": list(s.kv_heads),
+        "attention.key_length": s.head_global, "attention.value_length": s.head_global,
+        "attention.key_length_swa": s.head_swa, "attention.value_length_swa": s.head_swa,
+        "attention.layer_norm_rms_epsilon": 1e-6, "attention.sliding_window": s.window,
+        "attention.sliding_window_pattern": list(s.swa_pattern),
+        "attention.shared_kv_layers": s.shared_kv_layers,
+        "embedding_length_per_layer_input": s.per_layer_embd,
+        "rope.dimension_count": s.head_global, "rope.dimension_count_swa": s.head_swa,
+        "rope.freq_base": 1_000_000.0, "rope.freq_base_swa": 10_000.0,
+        "final_logit_softcapping": 30.0,
+    }  # fmt: skip
+    for key, value in numbers.items():
+        if isinstance(value, list):
+            writer.add_array(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
     # The publisher's recommended sampling, as Google's Gemma 4 GGUFs carry it.
     writer.add_float32("general.sampling.temp", 1.0)
     writer.add_int32("general.sampling.top_k", 64)

@@ -98,6 +98,37 @@ def ask_grafts_exactly(
     assert [d["kind"] for d in listed["documents"]] == [kind]
 
 
+def resumes_from_its_blocks(
+    core: Any, conversation: str, message: str, last: Any, media_tokens: int, params: Any
+) -> None:
+    """A chat holding two pictures (or a memo's two parts), sent again in a new engine: all
+    of it grafted from the blocks and proved exact, the media not read again, and
+    Regenerate re-reads nothing."""
+    from galahad_desktop.engine.vision import pictures_in
+
+    decoded = core.engine.decoded_tokens
+    resumed = core.send(conversation, message, params=params)
+    assert resumed.graft is not None and resumed.graft.proof.verdict == "exact"
+    assert resumed.counters.recomputed_tokens == 0
+    assert resumed.counters.restored_tokens == last.context_tokens - len(core.engine.probe_tokens)
+    assert pictures_in(core.engine.tokens) == [0, 1]
+    # Only the probe, the message and the reply were decoded.
+    assert core.engine.decoded_tokens - decoded < media_tokens
+    assert core.regenerate(conversation, params=params).counters.recomputed_tokens == 0
+
+
+def resumed_in_a_new_engine(core: Any, conversation: str, open_core: Callable[[], Any]) -> Any:
+    """Close `core` and resume the conversation in a new one (as a new process would): the
+    same ledger, grafted and proved exact, nothing re-read. The new core is returned."""
+    ledger = list(core.engine.tokens)
+    core.close()
+    again = open_core()
+    report = again.resume(conversation)
+    assert report.proof.verdict == "exact" and report.recomputed_tokens == 0
+    assert again.engine.tokens == ledger
+    return again
+
+
 def get_from_fake_hub(
     repo: str, file: str, content: bytes, name: str, data_dir: Path, env: dict[str, str]
 ) -> dict[str, Any]:

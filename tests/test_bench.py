@@ -82,12 +82,7 @@ def test_bench_resume_image_restores_a_picture_against_reading_it_again(
 
 def test_bench_deposit_rows(tmp_path: Path) -> None:
     deposit = dev(
-        "bench",
-        "deposit",
-        "--sizes",
-        "200",
-        "--reps",
-        "1",
+        *"bench deposit --sizes 200 --reps 1".split(),
         tmp_path=tmp_path / "results",
         data_dir=tmp_path / "unused",
     )
@@ -108,16 +103,7 @@ def test_bench_stack_measures_stacked_documents_against_a_full_read(
     tmp_path: Path, gemma3_path: Path
 ) -> None:
     stack = dev(
-        "bench",
-        "stack",
-        "--documents",
-        "2",
-        "--sizes",
-        "300",
-        "--ks",
-        "0,16",
-        "--questions",
-        "8",
+        *"bench stack --documents 2 --sizes 300 --ks 0,16 --questions 8".split(),
         tmp_path=tmp_path / "results",
         data_dir=tmp_path / "unused",
         model=gemma3_path,

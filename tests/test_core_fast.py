@@ -15,7 +15,7 @@ from galahad_desktop.errors import InputError, IntegrityError
 from galahad_desktop.jobs import Job
 from galahad_desktop.memory.galahad import Galahad
 from galahad_dev import import_samples as import_fixtures
-from tests.helpers import story
+from tests.helpers import chatted, resumed_in_a_new_engine, story
 
 CoreFactory = Callable[..., Galahad]
 
@@ -34,12 +34,7 @@ def test_a_conversation_resumes_exactly_in_a_new_engine(make_fake_core: CoreFact
     core = make_fake_core()
     conversation = core.new_conversation()
     replies = [_say(core, conversation, t) for t in ("Hello there.", "Tell me more.", "Thanks.")]
-    ledger = list(core.engine.tokens)
-    core.close()
-    again = make_fake_core()
-    report = again.resume(conversation)
-    assert report.proof.verdict == "exact" and report.recomputed_tokens == 0
-    assert again.engine.tokens == ledger
+    again = resumed_in_a_new_engine(core, conversation, make_fake_core)
     assert [m.text for m in again.messages(conversation)[1::2]] == replies
     assert again.chain_links(conversation) == 3
     turn = again.send(conversation, "And then?", params=again.sampling(max_tokens=4))
@@ -267,9 +262,8 @@ def test_another_runtime_and_another_model_are_reread_once(
     tmp_path: Path, make_fake_core: CoreFactory
 ) -> None:
     core = make_fake_core()
-    conversation = core.new_conversation()
-    for text in ("Hello.", "Tell me a story about a fox."):
-        _say(core, conversation, text)
+    texts = ["Hello.", "Tell me a story about a fox."]
+    conversation, _ = chatted(core, texts, params=core.sampling(max_tokens=12))
     messages = [m.text for m in core.messages(conversation)]
     core.close()
     other_runtime = make_fake_core(n_batch=64)

@@ -30,6 +30,7 @@ from tests.helpers import (
     convert_audio,
     media_cores,
     on_the_real_keyring,
+    resumes_from_its_blocks,
 )
 
 Params = SamplingParams(max_tokens=6, temperature=0.0, seed=1)
@@ -165,16 +166,8 @@ def test_a_memo_in_a_chained_conversation_resumes_exactly(
     last = core.send(conversation, "What did I say about the orchard?", params=Params)
     core.close()
 
-    core = open_core()  # a new engine: everything comes back from the blocks
-    decoded = core.engine.decoded_tokens
-    resumed = core.send(conversation, "And the frost?", params=Params)
-    assert resumed.graft is not None and resumed.graft.proof.verdict == "exact"
-    assert resumed.counters.recomputed_tokens == 0
-    assert resumed.counters.restored_tokens == last.context_tokens - len(core.engine.probe_tokens)
-    assert pictures_in(core.engine.tokens) == [0, 1]  # the memo's two parts
-    assert core.engine.decoded_tokens - decoded < added.audio_tokens
-    regenerated = core.regenerate(conversation, params=Params)
-    assert regenerated.counters.recomputed_tokens == 0
+    core = open_core()  # a new engine: everything comes back from the memo's two parts
+    resumes_from_its_blocks(core, conversation, "And the frost?", last, added.audio_tokens, Params)
     messages = core.messages(conversation)
     sounds = [m.sound for m in messages if m.sound]
     assert len(sounds) == 1 and sounds[0].startswith(b"RIFF")

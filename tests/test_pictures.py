@@ -37,6 +37,7 @@ from tests.helpers import (
     media_cores,
     on_the_real_keyring,
     photo,
+    resumes_from_its_blocks,
     run_cli,
 )
 
@@ -169,16 +170,9 @@ def test_a_picture_in_a_chained_conversation_resumes_exactly(
     core.close()
 
     core = open_core()  # a new engine: everything comes back from the blocks
-    decoded = core.engine.decoded_tokens
-    resumed = core.send(conversation, "Describe the first one.", params=Params)
-    assert resumed.graft is not None and resumed.graft.proof.verdict == "exact"
-    assert resumed.counters.recomputed_tokens == 0
-    assert resumed.counters.restored_tokens == last.context_tokens - len(core.engine.probe_tokens)
-    assert pictures_in(core.engine.tokens) == [0, 1]
-    # Only the probe, the question and the reply were decoded: no picture was read again.
-    assert core.engine.decoded_tokens - decoded < added.image_tokens
-    regenerated = core.regenerate(conversation, params=Params)
-    assert regenerated.counters.recomputed_tokens == 0
+    resumes_from_its_blocks(
+        core, conversation, "Describe the first one.", last, added.image_tokens, Params
+    )
     messages = core.messages(conversation)
     pictures = [m.picture for m in messages if m.picture]
     assert len(pictures) == 2 and all(p.startswith(b"\x89PNG") for p in pictures)

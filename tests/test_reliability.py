@@ -49,6 +49,16 @@ def _edit(data: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
     conn.close()
 
 
+def _as_schema(
+    version: int, factory: CoreFactory, data: Path, *statements: tuple[str, tuple[Any, ...]]
+) -> Galahad:
+    """Turn the closed catalog back into what schema `version` wrote (the statements, then
+    the version), and open it: the upgrade runs."""
+    schema = ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version).encode(),))
+    _edit(data, *statements, schema)
+    return factory()
+
+
 def _transcript(factory: CoreFactory, conversation: str, **kw: Any) -> list[tuple[str, str]]:
     core = factory(**kw)
     try:
@@ -177,13 +187,13 @@ def test_a_schema_1_catalog_is_bound_and_sealed_on_upgrade(make_fake_core: CoreF
         text = core.vault.records.decrypt("messages", "text_enc", row)
         old.append((fields.encrypt_text(text, "messages", "text", row["id"]), row["id"]))
     core.close()
-    _edit(
+    upgraded = _as_schema(
+        1,
+        make_fake_core,
         core.data_dir,
         *[("UPDATE messages SET text_enc = ? WHERE id = ?", args) for args in old],
         ("UPDATE conversations SET seal = NULL", ()),
-        ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (b"1",)),
     )
-    upgraded = make_fake_core()
     assert [(m.role, m.text) for m in upgraded.messages(conversation)] == expected
     assert upgraded.audit().problems == []
     assert upgraded.resume(conversation).proof.verdict == "exact"
@@ -193,12 +203,7 @@ def test_a_schema_2_catalog_gains_the_passage_vectors_table(make_fake_core: Core
     core = make_fake_core()
     conversation = _chat(core, "Hello there.")
     core.close()
-    _edit(
-        core.data_dir,
-        ("DROP TABLE part_vectors", ()),
-        ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (b"2",)),
-    )
-    upgraded = make_fake_core()
+    upgraded = _as_schema(2, make_fake_core, core.data_dir, ("DROP TABLE part_vectors", ()))
     assert upgraded.vault.catalog.meta_get("schema_version") == str(SCHEMA_VERSION).encode()
     assert upgraded.vault.catalog.count("part_vectors") == 0
     assert upgraded.audit().problems == []
@@ -213,13 +218,13 @@ def test_a_schema_7_catalog_learns_how_replies_end_and_its_seals_still_hold(
     engine.script = [*b"Hi.", engine.ids["<end_of_turn>"]]  # a reply that ends on its own
     conversation = _chat(core, "Hello there.")
     core.close()
-    _edit(
+    upgraded = _as_schema(
+        7,
+        make_fake_core,
         core.data_dir,
         ("ALTER TABLE messages DROP COLUMN stop", ()),
         ("ALTER TABLE reply_versions DROP COLUMN stop", ()),
-        ("UPDATE meta SET value = ? WHERE key = 'schema_version'", (b"7",)),
     )
-    upgraded = make_fake_core()
     assert upgraded.vault.catalog.meta_get("schema_version") == str(SCHEMA_VERSION).encode()
     assert upgraded.audit().problems == []  # the seals made before still hold
     assert upgraded.messages(conversation)[-1].stop == ""

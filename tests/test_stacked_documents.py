@@ -13,7 +13,7 @@ import pytest
 from galahad_desktop.errors import InputError, IntegrityError, NotFoundError
 from galahad_desktop.memory.documents.stacked import QUALITY_PROBE_TOKENS
 from galahad_desktop.memory.galahad import Galahad
-from tests.helpers import cli_json, run_cli, story
+from tests.helpers import cli_json, resumed_in_a_new_engine, run_cli, story
 
 CoreFactory = Callable[..., Galahad]
 
@@ -56,12 +56,7 @@ def test_stored_documents_stack_without_being_read_again_and_resume_exactly(
     roles = [m.role for m in core.messages(conversation)]
     assert roles[-4:] == ["document", "model", "document", "model"]
     core.send(conversation, "Which codes?", params=core.sampling(max_tokens=6))
-    ledger = list(core.engine.tokens)
-    core.close()
-    again = make_fake_core()
-    resumed = again.resume(conversation)
-    assert resumed.proof.verdict == "exact" and resumed.recomputed_tokens == 0
-    assert again.engine.tokens == ledger
+    resumed_in_a_new_engine(core, conversation, make_fake_core)
 
 
 def test_a_conversation_on_one_document_takes_a_second_and_can_measure_it(
