@@ -149,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="routing: retrieval alone (the model reranker reads every document first)",
     )
     ev.add_argument(
+        "--rerank-only",
+        choices=["lexical", "hybrid"],
+        default=None,
+        help="routing: the model checks this method's candidates alone (default: both)",
+    )
+    ev.add_argument(
         "--ledgers", type=int, default=None, help="routing, across: generated ledgers (4, 8)"
     )
     ev.add_argument("--pairs", type=int, default=24, help="across: two-document questions")
@@ -258,6 +264,7 @@ def model_eval(args: argparse.Namespace, run: Run) -> dict[str, Any] | None:
             embedding_model=args.embedding_model,
             rerank=not args.no_rerank,
             only=only,
+            rerank_only=args.rerank_only,
             ledgers=4 if args.ledgers is None else args.ledgers,
             vector_cache=args.vector_cache,
         )

@@ -418,12 +418,14 @@ def eval_routing(
     only: list[str] | None = None,
     ledgers: int = LEDGER_DOCUMENTS,
     vector_cache: bool = False,
+    rerank_only: str | None = None,
 ) -> dict[str, Any]:
     """Every method on the real documents (the hybrid when an embedding model is given or
     the suite's test embedding model is installed; the model reranker on both unless
     `rerank` is off), and on generated ledgers. `only`: a subset of the documents.
     `vector_cache`: passage vectors from the checked cache beside the documents
-    (vector_cache.py; the index time reported is then the cache's, not the model's)."""
+    (vector_cache.py; the index time reported is then the cache's, not the model's).
+    `rerank_only`: the model checks that method's candidates alone."""
     model_path, overrides, log = run.model_path, run.overrides, run.log
     questions = load_questions(root)
     paths = sorted((root / "documents").iterdir())
@@ -525,7 +527,7 @@ def eval_routing(
             start = time.perf_counter()
             ids = _deposit(bench, texts + ledger_documents, log)
             read_s = time.perf_counter() - start
-            for method in list(indexes):
+            for method in [m for m in indexes if rerank_only in (None, m)]:
                 log(f"routing: the model checks {method}'s candidates")
                 gate = defaults[method]
                 routed[method + RERANKED] = _rerank(bench, routed[method], ids, method, gate)

@@ -103,21 +103,25 @@ def test_bench_stack_measures_stacked_documents_against_a_full_read(
     tmp_path: Path, gemma3_path: Path
 ) -> None:
     stack = dev(
-        *"bench stack --documents 2 --sizes 300 --ks 0,16 --questions 8".split(),
+        *"bench stack --documents 2 --sizes 300 --ks 4 --questions 6".split(),
         tmp_path=tmp_path / "results",
         data_dir=tmp_path / "unused",
         model=gemma3_path,
     )
     (row,) = stack["results"]
-    assert row["documents"] == 2 and row["questions"] == 8
+    assert row["documents"] == 2 and row["questions"] == 6
     _all_measured(row, "tokens read_ms full_ttft_ms block_bytes")
-    assert [s["k"] for s in row["stacked"]] == [0, 16]
+    assert [s["k"] for s in row["stacked"]] == [4]
+    naive = row["naive"]  # each block as it was stored: its <bos> and opening stitched in
+    _all_measured(naive, "ready_ms ttft_ms")
+    assert naive["recomputed"] == 0 and naive["kl_mean"] > 0
     for stacked in row["stacked"]:
         _all_measured(stacked, "ready_ms ttft_ms")
         assert stacked["continuation"] == 64 and 0 <= stacked["argmax_agree"] <= 64
-        assert 0 <= stacked["answers_agree"] <= 8 and stacked["kl_mean"] >= 0
+        assert 0 <= stacked["answers_agree"] <= 6 and stacked["kl_mean"] >= 0
         # The first k tokens of each block, nothing more: its last token is moved, not read.
         assert stacked["recomputed"] == 2 * stacked["k"]
+        assert stacked["kl_vs_naive"] == round(stacked["kl_mean"] / naive["kl_mean"], 3)
     assert not (tmp_path / "unused").exists()
 
 
@@ -185,9 +189,9 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
         "--doc-tokens",
         "4500",
         "--probes",
-        "3",
+        "2",
         "--controls",
-        "3",
+        "2",
         tmp_path=tmp_path,
     )
     for key in (
@@ -204,10 +208,10 @@ def test_eval_memory_counts(tmp_path: Path) -> None:
     ):
         assert key in result, key
     assert result["tokens"] >= 3000 and result["parts"] >= 2
-    assert result["probes"] == 3 and result["controls"] == 3
-    assert result["routed_right"] == 3  # each record's own part, by name
+    assert result["probes"] == 2 and result["controls"] == 2
+    assert result["routed_right"] == 2  # each record's own part, by name
     assert result["zero_recompute"] == result["answered"]
-    assert result["controls_gated"] == 3 and result["fabricated"] == 0
+    assert result["controls_gated"] == 2 and result["fabricated"] == 0
     assert result["rss_end_mb"] > 0 and result["rss_start_mb"] > 0
     assert (tmp_path / "eval-memory.json").exists()
 
@@ -262,21 +266,22 @@ def test_eval_routing_with_the_model_reranker(tmp_path: Path) -> None:
         "--ledgers",
         "0",  # the generated ledgers cost a minute of reading here; the evaluation has them
         "--vector-cache",
+        "--rerank-only",
+        "hybrid",  # the lexical candidates go through the same checks (the evaluation has it)
         tmp_path=tmp_path,
     )
     assert {d["document"] for d in result["documents"]} == {"dpkg-triggers.txt"}
     assert result["read_s"] > 0 and result["retrieval"] == "hybrid+rerank"
     methods = result["methods"]
-    assert set(methods) == {"lexical", "hybrid", "lexical+rerank", "hybrid+rerank"}
-    for method in ("lexical+rerank", "hybrid+rerank"):
-        report = methods[method]
-        assert report["questions_checked"] > 0 and report["mean_candidates_checked"] >= 1
-        assert report["median_rerank_ms"] > 0 and report["median_answer_start_ms"] >= 0
-        assert report["recomputed_tokens"] == 0 and set(report["proofs"]) <= {"exact"}
-        for gate in ("default_gate", "calibrated_gate"):
-            held_out = report[gate]["held_out"]
-            assert held_out["answerable"] + held_out["absent"] >= 10
-            assert set(report[gate]["held_out_by_language"]) == {"en", "ja"}
+    assert set(methods) == {"lexical", "hybrid", "hybrid+rerank"}
+    report = methods["hybrid+rerank"]
+    assert report["questions_checked"] > 0 and report["mean_candidates_checked"] >= 1
+    assert report["median_rerank_ms"] > 0 and report["median_answer_start_ms"] >= 0
+    assert report["recomputed_tokens"] == 0 and set(report["proofs"]) <= {"exact"}
+    for gate in ("default_gate", "calibrated_gate"):
+        held_out = report[gate]["held_out"]
+        assert held_out["answerable"] + held_out["absent"] >= 10
+        assert set(report[gate]["held_out_by_language"]) == {"en", "ja"}
     checked = [r for r in result["results"] if "scores" in r]
     assert checked and all(r["checked"] == len(r["scores"]) for r in checked)
     assert all(r["why"].startswith(("Answered", "Not answered")) for r in result["results"])

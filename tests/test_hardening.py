@@ -114,12 +114,12 @@ def test_key_rotation_killed_midway_leaves_one_working_key(tmp_path: Path, point
 
 @on_the_real_keyring
 def test_the_hostile_input_harness_scaled_down() -> None:
-    """Issue #34's harness, one input of each kind (chosen by the seed) and two kill trials:
+    """Issue #34's harness, one input of each kind (chosen by the seed) and one kill trial:
     no internal error, abort, hang, silent failure, leftover folder or empty conversation,
     and nothing stored changed (`python -m galahad_dev eval redteam` runs them all)."""
     from galahad_dev.redteam import redteam
 
-    result = redteam(2, seed=3, log=lambda _m: None, per_kind=1, server=False)
+    result = redteam(1, seed=3, log=lambda _m: None, per_kind=1, server=False)
     assert result["findings"] == []
     assert result["internal_errors"] == result["aborts"] == result["hangs"] == 0
     assert result["silent_failures"] == result["empty_conversations"] == 0

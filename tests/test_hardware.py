@@ -425,7 +425,7 @@ def test_info_and_bench_name_the_device(tmp_path: Path, device_server: str) -> N
         "bench",
         "resume",
         "--sizes",
-        "400",
+        "200",
         "--reps",
         "1",
         tmp_path=tmp_path / "results",

@@ -262,3 +262,13 @@ def test_show_prints_a_reply_that_called_tools_as_its_calls() -> None:
     assert shown_text(said).startswith("Adding. [called add(") and "); add(" in shown_text(said)
     plain = Message("m3", "user", "Hello", 0.0, 0, 0, None)
     assert shown_text(plain) == "Hello"
+
+
+@pytest.mark.parametrize(("blocks", "said"), [(1, "1</b> block on disk"), (3, "3</b> blocks on")])
+def test_the_memory_totals_count_blocks_in_words(blocks: int, said: str) -> None:
+    from galahad_desktop.memory.results import MemoryStats
+    from galahad_desktop.ui.format import memory_summary
+
+    stats = MemoryStats(blocks, 13_600_000, 1_840, 0, 0, [], 0, 0, 0, 13_700_000, 70_000_000)
+    text = memory_summary(stats)
+    assert said in text and "13.7 MB of the 70.0 MB disk budget" in text

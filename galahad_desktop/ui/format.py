@@ -197,7 +197,8 @@ def memory_summary(stats: MemoryStats) -> str:
     if 0 < stats.budget_bytes < stats.on_disk_bytes:
         budget += "Over the budget: what is open or kept is larger than it.<br>"
     return (
-        f"{budget}<b>{stats.blocks}</b> blocks on disk · {human_bytes(stats.bytes)} · "
+        f"{budget}<b>{stats.blocks}</b> block{'' if stats.blocks == 1 else 's'} on disk · "
+        f"{human_bytes(stats.bytes)} · "
         f"{stats.tokens_stored:,} tokens stored<br><b>{stats.restored_tokens_total:,}</b> "
         f"tokens restored instead of recomputed, {recomputed:,} recomputed · {saved}<br>"
         + (

@@ -18,10 +18,13 @@ from galahad_desktop.memory.chat.live import LiveContext
 from galahad_desktop.memory.results import StackQuality
 
 # Each stacked block's first tokens read on top of what precedes it (EPIC's k), chosen from
-# `bench stack` (docs/performance.md): on Gemma 3 270M over 2-5 documents of 1k and 3k
-# tokens, KL against a full read averaged 0.098 with none, 0.066 with 16, 0.064 with 32 and
-# 0.059 with 64; 16 keeps time to first token 13-40x lower than a full read, 32 11-32x.
-STACK_RECOMPUTE = 16
+# `bench stack` (docs/performance.md): on Gemma 3 270M at 3 x 1k, 3 x 3k and 5 x 3k tokens,
+# KL against a full read averaged 0.101 with none, 0.072 with 4, 0.063 with 8 and 0.080
+# with 16 (one run each: 4, 8 and 16 are within the runs' spread); 4 is the smallest k that
+# buys the gain and the one that keeps time to first token under 1/20 of a full read at
+# 3 x 1k (22.9x; 16: 17.7x). Each block's own <bos> is never stitched in (the naive
+# stitch: KL 0.087-0.173).
+STACK_RECOMPUTE = 4
 QUALITY_PROBE = "In two sentences, what do these documents say?"
 QUALITY_PROBE_TOKENS = 32
 
@@ -34,12 +37,15 @@ def stack_stored_block(
     job: Job,
     wrong_format: str,
     recompute: int = STACK_RECOMPUTE,
+    as_stored: bool = False,
 ) -> Stacked:
     """One stored block placed after what the context holds (the engine's `stack`): its
     state read and authenticated, its opening checked against this runtime's turn format
     (`wrong_format` says otherwise), `lead` and its first `recompute` tokens read in one
     step, its last token moved, not read (what follows gives the next logits). The state's
-    buffer is wiped whatever happens."""
+    buffer is wiped whatever happens. `as_stored` (a measurement: `bench stack`'s naive
+    stitch) places the whole block as it was stored, its own <bos> and opening included,
+    nothing recomputed."""
     engine = live.engine
     opening = engine.bos() + list(engine.probe_tokens)
     stored = live.read_state(block_id, {owner_id})
@@ -50,8 +56,8 @@ def stack_stored_block(
             stored.payload,
             stored.size,
             stored.tokens,
-            len(opening),
-            recompute,
+            0 if as_stored else len(opening),
+            0 if as_stored else recompute,
             job,
             lead=lead,
             read_last=False,

@@ -104,13 +104,15 @@ class DocumentStacks(TurnRoom):
         job: Job = NO_JOB,
         verify: bool = False,
         recompute: int = STACK_RECOMPUTE,
+        as_stored: bool = False,
     ) -> TurnResult:
         """Put stored documents into a conversation without reading them again: each part's
         stored block is placed after what the conversation holds, its keys moved to the new
         positions and its first `recompute` tokens read on top (engine `stack`); each
         document is stored as the chain's next link, so a resume restores it exactly and
         never stacks again. Close to a full read, never byte-exact (`verify`: measured
-        against one). A part whose memory was given back is read once and stored again."""
+        against one). A part whose memory was given back is read once and stored again.
+        `as_stored`: the naive stitch `bench stack` measures against (stack_stored_block)."""
         documents = self._documents_to_stack(document_ids)
         conv = self.conversations.row(conversation_id)
         self.records.check("conversations", conv)
@@ -150,6 +152,7 @@ class DocumentStacks(TurnRoom):
                     job,
                     f"'{name}' was stored in another turn format; forget it and add it again.",
                     recompute,
+                    as_stored,
                 )
                 counters.new_tokens += len(lead)
                 stack_ms += placed.elapsed_ms
