@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--ks", default="0,16,32", help="stack: each block's first tokens recomputed (0: none)"
     )
     bench.add_argument(
+        "--blend",
+        default="",
+        help="stack: CacheBlend's ceiling at these shares of the cells (e.g. 0.05,0.15)",
+    )
+    bench.add_argument(
         "--stack-shapes",
         default="",
         help="stack: these Gemma 4 sizes' shapes instead of the real models (random weights: "
@@ -220,8 +225,11 @@ def bench_stack_kind(
     try:
         counts = [int(n) for n in args.documents.split(",") if n.strip()]
         ks = [int(k) for k in args.ks.split(",") if k.strip()]
+        blend = [float(x) for x in args.blend.split(",") if x.strip()]
     except ValueError:
-        raise InputError("--documents and --ks take whole numbers, comma-separated.") from None
+        raise InputError(
+            "--documents and --ks take whole numbers, --blend shares, comma-separated."
+        ) from None
     if not counts or min(counts) < 1 or not ks or min(ks) < 0:
         raise InputError("--documents needs counts of 1 or more, --ks counts of 0 or more.")
     if args.stack_shapes:
@@ -239,7 +247,9 @@ def bench_stack_kind(
         models[label] = Run(real_shape_model(size, embedded), overrides, log)
         answers[label] = False  # random weights, narrow: only bytes and times mean anything
     sizes = parse_sizes(args.sizes or "1000,3000")
-    result = bench_stack(models, counts, sizes, ks, args.seed, log, answers, args.questions)
+    if any(not 0 < x <= 1 for x in blend):
+        raise InputError("--blend takes shares of the cells between 0 and 1 (e.g. 0.05,0.15).")
+    result = bench_stack(models, counts, sizes, ks, args.seed, log, answers, args.questions, blend)
     return "bench-stack-shapes" if args.stack_shapes else "bench-stack", result, table(result)
 
 

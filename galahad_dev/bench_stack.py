@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from galahad_desktop.memory.documents.stacked import distributions, quality
 from galahad_desktop.memory.galahad import Galahad
 from galahad_dev.bench import Bench, Run, context_for, machine, ms_since
+from galahad_dev.blend_ceiling import blended
 from galahad_dev.corpus import Corpus, Needle
 from galahad_dev.needles import CODE
 
@@ -123,6 +124,7 @@ class Reference:
     answers: list[str]
     with_answers: bool
     document_tokens: int
+    blend: list[float] = field(default_factory=list)  # CacheBlend ceiling shares (blend_ceiling)
 
 
 def _stacked(
@@ -144,8 +146,10 @@ def _stacked(
     reference, _ = _continuation(core, ref.snapshot, taken)
     q = quality(reference, got, taken, ref.read_ms)
     answers = _answers(core, stacked, ref.asked) if ref.with_answers else []
+    blends = [] if as_stored else [_blend(core, stacked, ref, s, ttft) for s in ref.blend]
     core.forget(chat)
     return {
+        **({"blend": blends} if blends else {}),
         "k": 0 if as_stored else k,
         "ready_ms": round(ready_ms, 1),
         "ttft_ms": round(ttft, 1),
@@ -161,6 +165,31 @@ def _stacked(
     }
 
 
+def _blend(
+    core: Galahad, stacked: Any, ref: Reference, share: float, ttft: float
+) -> dict[str, Any]:
+    """The stack with its `share` most-changed cells given the full read's (blend_ceiling):
+    the quality a CacheBlend-style selection could reach at best, and its time floor (the
+    stack's time plus that share of a full read)."""
+    snapshot, cells = blended(stacked, ref.snapshot, share)
+    got, taken = _continuation(core, snapshot, None)
+    reference, _ = _continuation(core, ref.snapshot, taken)
+    q = quality(reference, got, taken, ref.read_ms)
+    answers = _answers(core, snapshot, ref.asked) if ref.with_answers else []
+    floor = ttft + share * ref.read_ms
+    return {
+        "share": share,
+        "cells": cells,
+        "ttft_floor_ms": round(floor, 1),
+        "ttft_ratio_ceiling": round(ref.ttft_ms / floor, 1),
+        "kl_mean": q.kl_mean,
+        "kl_p99": q.kl_p99,
+        "argmax_agree": q.argmax_agree,
+        "answers_agree": sum(a == b for a, b in zip(answers, ref.answers, strict=True)),
+        "correct": _correct(ref.asked, answers),
+    }
+
+
 def _one(
     bench: Bench,
     n_docs: int,
@@ -169,6 +198,7 @@ def _one(
     seed: int,
     with_answers: bool,
     questions: int = QUESTIONS,
+    blend: list[float] | None = None,
 ) -> dict[str, Any]:
     core = bench.core
     engine = core.engine
@@ -195,7 +225,15 @@ def _one(
     full_ttft = read_ms + _question_ttft(core, full, PROBE)
     full_answers = _answers(core, full, asked) if with_answers else []
     ref = Reference(
-        full, reference_tokens, read_ms, full_ttft, asked, full_answers, with_answers, tokens
+        full,
+        reference_tokens,
+        read_ms,
+        full_ttft,
+        asked,
+        full_answers,
+        with_answers,
+        tokens,
+        blend or [],
     )
     naive = _stacked(core, ids, 0, ref, as_stored=True)
     stacked = [_stacked(core, ids, k, ref, as_stored=False) for k in ks]
@@ -227,6 +265,7 @@ def bench_stack(
     log: Log,
     answers: dict[str, bool],
     questions: int = QUESTIONS,
+    blend: list[float] | None = None,
 ) -> dict[str, Any]:
     """Every (model, count, size) configuration, each in its own throwaway core."""
     rows = []
@@ -239,7 +278,14 @@ def bench_stack(
                 for n_docs in counts:
                     log(f"bench stack: {label}, {n_docs} documents of ~{doc_tokens:,} tokens")
                     row = _one(
-                        bench, n_docs, doc_tokens, ks, seed, answers.get(label, True), questions
+                        bench,
+                        n_docs,
+                        doc_tokens,
+                        ks,
+                        seed,
+                        answers.get(label, True),
+                        questions,
+                        blend,
                     )
                     rows.append({"model": label, **row})
             finally:
@@ -271,4 +317,13 @@ def table(result: dict[str, Any]) -> str:
                 f"{s['kl_mean']:.4f} | {s.get('kl_vs_naive', 1.0):.2f} | {s['kl_p99']:.3f} | "
                 f"{s['argmax_agree']} | {answers} | {correct} |"
             )
+            for b in s.get("blend", []):
+                agree = f"{b['answers_agree']}/{r['questions']}" if r["questions"] else "—"
+                lines.append(
+                    f"| {r['model']} | {r['documents']} × {r['doc_tokens']:,} | "
+                    f"{r['full_ttft_ms']:,.0f} | {s['k']} + ceiling {b['share']:.0%} | "
+                    f"≥ {b['ttft_floor_ms']:,.0f} | ≤ {b['ttft_ratio_ceiling']}× | "
+                    f"{b['cells']} | {b['kl_mean']:.4f} | — | {b['kl_p99']:.3f} | "
+                    f"{b['argmax_agree']} | {agree} | {b['correct']} |"
+                )
     return "\n".join(lines)
