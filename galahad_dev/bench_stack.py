@@ -29,6 +29,7 @@ import numpy as np
 
 from galahad_desktop.memory.documents.stacked import distributions, quality
 from galahad_desktop.memory.galahad import Galahad
+from galahad_desktop.memory.results import StackQuality
 from galahad_dev.bench import Bench, Run, context_for, machine, ms_since
 from galahad_dev.blend_ceiling import blended
 from galahad_dev.corpus import Corpus, Needle
@@ -127,6 +128,14 @@ class Reference:
     blend: list[float] = field(default_factory=list)  # CacheBlend ceiling shares (blend_ceiling)
 
 
+def _against(core: Galahad, snapshot: Any, ref: Reference) -> tuple[StackQuality, list[str]]:
+    """A context's continuation measured against the full read's, and its needle answers."""
+    got, taken = _continuation(core, snapshot, None)
+    reference, _ = _continuation(core, ref.snapshot, taken)
+    answers = _answers(core, snapshot, ref.asked) if ref.with_answers else []
+    return quality(reference, got, taken, ref.read_ms), answers
+
+
 def _stacked(
     core: Galahad, ids: list[str], k: int, ref: Reference, as_stored: bool
 ) -> dict[str, Any]:
@@ -142,10 +151,7 @@ def _stacked(
     ready_ms = stack.stack_ms + turn.counters.prefill_ms  # the moves, recompute, openings
     stacked = engine.snapshot()
     ttft = ready_ms + _question_ttft(core, stacked, PROBE)
-    got, taken = _continuation(core, stacked, None)
-    reference, _ = _continuation(core, ref.snapshot, taken)
-    q = quality(reference, got, taken, ref.read_ms)
-    answers = _answers(core, stacked, ref.asked) if ref.with_answers else []
+    q, answers = _against(core, stacked, ref)
     blends = [] if as_stored else [_blend(core, stacked, ref, s, ttft) for s in ref.blend]
     core.forget(chat)
     return {
@@ -172,10 +178,7 @@ def _blend(
     the quality a CacheBlend-style selection could reach at best, and its time floor (the
     stack's time plus that share of a full read)."""
     snapshot, cells = blended(stacked, ref.snapshot, share)
-    got, taken = _continuation(core, snapshot, None)
-    reference, _ = _continuation(core, ref.snapshot, taken)
-    q = quality(reference, got, taken, ref.read_ms)
-    answers = _answers(core, snapshot, ref.asked) if ref.with_answers else []
+    q, answers = _against(core, snapshot, ref)
     floor = ttft + share * ref.read_ms
     return {
         "share": share,
