@@ -16,13 +16,20 @@ import pytest
 from galahad_dev.hardening import galahad_command
 
 ROOT = Path(__file__).resolve().parent.parent
-# Small context keeps model tests quick; byte-exactness does not depend on it.
-TEST_OVERRIDES: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "temperature": 0.0}
+# A small context and short replies keep model tests quick; byte-exactness depends on neither
+# (the Gemma 4 test model's random weights never end a reply on their own: 256 tokens a turn
+# without a cap). A test about long replies sets its own.
+TEST_OVERRIDES: dict[str, Any] = {
+    "n_ctx": 4096,
+    "n_threads": 2,
+    "temperature": 0.0,
+    "max_tokens": 64,
+}
 
 
 def cli_command(*args: str, data_dir: Path, model: Path | None = None) -> list[str]:
     """The `galahad` command line the tests run (the test context size, greedy replies)."""
-    settings = {"n_ctx": TEST_OVERRIDES["n_ctx"], "temperature": 0}
+    settings = {key: TEST_OVERRIDES[key] for key in ("n_ctx", "max_tokens")} | {"temperature": 0}
     return galahad_command(data_dir, settings, *(["--model", str(model)] if model else []), *args)
 
 

@@ -84,7 +84,7 @@ class Engine(ContextEngine):
         self.calls = device_guard.NativeThread(served) if served else self.calls
         try:
             with devices.captured_log() as log:
-                model, context = self.calls.call(self._load, config, used, gpu_layers)
+                model, context = self.calls.call(self._load, config, used, gpu_layers, log)
         except ValueError as exc:
             self._stop_calls()
             raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
@@ -123,12 +123,23 @@ class Engine(ContextEngine):
         return devices.plan_offload(config.n_gpu_layers, max(n_layers, 1), size, kv_bytes, gpus)
 
     def _load(
-        self, config: EngineConfig, used: list[devices.Device], gpu_layers: int
+        self,
+        config: EngineConfig,
+        used: list[devices.Device],
+        gpu_layers: int,
+        log: list[str],
     ) -> tuple[NativeModel, NativeContext]:
-        """The model on exactly the planned devices, and a context with a second sequence in
-        one unified cache (so a position range can be serialized through a scratch
-        sequence)."""
-        model = NativeModel(config.model_path, gpu_layers, devices.handles(used), calls=self.calls)
+        """The model on exactly the planned devices (weights another engine in this process
+        loaded are reused), and a context with a second sequence in one unified cache (so a
+        position range can be serialized through a scratch sequence)."""
+        mark = len(log)
+        model = NativeModel(
+            config.model_path, gpu_layers, devices.handles(used), calls=self.calls, shared=True
+        )
+        if model.reused:  # what llama.cpp said loading them: where the weights live
+            log[mark:mark] = model.load_log
+        else:
+            model.load_log.extend(log[mark:])
         settings = ContextSettings(
             n_ctx=config.n_ctx,
             n_batch=config.n_batch,

@@ -42,6 +42,71 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
+@dataclass
+class _KeptWeights:
+    handle: Any  # llama_cpp.llama_model_p
+    users: int
+    load_log: list[str]  # what llama.cpp said while loading them (the engine reads it)
+
+
+class _SharedWeights:
+    """Weights loaded once per process for every engine on the same file and placement.
+
+    A settings change that rebuilds the context (size, cache type, flash attention), a
+    lock and unlock, or a second core in the same process reuses the loaded weights instead
+    of reading and repacking the file again. Weights nobody uses stay loaded until other
+    weights are loaded (then they go first, so two models never sit in memory for one), or
+    until `free_idle_weights()`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[Any, ...], _KeptWeights] = {}
+
+    def acquire(self, key: tuple[Any, ...], load: Callable[[], Any]) -> tuple[_KeptWeights, bool]:
+        """The weights for `key` and whether they were already loaded."""
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                kept.users += 1
+                return kept, True
+            self._free_idle()
+            handle = load()
+            kept = _KeptWeights(handle, 1, [])
+            self._kept[key] = kept
+            return kept, False
+
+    def release(self, key: tuple[Any, ...]) -> None:
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                kept.users = max(kept.users - 1, 0)
+
+    def free_idle(self) -> int:
+        with self._lock:
+            return self._free_idle()
+
+    def _free_idle(self) -> int:
+        idle = [key for key, kept in self._kept.items() if kept.users == 0]
+        for key in idle:
+            llama_cpp.llama_model_free(self._kept.pop(key).handle)
+        return len(idle)
+
+
+_SHARED_WEIGHTS = _SharedWeights()
+
+
+def free_idle_weights() -> int:
+    """Free the shared weights no engine uses any more; returns how many models."""
+    return _SHARED_WEIGHTS.free_idle()
+
+
+def _weights_key(path: Path, n_gpu_layers: int, devices: Sequence[int]) -> tuple[Any, ...]:
+    """The file's exact bytes (as its identity and times say) and where its layers go."""
+    info = path.stat()
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return (os.path.realpath(path), *identity, n_gpu_layers, tuple(devices))
+
+
 class NativeModel:
     """A model file's weights (or only its vocabulary) and its metadata."""
 
@@ -52,12 +117,19 @@ class NativeModel:
         devices: Sequence[int] = (),
         vocab_only: bool = False,
         calls: NativeCalls = DIRECT,
+        shared: bool = False,
     ) -> None:
         """`devices` are llama.cpp device handles: the model loads onto exactly these (none:
         the CPU alone). `calls` frees it (on a device server, on the model's own thread).
-        Raises ValueError when llama.cpp cannot load the file."""
+        `shared`: the weights come from (and go back to) this process's shared weights,
+        where another engine on the same file and placement may have loaded them already
+        (`reused`); never for a model on a device server, whose calls have a thread of
+        their own. Raises ValueError when llama.cpp cannot load the file."""
         _init_backend()
         self._calls = calls
+        self._shared_key: tuple[Any, ...] | None = None
+        self.reused = False
+        self.load_log: list[str] = []
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
         params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
@@ -67,9 +139,19 @@ class NativeModel:
         # A NULL-terminated list; without one llama.cpp takes every device it knows.
         self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
-        handle = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
-        if not handle:
-            raise ValueError(f"the file is not a model llama.cpp can load: {path.name}")
+
+        def load() -> Any:
+            handle = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+            if not handle:
+                raise ValueError(f"the file is not a model llama.cpp can load: {path.name}")
+            return handle
+
+        if shared and not vocab_only and calls is DIRECT:
+            key = _weights_key(path, params.n_gpu_layers, devices)
+            kept, self.reused = _SHARED_WEIGHTS.acquire(key, load)
+            self._shared_key, handle, self.load_log = key, kept.handle, kept.load_log
+        else:
+            handle = load()
         self.handle: llama_cpp.llama_model_p | None = handle
         self.vocab = llama_cpp.llama_model_get_vocab(handle)
         self.metadata = self._read_metadata()
@@ -146,7 +228,10 @@ class NativeModel:
 
     def close(self) -> None:
         if self.handle is not None:
-            self._calls.release(llama_cpp.llama_model_free, self.handle)
+            if self._shared_key is not None:
+                _SHARED_WEIGHTS.release(self._shared_key)
+            else:
+                self._calls.release(llama_cpp.llama_model_free, self.handle)
             self.handle = None
 
 
